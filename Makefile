@@ -1,0 +1,46 @@
+# The README's two set-up commands live here: `make demo` and `make test`.
+# Each creates (or reuses) .venv and installs what it needs from PyPI; the control
+# plane's binaries are built from the Go module proxy and cached in ~/.cache/warmpool.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: venv demo demo-down test lint typecheck unit binaries model clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --progress-bar off -e '.[operator,worker,dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+binaries: venv
+	$(VENV)/bin/warmpool cluster build
+
+model: venv
+	$(VENV)/bin/warmpool model fetch
+
+demo: venv
+	$(VENV)/bin/warmpool demo
+
+demo-down: venv
+	$(VENV)/bin/warmpool demo --down
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(VENV)/bin/pytest -m unit
+
+# Every test: lint and types first (cheap), then the binaries and the model (cached),
+# then the whole suite against the real local control plane.
+test: venv lint binaries model
+	$(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info

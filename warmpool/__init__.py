@@ -1,0 +1,3 @@
+"""warmpool: keep pools of LLM inference workers warm on Kubernetes."""
+
+__version__ = "0.1.0"

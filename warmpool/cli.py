@@ -1,0 +1,54 @@
+"""The `warmpool` console script: a thin dispatcher to each part's own command line.
+
+Every subcommand's module is imported only when it runs, so `warmpool worker serve`
+pays for nothing but the worker (cold start is the product).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: subcommand -> (module with a `main(argv) -> int`, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "cluster": ("warmpool_devcluster.cli", "local control plane: build | up | down | status | kubeconfig"),
+    "worker": ("warmpool_worker.cli", "run a worker: serve (built-in engine) | sidecar (external engine)"),
+    "operator": ("warmpool_operator.cli", "run the operator (kopf)"),
+    "model": ("warmpool_worker.model_fetch", "fetch the small real test model (SmolLM2-135M) as safetensors"),
+    "bench": ("warmpool_bench.cli", "benchmarks: coldstart | scale"),
+    "demo": ("warmpool.demo", "the main job end to end on a local cluster"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = ["usage: warmpool <command> [args...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if args[0] == "--version":
+        from warmpool import __version__
+
+        print(__version__)
+        return 0
+    entry = SUBCOMMANDS.get(args[0])
+    if entry is None:
+        print(f"warmpool: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(entry[0])
+    except ModuleNotFoundError as error:
+        print(f"warmpool {args[0]}: not available in this install ({error})", file=sys.stderr)
+        return 2
+    result: int = module.main(args[1:])
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""The contract between the built-in engine and the code that warms and serves it.
+
+`engine.py` implements `Engine`; `warmup.py`, `server.py` and the sidecar use only what is
+declared here, so the serving side never reaches into torch internals.  Nothing here
+imports torch: the module is cheap to import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+#: progress callback: (layers resident, layers total, index of the layer just loaded)
+LayerProgress = Callable[[int, int, int], None]
+
+
+class ModelLoadError(RuntimeError):
+    """The model directory or its files are unusable; the message names the file and the problem."""
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve (prompt too long, bad parameters): answered with a 4xx."""
+
+
+@dataclass(frozen=True)
+class GenerationStep:
+    """One generated token; `text` is the detokenised increment (may be empty mid-codepoint)."""
+
+    token_id: int
+    text: str
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" when finished
+
+
+class Engine(Protocol):
+    @property
+    def model_name(self) -> str:
+        """The name served on /v1/models (the model directory's name unless configured)."""
+
+    @property
+    def model_digest(self) -> str:
+        """A stable digest of config + tensor headers: keys persisted warm-prefix KV files."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def max_context(self) -> int:
+        """Longest prompt + completion in tokens (from config.json max_position_embeddings)."""
+
+    @property
+    def device(self) -> str:
+        """'cpu' or 'cuda:N'."""
+
+    def layers_resident(self) -> int:
+        """How many decoder layers are materialised now."""
+
+    def load_layers(self, order: Sequence[int], progress: LayerProgress | None = None) -> None:
+        """Materialise these decoder layers (and embeddings/norm/head first) in this order.
+
+        Idempotent; a layer not yet loaded is loaded on first use anyway, so a request can
+        never see a missing weight.
+        """
+
+    def layer_heat(self) -> dict[int, float]:
+        """Per-layer access counts with time decay (higher is hotter)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def prefill(self, token_ids: Sequence[int]) -> None:
+        """Run one forward pass over these tokens (warm-up; results discarded).
+
+        Raises RequestError if the prompt is empty or longer than max_context.
+        """
+
+    def generate(
+        self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0
+    ) -> Iterator[GenerationStep]:
+        """Prefill then decode, yielding one step per token.  Greedy when temperature == 0."""
+
+    def save_prefix_kv(self, token_ids: Sequence[int], path: Path) -> None:
+        """Persist the KV cache of this prefix as safetensors, keyed by model digest and token hash."""
+
+    def load_prefix_kv(self, token_ids: Sequence[int], path: Path) -> bool:
+        """mmap a persisted prefix back; False (and nothing loaded) if the file is stale or mismatched.
+
+        A corrupt file raises ModelLoadError naming the file.
+        """
