@@ -87,3 +87,63 @@ LABEL_SOURCE = "source"
 
 #: Cold-start phases in the order they happen (each a timestamp and a duration since start).
 PHASES = ("process_start", "weights_mapped", "first_layer_ready", "warmup_done", "ready")
+
+# --- Worker serving side (added by the worker's serving half) ---------------------------
+
+#: Metric: the tier the worker's last warm-up ran at (gauge per tier label, 1 for that tier);
+#: differs from METRIC_TIER while a deeper warm-up is still catching up after a relaxation.
+METRIC_WARMUP_TIER = "warmpool_warmup_tier"
+#: Metric: the tier the worker's own guard decided from its probe (gauge per tier label).
+METRIC_LOCAL_TIER = "warmpool_local_tier"
+#: Metric: 1 while an operator directive is in force (not expired).
+METRIC_DIRECTIVE_ACTIVE = "warmpool_directive_active"
+#: Metric: warm-up prompts per bucket the worker's last warm-up plan asked for.
+METRIC_WARMUP_PLANNED = "warmpool_warmup_planned_prefills"  # label: bucket
+
+#: Stages a worker goes through, reported in the /readyz body as "stage".
+STAGE_STARTING = "starting"  # HTTP bound, engine not yet mapped
+STAGE_LOADING = "loading"  # weights mapped, layers loading in heat order
+STAGE_WARMING = "warming"  # warm-up prompts running
+STAGE_READY = "ready"  # warm: /readyz answers 200
+STAGE_FAILED = "failed"  # load failed: the process is exiting non-zero
+STAGES = (STAGE_STARTING, STAGE_LOADING, STAGE_WARMING, STAGE_READY, STAGE_FAILED)
+
+#: Control endpoint body keys: {"tier": "truncated", "ttl_seconds": 60}.
+CONTROL_FIELD_TIER = "tier"
+CONTROL_FIELD_TTL = "ttl_seconds"
+#: How long an operator directive holds if the operator stops re-sending it.
+DEFAULT_DIRECTIVE_TTL_SECONDS = 60.0
+MAX_DIRECTIVE_TTL_SECONDS = 3600.0
+
+#: Keys of the WarmModel's ConfigMap (mounted into worker pods as files of these names).
+CONFIGMAP_KEY_PROMPTS = "prompts.json"
+CONFIGMAP_KEY_HEATMAP = "heatmap.json"
+#: The heat map file's format tag (see warmpool_worker.heatmap).
+HEATMAP_FORMAT = "warmpool.heatmap/v1"
+
+# --- The WarmModel API (added by the API half; crds/ is generated from these) ----------
+
+CRD_NAME = f"{PLURAL}.{API_GROUP}"
+SHORT_NAME = "wm"
+SINGULAR = "warmmodel"
+
+#: Status condition types of a WarmModel (each has a CamelCase reason and a message).
+CONDITION_READY = "Ready"  # at least pool.minWarm pods verified warm
+CONDITION_PROGRESSING = "Progressing"  # a rollout or scale is under way
+CONDITION_DEGRADED = "Degraded"  # something is wrong that retrying will not fix (bad spec, ...)
+CONDITION_WARMUP_GATED = "WarmupGated"  # some pods run a truncated or paused warm-up
+CONDITION_TYPES = (CONDITION_READY, CONDITION_PROGRESSING, CONDITION_DEGRADED, CONDITION_WARMUP_GATED)
+
+# Defaults of the rest of the WarmModel spec.
+DEFAULT_REPLICAS = 1
+DEFAULT_MIN_WARM = 1
+DEFAULT_MAX_REPLICAS = 8
+#: Hard ceiling on pool sizes accepted at admission (a typo like 10000 is refused).
+MAX_POOL_REPLICAS = 1000
+DEFAULT_WARMUP_TIMEOUT_SECONDS = 600
+DEFAULT_ENGINE_PORT = 8000  # vLLM's and SGLang's usual port; TGI users set 80 or 3000
+DEFAULT_ENGINE_HEALTH_PATH = "/health"
+#: Where node-local model caches live on a node (a WarmModel's nodeCache.root default).
+DEFAULT_NODE_CACHE_ROOT = "/var/lib/warmpool/models"
+#: Longest WarmModel name: children are named "<name>-<suffix>" and must stay DNS-1035 labels.
+MAX_WARMMODEL_NAME_LENGTH = 48

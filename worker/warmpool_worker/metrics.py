@@ -1,0 +1,199 @@
+"""The worker's Prometheus metrics (shared with the sidecar: same names, same meanings).
+
+Every name comes from `warmpool.contract`; the operator scrapes them with
+`prometheus_client.parser`.  A dedicated CollectorRegistry (not the global one) keeps tests
+and several workers in one process apart and exports nothing we did not declare.
+
+A figure we do not have is *absent*, never 0: the memory series disappear when the probe
+has no reading, so the operator sees Unknown rather than "0 % used".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from warmpool.contract import (
+    LABEL_BUCKET,
+    LABEL_LAYER,
+    LABEL_PHASE,
+    LABEL_SOURCE,
+    LABEL_TIER,
+    METRIC_DIRECTIVE_ACTIVE,
+    METRIC_LAYER_HEAT,
+    METRIC_LAYERS_RESIDENT,
+    METRIC_LAYERS_TOTAL,
+    METRIC_LOCAL_TIER,
+    METRIC_MEMORY_CAPACITY_BYTES,
+    METRIC_MEMORY_USED_BYTES,
+    METRIC_MEMORY_USED_RATIO,
+    METRIC_PHASE_DURATION,
+    METRIC_PHASE_TIMESTAMP,
+    METRIC_READY,
+    METRIC_TIER,
+    METRIC_TTFT,
+    METRIC_WARMUP_PLANNED,
+    METRIC_WARMUP_PREFILLS,
+    METRIC_WARMUP_TIER,
+    PHASES,
+    Tier,
+)
+
+#: TTFT buckets: from a warm tiny model on a GPU (ms) to a cold large one on a CPU (a minute).
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def process_start_time(proc: Path = Path("/proc")) -> float:
+    """Unix time this process started, from the kernel (so interpreter start and imports count).
+
+    /proc/self/stat field 22 is the start in clock ticks since boot; /proc/stat `btime` is the
+    boot time.  Falls back to now where /proc is not Linux's.
+    """
+    try:
+        stat = (proc / "self" / "stat").read_text()
+        # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+        fields = stat[stat.rindex(")") + 2 :].split()
+        start_ticks = int(fields[19])  # field 22 overall; fields[0] here is field 3
+        btime = next(
+            int(line.split()[1])
+            for line in (proc / "stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+class WorkerMetrics:
+    """All the worker's series in one registry; methods named after what happened."""
+
+    def __init__(self, process_start: float | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.process_start = process_start_time() if process_start is None else process_start
+        self.phase_timestamp = Gauge(
+            METRIC_PHASE_TIMESTAMP, "Unix time each cold-start phase was reached", [LABEL_PHASE], registry=r
+        )
+        self.phase_duration = Gauge(
+            METRIC_PHASE_DURATION,
+            "Seconds from process start to each cold-start phase",
+            [LABEL_PHASE],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            METRIC_TTFT, "Time to first token of served requests", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.memory_ratio = Gauge(
+            METRIC_MEMORY_USED_RATIO,
+            "Accelerator memory used / capacity (absent when unknown)",
+            [LABEL_SOURCE],
+            registry=r,
+        )
+        self.memory_used = Gauge(
+            METRIC_MEMORY_USED_BYTES, "Accelerator memory used", [LABEL_SOURCE], registry=r
+        )
+        self.memory_capacity = Gauge(
+            METRIC_MEMORY_CAPACITY_BYTES, "Accelerator memory capacity", [LABEL_SOURCE], registry=r
+        )
+        self.tier = Gauge(
+            METRIC_TIER, "Effective warm-up tier (1 for the active one)", [LABEL_TIER], registry=r
+        )
+        self.local_tier = Gauge(METRIC_LOCAL_TIER, "Tier the local guard decided", [LABEL_TIER], registry=r)
+        self.warmup_tier = Gauge(METRIC_WARMUP_TIER, "Tier the last warm-up ran at", [LABEL_TIER], registry=r)
+        self.directive_active = Gauge(
+            METRIC_DIRECTIVE_ACTIVE, "1 while an operator directive holds", registry=r
+        )
+        self.layers_resident = Gauge(METRIC_LAYERS_RESIDENT, "Decoder layers materialised", registry=r)
+        self.layers_total = Gauge(METRIC_LAYERS_TOTAL, "Decoder layers in the model", registry=r)
+        self.warmup_prefills = Counter(
+            METRIC_WARMUP_PREFILLS, "Warm-up prefills done per length bucket", [LABEL_BUCKET], registry=r
+        )
+        self.warmup_planned = Gauge(
+            METRIC_WARMUP_PLANNED,
+            "Warm-up prefills the current plan asks for per bucket",
+            [LABEL_BUCKET],
+            registry=r,
+        )
+        self.layer_heat = Gauge(
+            METRIC_LAYER_HEAT, "Per-layer heat (decayed access counts)", [LABEL_LAYER], registry=r
+        )
+        self.ready = Gauge(METRIC_READY, "1 when warm and serving", registry=r)
+        self.ready.set(0)
+        self.directive_active.set(0)
+        self._phases: set[str] = set()
+        self.mark_phase("process_start", self.process_start)
+
+    # -- cold-start phases -------------------------------------------------------------
+    def mark_phase(self, phase: str, at: float | None = None) -> None:
+        """Record a phase once (the first time it is reached counts)."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
+        if phase in self._phases:
+            return
+        self._phases.add(phase)
+        when = time.time() if at is None else at
+        self.phase_timestamp.labels(phase).set(when)
+        self.phase_duration.labels(phase).set(max(0.0, when - self.process_start))
+
+    # -- memory and tiers --------------------------------------------------------------
+    def set_memory(self, used_bytes: int | None, capacity_bytes: int | None, source: str | None) -> None:
+        """A reading, or all None for "unknown" (the series are removed, never set to 0)."""
+        for gauge in (self.memory_ratio, self.memory_used, self.memory_capacity):
+            gauge.clear()  # a changed source must not leave the old series behind
+        if used_bytes is None or capacity_bytes is None or source is None or capacity_bytes <= 0:
+            return
+        self.memory_used.labels(source).set(used_bytes)
+        self.memory_capacity.labels(source).set(capacity_bytes)
+        self.memory_ratio.labels(source).set(used_bytes / capacity_bytes)
+
+    @staticmethod
+    def _set_tier(gauge: Gauge, tier: Tier) -> None:
+        for each in Tier:
+            gauge.labels(each.value).set(1 if each is tier else 0)
+
+    def set_tier(self, effective: Tier, local: Tier, directive_active: bool) -> None:
+        self._set_tier(self.tier, effective)
+        self._set_tier(self.local_tier, local)
+        self.directive_active.set(1 if directive_active else 0)
+
+    def set_warmup_tier(self, tier: Tier) -> None:
+        self._set_tier(self.warmup_tier, tier)
+
+    # -- layers, warm-up, heat, requests -----------------------------------------------
+    def set_layers(self, resident: int, total: int) -> None:
+        self.layers_resident.set(resident)
+        self.layers_total.set(total)
+
+    def set_planned(self, per_bucket: Mapping[int, int]) -> None:
+        self.warmup_planned.clear()
+        for bucket, count in per_bucket.items():
+            self.warmup_planned.labels(str(bucket)).set(count)
+
+    def warmup_prefill_done(self, bucket: int) -> None:
+        self.warmup_prefills.labels(str(bucket)).inc()
+
+    def set_heat(self, heat: Mapping[int, float]) -> None:
+        for layer, value in heat.items():
+            self.layer_heat.labels(str(layer)).set(value)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def set_ready(self, ready: bool) -> None:
+        self.ready.set(1 if ready else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
