@@ -147,3 +147,6 @@ DEFAULT_ENGINE_HEALTH_PATH = "/health"
 DEFAULT_NODE_CACHE_ROOT = "/var/lib/warmpool/models"
 #: Longest WarmModel name: children are named "<name>-<suffix>" and must stay DNS-1035 labels.
 MAX_WARMMODEL_NAME_LENGTH = 48
+#: Where worker pods see the model's directory, whatever its source (an external engine's
+#: args point here, e.g. `--model=/warmpool/model`).
+MODEL_MOUNT_PATH = "/warmpool/model"
