@@ -550,8 +550,14 @@ class PodSpec(ApiObject):
 
 # --- spec ------------------------------------------------------------------------------------
 
-#: Sub-objects default to {} in the CRD so the API server fills in their own defaults.
-_EMPTY_DEFAULT: dict[str, Any] = {"default": {}}
+
+def _default_of(cls: type[ApiObject]) -> dict[str, Any]:
+    """Schema extras giving an optional sub-object its full default.
+
+    Not just ``{}``: the API server checks a default against the CEL rules without first
+    filling in the defaults nested inside it, so ``{}`` would fail "no such key".
+    """
+    return {"default": cls().model_dump(by_alias=True, exclude_none=True)}
 
 
 class WarmModelSpec(ApiObject):
@@ -559,15 +565,23 @@ class WarmModelSpec(ApiObject):
 
     model: ModelSpec
     """Where the weights are, their format and revision."""
-    engine: Annotated[EngineSpec, Field(json_schema_extra=_EMPTY_DEFAULT)] = Field(default_factory=EngineSpec)
+    engine: Annotated[EngineSpec, Field(json_schema_extra=_default_of(EngineSpec))] = Field(
+        default_factory=EngineSpec
+    )
     """Which engine serves the model."""
-    pool: Annotated[PoolSpec, Field(json_schema_extra=_EMPTY_DEFAULT)] = Field(default_factory=PoolSpec)
+    pool: Annotated[PoolSpec, Field(json_schema_extra=_default_of(PoolSpec))] = Field(
+        default_factory=PoolSpec
+    )
     """Pool size and warm minimum."""
-    warmup: Annotated[WarmupSpec, Field(json_schema_extra=_EMPTY_DEFAULT)] = Field(default_factory=WarmupSpec)
+    warmup: Annotated[WarmupSpec, Field(json_schema_extra=_default_of(WarmupSpec))] = Field(
+        default_factory=WarmupSpec
+    )
     """What warm-up means for this model."""
-    gating: Annotated[GatingSpec, Field(json_schema_extra=_EMPTY_DEFAULT)] = Field(default_factory=GatingSpec)
+    gating: Annotated[GatingSpec, Field(json_schema_extra=_default_of(GatingSpec))] = Field(
+        default_factory=GatingSpec
+    )
     """Memory thresholds that scale warm-up down when the accelerator is busy."""
-    pod: Annotated[PodSpec, Field(json_schema_extra=_EMPTY_DEFAULT)] = Field(default_factory=PodSpec)
+    pod: Annotated[PodSpec, Field(json_schema_extra=_default_of(PodSpec))] = Field(default_factory=PodSpec)
     """Pod-level settings of the worker pods."""
 
     cel_rules = (
