@@ -172,7 +172,7 @@ def test_execute_truncated_then_top_up() -> None:
 def test_execute_stops_when_told() -> None:
     engine = FakeEngine("m", num_layers=4)
     progress = WarmupProgress()
-    calls = iter([False, False, True])
+    calls = iter([False] * 4 + [False, False, True])  # 4 layer steps, then 2 prompts
     with pytest.raises(WarmupStopped):
         execute_plan(
             engine,

@@ -291,10 +291,16 @@ def execute_plan(
 
     if todo.resident_layers or not progress.layers_forced:
         started = time.monotonic()
-        with lock:
-            # an empty order still maps embeddings/norm/head: core readiness for every tier
-            engine.load_layers(list(todo.resident_layers), progress=on_layer)
-        progress.layers_forced.update(todo.resident_layers)
+        if not todo.resident_layers:
+            with lock:  # an empty order still maps embeddings/norm/head: core readiness
+                engine.load_layers([], progress=on_layer)
+        for layer in todo.resident_layers:
+            # one layer per call: requests interleave, and a stricter tier stops the load
+            if should_stop():
+                raise WarmupStopped(f"tier became stricter than {plan.tier.value}")
+            with lock:
+                engine.load_layers([layer], progress=on_layer)
+            progress.layers_forced.add(layer)
         log.info(
             "warm-up (%s): %d layer(s) resident of %d in %.2fs",
             plan.tier.value,

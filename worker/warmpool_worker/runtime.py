@@ -1,0 +1,283 @@
+"""The worker's start-up sequence and its background loops (see `cli` for the order and why)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+from warmpool_worker.engine_api import Engine, ModelLoadError
+from warmpool_worker.guard import GuardState, TierGuard
+from warmpool_worker.heatmap import HeatMapError, layer_order, read_heatmap
+from warmpool_worker.memory import make_probe
+from warmpool_worker.metrics import WorkerMetrics
+from warmpool_worker.server import WorkerServer, WorkerStatus
+from warmpool_worker.warmup import (
+    PromptsError,
+    WarmupPlan,
+    WarmupStopped,
+    execute_plan,
+    load_prompts,
+    plan_warmup,
+)
+
+from warmpool.contract import STAGE_FAILED, STAGE_LOADING, STAGE_READY, STAGE_WARMING, Tier
+from warmpool.tiering import Thresholds
+
+log = logging.getLogger("warmpool.worker")
+
+
+class WorkerRuntime:
+    def __init__(self, args: argparse.Namespace, thresholds: Thresholds, device: str) -> None:
+        self.args = args
+        self.device = device
+        self.metrics = WorkerMetrics()
+        self.status = WorkerStatus(model_name=args.model_name or Path(args.model).name)
+        self.engine_lock = threading.Lock()
+        probe = make_probe(device, args.memory_capacity_bytes, args.memory_account_pid)
+        self.guard = TierGuard(probe, thresholds, on_update=self._on_guard_update)
+        self.order: list[int] = []
+        self.prompts: list[str] = []
+        self.stop = asyncio.Event()
+
+    def _on_guard_update(self, state: GuardState) -> None:
+        reading = state.reading
+        if reading is None:
+            self.metrics.set_memory(None, None, None)
+        else:
+            self.metrics.set_memory(reading.used_bytes, reading.capacity_bytes, reading.source)
+        self.metrics.set_tier(state.effective, state.local, state.directive is not None)
+
+    def _refresh_engine_metrics(self) -> None:
+        engine = self.status.engine
+        if engine is not None:
+            self.metrics.set_layers(engine.layers_resident(), engine.num_layers)
+            self.metrics.set_heat(engine.layer_heat())
+
+    # -- planning and running warm-up --------------------------------------------------
+    def plan(self, tier: Tier, engine: Engine) -> WarmupPlan:
+        return plan_warmup(
+            tier,
+            layer_order=self.order,
+            buckets=self.args.buckets,
+            hot_layer_percent=self.args.hot_layer_percent,
+            prompts_per_bucket=self.args.prompts_per_bucket,
+            decode_tokens=self.args.decode_tokens,
+            max_context=engine.max_context,
+        )
+
+    def _on_layer(self, resident: int, total: int, index: int) -> None:
+        self.metrics.mark_phase("first_layer_ready")
+        self.metrics.set_layers(resident, total)
+        log.info("layer %d loaded (%d/%d resident)", index, resident, total)
+
+    def _stricter_than(self, plan: WarmupPlan, deadline: float | None) -> Callable[[], bool]:
+        def should_stop() -> bool:
+            if deadline is not None and time.monotonic() > deadline:
+                return True
+            return self.guard.state.effective.strictness > plan.tier.strictness
+
+        return should_stop
+
+    def run_plan(
+        self, engine: Engine, plan: WarmupPlan, deadline: float | None, layers_only: bool = False
+    ) -> bool:
+        """Run (the rest of) a plan; False if cut short by a stricter tier or the deadline."""
+        self.status.plan = plan
+        self.metrics.set_planned(plan.per_bucket())
+        step = (
+            plan
+            if not layers_only
+            else WarmupPlan(plan.tier, (), 0, plan.resident_layers, plan.decode_tokens)
+        )
+        try:
+            execute_plan(
+                engine,
+                step,
+                self.prompts,
+                self.status.progress,
+                engine_lock=self.engine_lock,
+                on_layer=self._on_layer,
+                on_prefill=self.metrics.warmup_prefill_done,
+                should_stop=self._stricter_than(plan, deadline),
+                kv_dir=self.args.kv_prefix_dir,
+            )
+        except WarmupStopped as stopped:
+            log.warning("warm-up at tier %s cut short: %s", plan.tier.value, stopped)
+            return False
+        finally:
+            self._refresh_engine_metrics()
+        return True
+
+    def startup(self) -> None:
+        """Blocking: map, load in heat order, warm per tier, ready.  Raises on load failure."""
+        args = self.args
+        self.prompts = load_prompts(args.prompts)
+        factory = _load_factory(args.engine_factory)
+        started = time.monotonic()
+        engine: Engine = factory(args.model, self.device, args.dtype, args.model_name)
+        self.metrics.mark_phase("weights_mapped")
+        log.info(
+            "weights mapped: %s (%d layers, context %d, device %s, digest %s) in %.2fs",
+            engine.model_name,
+            engine.num_layers,
+            engine.max_context,
+            engine.device,
+            engine.model_digest,
+            time.monotonic() - started,
+        )
+        self.status.model_name = engine.model_name
+        self.status.engine = engine
+        self.status.stage = STAGE_LOADING
+        self.metrics.set_layers(engine.layers_resident(), engine.num_layers)
+        self.order = self._heat_order(engine)
+        deadline = time.monotonic() + args.warmup_timeout
+        for _attempt in range(4):  # a stricter tier mid-way re-plans at it; bounded
+            tier = self.guard.state.effective
+            plan = self.plan(tier, engine)
+            log.info("warm-up plan at tier %s: %s", tier.value, plan.describe())
+            self.status.stage = STAGE_LOADING
+            if not self.run_plan(engine, plan, deadline, layers_only=True):
+                if time.monotonic() > deadline:
+                    break
+                continue
+            self.status.stage = STAGE_WARMING
+            if self.run_plan(engine, plan, deadline):
+                self.status.warmup_tier = plan.tier
+                self.metrics.set_warmup_tier(plan.tier)
+                break
+            if time.monotonic() > deadline:
+                log.warning("warm-up timeout (%.0fs) reached: ready with what is warm", args.warmup_timeout)
+                break
+        self.metrics.mark_phase("warmup_done")
+        self.status.stage = STAGE_READY
+        self.metrics.set_ready(True)
+        self.metrics.mark_phase("ready")
+        log.info(
+            "ready: %d/%d layers resident, warm-up %s, %.2fs since process start",
+            engine.layers_resident(),
+            engine.num_layers,
+            self.status.progress.describe(),
+            time.time() - self.metrics.process_start,
+        )
+
+    def _heat_order(self, engine: Engine) -> list[int]:
+        heat = None
+        if self.args.heat_map is not None:
+            try:
+                heat_map = read_heatmap(self.args.heat_map)
+                mismatch = heat_map.applies_to(engine.model_digest, engine.num_layers)
+                if mismatch is None:
+                    heat = heat_map.heat
+                else:
+                    log.warning("heat map ignored: %s", mismatch)
+            except HeatMapError as error:
+                log.warning("heat map ignored: %s", error)
+        order = layer_order(heat, engine.num_layers)
+        log.info("layer load order (%s): %s", "heat map" if heat else "default: forward", order)
+        return order
+
+    def top_up(self) -> None:
+        """After ready: deepen the warm-up if the tier relaxed (blocking; run in a thread)."""
+        engine = self.status.engine
+        if engine is None or self.status.stage != STAGE_READY:
+            return
+        tier = self.guard.state.effective
+        plan = self.plan(tier, engine)
+        if self.status.progress.remaining(plan).is_empty():
+            if (
+                self.status.warmup_tier is not None
+                and plan.tier.strictness < self.status.warmup_tier.strictness
+            ):
+                self.status.warmup_tier = plan.tier
+                self.metrics.set_warmup_tier(plan.tier)
+            return
+        log.info("tier %s: topping up the warm-up: %s", tier.value, plan.describe())
+        if self.run_plan(engine, plan, None):
+            self.status.warmup_tier = plan.tier
+            self.metrics.set_warmup_tier(plan.tier)
+
+    async def background(self) -> None:
+        """Engine metrics refresh and warm-up top-ups, every guard interval."""
+        while not self.stop.is_set():
+            await asyncio.to_thread(self._refresh_engine_metrics)
+            await asyncio.to_thread(self.top_up)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), timeout=self.args.guard_interval)
+
+
+def _load_factory(spec: str) -> Callable[..., Engine]:
+    from warmpool_worker.cli import load_factory
+
+    factory: Callable[..., Engine] = load_factory(spec)
+    return factory
+
+
+async def serve(args: argparse.Namespace, thresholds: Thresholds) -> int:
+    from warmpool_worker.cli import resolve_device
+
+    device = await asyncio.to_thread(resolve_device, args.device)
+    runtime = WorkerRuntime(args, thresholds, device)
+    server = WorkerServer(
+        runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, args.control_token_file
+    )
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    try:
+        await site.start()
+    except OSError as error:
+        log.error("cannot bind %s:%s: %s", args.host, args.port, error)
+        await runner.cleanup()
+        return 1
+    sockets = [s.getsockname() for s in getattr(site._server, "sockets", [])]  # the real port when --port 0
+    log.info(
+        "listening on %s (model %s, device %s)", sockets or f"{args.host}:{args.port}", args.model, device
+    )
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, runtime.stop.set)
+
+    guard_task = asyncio.create_task(runtime.guard.run(runtime.stop, args.guard_interval))
+    await asyncio.to_thread(runtime.guard.wait_first_tick, 10.0)
+    exit_code = 0
+    background: asyncio.Task[None] | None = None
+    try:
+        startup = asyncio.create_task(asyncio.to_thread(runtime.startup))
+        stopper = asyncio.create_task(runtime.stop.wait())
+        done, _ = await asyncio.wait({startup, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if startup in done:
+            failure = startup.exception()
+            if failure is not None:
+                runtime.status.stage = STAGE_FAILED
+                runtime.status.error = str(failure)
+                if isinstance(failure, ModelLoadError | PromptsError | FileNotFoundError):
+                    log.error("model load failed: %s", failure)
+                else:
+                    log.error("model load failed", exc_info=failure)
+                exit_code = 1
+            else:
+                background = asyncio.create_task(runtime.background())
+                await stopper
+        else:
+            log.info("stop requested during start-up")
+            startup.cancel()  # the thread finishes its current step; we exit without waiting
+    finally:
+        runtime.stop.set()
+        for task in (guard_task, background):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await runner.cleanup()
+    log.info("worker stopped (exit %d)", exit_code)
+    return exit_code

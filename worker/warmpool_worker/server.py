@@ -1,0 +1,470 @@
+"""The worker's HTTP surface (aiohttp): OpenAI-style completions, probes, metrics, control.
+
+* ``POST /v1/completions``: prompt as a string or a list of token ids, ``max_tokens``,
+  ``temperature``, ``stream`` (server-sent events ``data: {...}`` then ``data: [DONE]``).
+* ``GET /v1/models``; ``GET /livez`` (the process answers); ``GET /readyz`` (200 only when
+  warm; JSON body with the stage, tier, layers resident/total and warm-up state);
+  ``GET /metrics`` (prometheus-client text format).
+* ``POST /control/tier``: the operator's directive ``{"tier": "truncated", "ttl_seconds": 60}``,
+  ``Authorization: Bearer <token>`` with the token read from a file (a mounted Secret; read
+  on each call so a rotated Secret takes effect without a restart).
+
+Engine calls run in threads (torch releases the GIL), so probes and metrics answer while a
+model loads or warms; one lock serialises engine work (generation and warm-up steps).
+A bad request is a 4xx with ``{"error": {"message", "type", "param"}}`` naming the problem;
+the server goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from warmpool_worker.engine_api import Engine, GenerationStep, RequestError
+from warmpool_worker.guard import TierGuard
+from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
+from warmpool_worker.warmup import WarmupPlan, WarmupProgress
+
+from warmpool.contract import (
+    CONTROL_FIELD_TIER,
+    CONTROL_FIELD_TTL,
+    CONTROL_TOKEN_HEADER,
+    DEFAULT_DIRECTIVE_TTL_SECONDS,
+    DIRECTIVE_TIERS,
+    MAX_DIRECTIVE_TTL_SECONDS,
+    PATH_CONTROL_TIER,
+    PATH_LIVEZ,
+    PATH_METRICS,
+    PATH_READYZ,
+    STAGE_READY,
+    STAGE_STARTING,
+    Tier,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 16
+MAX_TEMPERATURE = 2.0
+#: Threads for engine work: requests beyond this wait in the executor's queue (the lock
+#: serialises the engine anyway; a few threads let tokenisation overlap).
+ENGINE_THREADS = 4
+
+
+@dataclass
+class WorkerStatus:
+    """What the worker is doing; written by the start-up sequence, read by the handlers."""
+
+    model_name: str
+    stage: str = STAGE_STARTING
+    engine: Engine | None = None
+    error: str | None = None
+    plan: WarmupPlan | None = None
+    warmup_tier: Tier | None = None
+    progress: WarmupProgress = field(default_factory=WarmupProgress)
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def ready(self) -> bool:
+        return self.stage == STAGE_READY and self.engine is not None
+
+
+class BadRequest(Exception):
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+
+
+def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param}}, status=status)
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every error as JSON; an unexpected one is a 500 and the server keeps serving."""
+    try:
+        return await handler(request)
+    except BadRequest as error:
+        return error_response(error.status, error.message, error.kind, error.param)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return error_response(error.status, f"{error.reason}: {request.method} {request.path}", "http_error")
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unexpected error serving %s %s", request.method, request.path)
+        return error_response(500, "internal error (see the worker's log)", "internal_error")
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt_ids: list[int] | None
+    prompt_text: str | None
+    max_tokens: int
+    temperature: float
+    stream: bool
+
+
+def _parse_completion(body: object, model_name: str) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise BadRequest(400, "request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise BadRequest(
+            404, f"unknown model {model!r}; this worker serves {model_name!r}", "model_not_found", "model"
+        )
+    prompt = body.get("prompt")
+    # OpenAI allows a batch (a list of prompts); accept a batch of one, refuse more clearly
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    prompt_ids: list[int] | None = None
+    prompt_text: str | None = None
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest(400, "prompt is empty", param="prompt")
+        prompt_text = prompt
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not prompt:
+            raise BadRequest(400, "prompt is empty", param="prompt")
+        if any(t < 0 for t in prompt):
+            raise BadRequest(400, "prompt token ids must be non-negative", param="prompt")
+        prompt_ids = list(prompt)
+    elif isinstance(prompt, list):
+        raise BadRequest(
+            400, "batched prompts are not supported: send one prompt per request", param="prompt"
+        )
+    else:
+        raise BadRequest(400, "prompt must be a string or a list of token ids", param="prompt")
+    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadRequest(
+            400, f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens"
+        )
+    temperature = body.get("temperature", 1.0)
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not 0 <= temperature <= MAX_TEMPERATURE
+    ):
+        raise BadRequest(
+            400,
+            f"temperature must be a number within 0..{MAX_TEMPERATURE:g}, got {temperature!r}",
+            param="temperature",
+        )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(400, "stream must be true or false", param="stream")
+    return CompletionRequest(prompt_ids, prompt_text, max_tokens, float(temperature), stream)
+
+
+_DONE = object()
+
+
+class WorkerServer:
+    def __init__(
+        self,
+        status: WorkerStatus,
+        metrics: WorkerMetrics,
+        guard: TierGuard,
+        engine_lock: threading.Lock,
+        control_token_file: Path | None = None,
+    ) -> None:
+        self.status = status
+        self.metrics = metrics
+        self.guard = guard
+        self.engine_lock = engine_lock
+        self.control_token_file = control_token_file
+        self.executor = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="engine")
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[json_errors])
+        app.router.add_get(PATH_LIVEZ, self.livez)
+        app.router.add_get(PATH_READYZ, self.readyz)
+        app.router.add_get(PATH_METRICS, self.metrics_handler)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post(PATH_CONTROL_TIER, self.control_tier)
+        app.on_cleanup.append(self._shutdown_executor)
+        return app
+
+    async def _shutdown_executor(self, _app: web.Application) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- probes and metrics ------------------------------------------------------------
+    async def livez(self, _request: web.Request) -> web.Response:
+        return web.json_response({"alive": True, "stage": self.status.stage})
+
+    def readiness(self) -> dict[str, Any]:
+        status = self.status
+        engine = status.engine
+        body: dict[str, Any] = {
+            "ready": status.ready,
+            "stage": status.stage,
+            "model": status.model_name,
+            "layers_resident": engine.layers_resident() if engine is not None else 0,
+            "layers_total": engine.num_layers if engine is not None else None,
+            "warmup": {
+                "plan": None if status.plan is None else status.plan.describe(),
+                "tier": None if status.warmup_tier is None else status.warmup_tier.value,
+                **status.progress.describe(),
+            },
+            "error": status.error,
+        }
+        body.update(self.guard.state.describe())
+        return body
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.readiness(), status=200 if self.status.ready else 503)
+
+    async def metrics_handler(self, _request: web.Request) -> web.Response:
+        engine = self.status.engine
+        if engine is not None:
+            self.metrics.set_layers(engine.layers_resident(), engine.num_layers)
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    # -- OpenAI-style API --------------------------------------------------------------
+    def _engine(self) -> Engine:
+        engine = self.status.engine
+        if engine is None:
+            raise BadRequest(503, f"model not loaded yet (stage {self.status.stage})", "unavailable")
+        return engine
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.status.model_name,
+                        "object": "model",
+                        "created": int(self.status.started_at),
+                        "owned_by": "warmpool",
+                        "ready": self.status.ready,
+                    }
+                ],
+            }
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as error:
+            raise BadRequest(400, f"malformed JSON body: {error}") from None
+        except UnicodeDecodeError:
+            raise BadRequest(400, "malformed JSON body: not UTF-8") from None
+        engine = self._engine()
+        parsed = _parse_completion(body, engine.model_name)
+        loop = asyncio.get_running_loop()
+        if parsed.prompt_ids is not None:
+            prompt_ids = parsed.prompt_ids
+        else:
+            prompt_ids = await loop.run_in_executor(self.executor, engine.encode, parsed.prompt_text or "")
+            if not prompt_ids:
+                raise BadRequest(400, "prompt encodes to no tokens", param="prompt")
+        if len(prompt_ids) + parsed.max_tokens > engine.max_context:
+            raise BadRequest(
+                400,
+                f"prompt too long: {len(prompt_ids)} prompt tokens + max_tokens {parsed.max_tokens} "
+                f"exceeds the model's context of {engine.max_context}",
+                "context_length_exceeded",
+                "prompt",
+            )
+        steps: asyncio.Queue[object] = asyncio.Queue()
+        cancel = threading.Event()
+        producer = loop.run_in_executor(
+            self.executor, self._produce, engine, prompt_ids, parsed, steps, loop, cancel
+        )
+        try:
+            first = await steps.get()
+            if isinstance(first, RequestError):
+                raise BadRequest(400, str(first))
+            if isinstance(first, BaseException):
+                raise first
+            if first is not _DONE:
+                self.metrics.observe_ttft(time.monotonic() - arrived)
+            ident = f"cmpl-{uuid.uuid4().hex[:24]}"
+            created = int(time.time())
+            if parsed.stream:
+                return await self._stream(request, ident, created, engine.model_name, first, steps)
+            return await self._collect(ident, created, engine, prompt_ids, first, steps)
+        finally:
+            cancel.set()  # a client gone mid-stream stops the generation at the next token
+            with contextlib.suppress(Exception):
+                await producer
+
+    def _produce(
+        self,
+        engine: Engine,
+        prompt_ids: Sequence[int],
+        parsed: CompletionRequest,
+        steps: asyncio.Queue[object],
+        loop: asyncio.AbstractEventLoop,
+        cancel: threading.Event,
+    ) -> None:
+        """Generate under the engine lock, handing each step to the event loop."""
+
+        def put(item: object) -> None:
+            loop.call_soon_threadsafe(steps.put_nowait, item)
+
+        try:
+            with self.engine_lock:
+                generator = engine.generate(prompt_ids, parsed.max_tokens, parsed.temperature)
+                try:
+                    for step in generator:
+                        put(step)
+                        if cancel.is_set() or step.finished:
+                            break
+                finally:
+                    close = getattr(generator, "close", None)
+                    if close is not None:
+                        close()
+        except BaseException as error:  # delivered to the handler, which answers for it
+            put(error)
+            return
+        put(_DONE)
+
+    @staticmethod
+    def _chunk(ident: str, created: int, model: str, text: str, finish: str | None) -> dict[str, Any]:
+        return {
+            "id": ident,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        }
+
+    async def _next(self, steps: asyncio.Queue[object]) -> object:
+        item = await steps.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def _collect(
+        self,
+        ident: str,
+        created: int,
+        engine: Engine,
+        prompt_ids: Sequence[int],
+        first: object,
+        steps: asyncio.Queue[object],
+    ) -> web.Response:
+        produced: list[GenerationStep] = []
+        item = first
+        while isinstance(item, GenerationStep):
+            produced.append(item)
+            if item.finished:
+                break
+            item = await self._next(steps)
+        finish = produced[-1].finish_reason if produced and produced[-1].finished else "length"
+        text = "".join(step.text for step in produced)
+        body = self._chunk(ident, created, engine.model_name, text, finish)
+        body["usage"] = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(produced),
+            "total_tokens": len(prompt_ids) + len(produced),
+        }
+        return web.json_response(body)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        ident: str,
+        created: int,
+        model: str,
+        first: object,
+        steps: asyncio.Queue[object],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        item = first
+        try:
+            while isinstance(item, GenerationStep):
+                chunk = self._chunk(
+                    ident, created, model, item.text, item.finish_reason if item.finished else None
+                )
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if item.finished:
+                    break
+                item = await self._next(steps)
+        except Exception as error:  # headers are sent: report in-band, as OpenAI's API does
+            log.exception("generation failed mid-stream")
+            payload = {"error": {"message": str(error), "type": "internal_error", "param": None}}
+            await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    # -- control ------------------------------------------------------------------------
+    def _check_token(self, request: web.Request) -> None:
+        if self.control_token_file is None:
+            raise BadRequest(
+                403, "control endpoint disabled: the worker has no --control-token-file", "forbidden"
+            )
+        header = request.headers.get(CONTROL_TOKEN_HEADER, "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            raise BadRequest(
+                401, f"missing bearer token in the {CONTROL_TOKEN_HEADER} header", "unauthorized"
+            )
+        try:
+            expected = self.control_token_file.read_text(encoding="utf-8").strip()
+        except OSError as error:
+            log.error("cannot read control token file %s: %s", self.control_token_file, error)
+            raise BadRequest(403, "control token unavailable on the worker", "forbidden") from None
+        if not expected or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+            raise BadRequest(403, "wrong bearer token", "forbidden")
+
+    async def control_tier(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise BadRequest(400, f"malformed JSON body: {error}") from None
+        if not isinstance(body, dict):
+            raise BadRequest(400, "request body must be a JSON object")
+        names = [t.value for t in DIRECTIVE_TIERS]
+        raw_tier = body.get(CONTROL_FIELD_TIER)
+        if raw_tier not in names:
+            raise BadRequest(
+                400, f"{CONTROL_FIELD_TIER} must be one of {names}, got {raw_tier!r}", param="tier"
+            )
+        ttl = body.get(CONTROL_FIELD_TTL, DEFAULT_DIRECTIVE_TTL_SECONDS)
+        if (
+            isinstance(ttl, bool)
+            or not isinstance(ttl, int | float)
+            or not 0 < ttl <= MAX_DIRECTIVE_TTL_SECONDS
+        ):
+            raise BadRequest(
+                400,
+                f"{CONTROL_FIELD_TTL} must be a number within "
+                f"(0, {MAX_DIRECTIVE_TTL_SECONDS:g}], got {ttl!r}",
+                param=CONTROL_FIELD_TTL,
+            )
+        state = self.guard.set_directive(Tier(raw_tier), float(ttl))
+        return web.json_response(state.describe())
