@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from warmpool_devcluster.testing import ClusterHandle, start_or_attach
 
 

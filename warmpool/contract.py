@@ -7,7 +7,7 @@ it imports nothing heavy, so it costs nothing on the worker's start path.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 API_GROUP = "warmpool.dev"
 API_VERSION = "v1alpha1"
@@ -15,7 +15,7 @@ KIND = "WarmModel"
 PLURAL = "warmmodels"
 
 
-class Tier(str, Enum):
+class Tier(StrEnum):
     """How much warm-up a worker does, from the live accelerator-memory level."""
 
     FULL = "full"

@@ -1,0 +1,3 @@
+from warmpool.cli import main
+
+raise SystemExit(main())
