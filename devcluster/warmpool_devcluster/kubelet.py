@@ -58,6 +58,7 @@ from warmpool_devcluster.kubelet_status import (
     CREATING,
     ContainerRecord,
     build_status,
+    exit_code,
     rfc3339,
 )
 from warmpool_devcluster.kwok import NODE_NAME_PREFIX
@@ -242,7 +243,8 @@ class ContainerRunner:
             finished_at = time.time()
             self.process = None
             restart = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
-            log.info("%s/%s exited with %d (restart: %s)", self.worker.key, self.name, code, restart)
+            log.info("%s/%s exited with code %d (restart: %s)",
+                     self.worker.key, self.name, exit_code(code), restart)
             self.record.set_terminated(code, process.started_at, finished_at, final=not restart)
             self._changed()
             if not restart:
@@ -278,9 +280,12 @@ class ContainerRunner:
             while True:
                 began = time.monotonic()
                 ok, message = await run_probe(spec, ctx, argv)
-                if not ok:
-                    log.info("%s/%s %s probe failed: %s", self.worker.key, self.name, kind, message)
-                if await on_result(tracker.observe(ok), message):
+                result = tracker.observe(ok)
+                # Log the first failure of a run and the one that crosses the threshold, not every one.
+                if not ok and tracker.failures in (1, spec.failure_threshold):
+                    log.info("%s/%s %s probe failed (%d in a row): %s",
+                             self.worker.key, self.name, kind, tracker.failures, message)
+                if await on_result(result, message):
                     return
                 await asyncio.sleep(max(0.0, spec.period - (time.monotonic() - began)))
 

@@ -91,12 +91,8 @@ def node_manifests(count: int) -> list[dict[str, Any]]:
                 "status": {
                     "capacity": dict(NODE_CAPACITY),
                     "allocatable": dict(NODE_CAPACITY),
-                    "nodeInfo": {
-                        "architecture": "amd64",
-                        "operatingSystem": "linux",
-                        "kubeletVersion": "warmpool-local",
-                        "containerRuntimeVersion": "warmpool-local://process",
-                    },
+                    # No nodeInfo: the OpenAPI schema requires all ten of its fields, and
+                    # validating clients reject a partial one.
                 },
             }
         )
