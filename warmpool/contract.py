@@ -150,3 +150,27 @@ MAX_WARMMODEL_NAME_LENGTH = 48
 #: Where worker pods see the model's directory, whatever its source (an external engine's
 #: args point here, e.g. `--model=/warmpool/model`).
 MODEL_MOUNT_PATH = "/warmpool/model"
+
+# --- Sidecar mode (added by the sidecar half; `warmpool worker sidecar`) --------------
+
+#: Stage of a sidecar while its engine does not answer its health endpoint (at start, or
+#: after the engine restarted or stopped answering: /readyz is 503 and warm-up runs again).
+STAGE_WAITING_ENGINE = "waiting_engine"
+#: vLLM's KV-cache usage gauge (a 0..1 fraction despite "perc"), under both of its names:
+#: `gpu_cache_usage_perc` up to v0.10, `kv_cache_usage_perc` from then on.  Read both.
+VLLM_KV_CACHE_USAGE_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+#: Metric: 1 while the external engine answers its health endpoint, 0 while it does not.
+METRIC_ENGINE_UP = "warmpool_engine_up"
+#: Metric: times the sidecar saw its engine restart or stop answering after it had answered.
+METRIC_ENGINE_RESTARTS = "warmpool_engine_restarts_total"
+#: Metric: warm-up requests to the engine that failed, by reason (unavailable, http_5xx, ...).
+METRIC_WARMUP_ERRORS = "warmpool_warmup_errors_total"  # label: reason
+#: Metric: weight bytes the sidecar's page-cache prefetch means to read at the current tier.
+METRIC_PREFETCH_TARGET_BYTES = "warmpool_prefetch_target_bytes"
+#: Metric: weight bytes read so far by the prefetch.
+METRIC_PREFETCH_READ_BYTES = "warmpool_prefetch_read_bytes"
+#: Metric: weight bytes of the prefetch's target found resident in the page cache (mincore).
+METRIC_PREFETCH_RESIDENT_BYTES = "warmpool_prefetch_resident_bytes"
+#: Metric: weight files the prefetch could not use (missing, truncated, bad header).
+METRIC_PREFETCH_FILE_ERRORS = "warmpool_prefetch_file_errors"
+LABEL_REASON = "reason"
