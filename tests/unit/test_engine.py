@@ -1,0 +1,277 @@
+"""The built-in engine on tiny random models: lazy loading, load order, heat, generation, prefix KV."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from warmpool_worker.engine import LlamaEngine, bucket_for, load_engine, order_from_heat, token_hash
+from warmpool_worker.engine_api import RequestError
+from warmpool_worker.testing_models import make_tiny_llama
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("m") / "tiny", layers=4, seed=3)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _record_loads(engine: LlamaEngine) -> list[str]:
+    """Spy on the checkpoint: the names of tensors read, in order."""
+    seen: list[str] = []
+    original = engine.checkpoint.get_tensor
+
+    def spy(name: str) -> torch.Tensor:
+        seen.append(name)
+        return original(name)
+
+    engine.checkpoint.get_tensor = spy  # type: ignore[method-assign]
+    return seen
+
+
+def _reference_greedy(engine: LlamaEngine, ids: list[int], n: int) -> list[int]:
+    """Greedy decoding by re-running the whole sequence each step: no KV cache to get wrong."""
+    out: list[int] = []
+    seq = list(ids)
+    for _ in range(n):
+        token = int(engine.forward_logits(seq)[-1].argmax())
+        out.append(token)
+        seq.append(token)
+    return out
+
+
+def test_load_engine_maps_without_loading(model_dir: Path) -> None:
+    started = time.perf_counter()
+    engine = load_engine(model_dir)
+    elapsed = time.perf_counter() - started
+    assert engine.layers_resident() == 0
+    assert engine.num_layers == 4
+    assert engine.max_context == 256
+    assert engine.device == "cpu"
+    assert engine.model_name == "tiny"
+    assert len(engine.model_digest) == 64
+    assert elapsed < 2.0
+
+
+def test_model_name_override(model_dir: Path) -> None:
+    assert load_engine(model_dir, model_name="served-as").model_name == "served-as"
+
+
+def test_layer_loaded_on_first_use(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    engine.prefill(engine.encode("hi"))
+    assert engine.layers_resident() == 4
+
+
+def test_load_order_core_first_then_given_order(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    seen = _record_loads(engine)
+    progress: list[tuple[int, int, int]] = []
+    engine.load_layers([2, 0], lambda resident, total, index: progress.append((resident, total, index)))
+    assert progress == [(1, 4, 2), (2, 4, 0)]
+    assert seen[:3] == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    layers_in_order = [int(n.split(".")[2]) for n in seen[3:]]
+    assert layers_in_order == sorted(layers_in_order, key=[2, 0].index)
+    assert engine.is_layer_resident(2) and engine.is_layer_resident(0) and not engine.is_layer_resident(1)
+    engine.load_layers([2, 0])  # idempotent: nothing read again
+    assert len(seen) == 3 + 2 * 9
+
+
+def test_load_layers_rejects_bad_index(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        load_engine(model_dir).load_layers([0, 4])
+
+
+def test_request_during_background_load_sees_every_weight_once(model_dir: Path) -> None:
+    reference = load_engine(model_dir)
+    ids = reference.encode("the quick brown fox")
+    expected = [s.token_id for s in reference.generate(ids, 6)]
+
+    engine = load_engine(model_dir)
+    seen = _record_loads(engine)
+    original = engine.checkpoint.get_tensor
+
+    def slow(name: str) -> torch.Tensor:
+        time.sleep(0.01)  # make the loader and the request actually overlap
+        return original(name)
+
+    engine.checkpoint.get_tensor = slow  # type: ignore[method-assign]
+    loader = threading.Thread(target=engine.load_layers, args=([3, 2, 1, 0],))
+    loader.start()
+    got = [s.token_id for s in engine.generate(ids, 6)]
+    loader.join()
+    assert got == expected
+    assert engine.layers_resident() == 4
+    counts = Counter(seen)
+    assert counts and max(counts.values()) == 1  # no tensor loaded twice
+    assert len(counts) == 3 + 4 * 9
+
+
+def test_heat_decays_with_time(model_dir: Path) -> None:
+    clock = _Clock()
+    engine = load_engine(model_dir, heat_half_life_s=10.0, clock=clock)
+    assert engine.layer_heat() == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
+    engine.prefill([5, 6, 7])
+    assert engine.layer_heat()[0] == pytest.approx(1.0)
+    clock.now += 10.0
+    assert engine.layer_heat()[3] == pytest.approx(0.5)
+    engine.prefill([5, 6])
+    assert engine.layer_heat()[1] == pytest.approx(1.5)
+    clock.now += 20.0
+    assert engine.layer_heat()[2] == pytest.approx(0.375)
+
+
+def test_order_from_heat() -> None:
+    assert order_from_heat({3: 5.0, 1: 9.0, 0: 5.0, 99: 1.0}, 5) == [1, 0, 3, 2, 4]
+
+
+def test_greedy_generation_matches_full_recompute(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    ids = engine.encode("hello world")
+    steps = list(engine.generate(ids, 8))
+    assert [s.token_id for s in steps] == _reference_greedy(engine, ids, 8)
+    assert [s.finished for s in steps] == [False] * 7 + [True]
+    assert steps[-1].finish_reason == "length"
+    assert "".join(s.text for s in steps) == engine.decode([s.token_id for s in steps])
+
+
+def test_generation_stops_on_eos(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    ids = engine.encode("hello")
+    first = next(iter(engine.generate(ids, 5))).token_id
+    engine.eos_token_ids = frozenset({first})
+    steps = list(engine.generate(ids, 5))
+    assert len(steps) == 1
+    assert steps[0].finished and steps[0].finish_reason == "stop" and steps[0].text == ""
+
+
+def test_eos_ids_from_generation_config(model_dir: Path) -> None:
+    assert load_engine(model_dir).eos_token_ids == frozenset({2})
+
+
+def test_sampling_with_temperature(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    engine._sample_generator.manual_seed(0)
+    first = [s.token_id for s in engine.generate([5, 6, 7], 12, temperature=1.5)]
+    engine._sample_generator.manual_seed(0)
+    again = [s.token_id for s in engine.generate([5, 6, 7], 12, temperature=1.5)]
+    assert first == again
+    assert len(first) == 12 and all(0 <= t < 272 for t in first)
+    assert first != [s.token_id for s in engine.generate([5, 6, 7], 12)]  # not greedy
+
+
+def test_generation_rejects_bad_parameters(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    with pytest.raises(RequestError, match="max_new_tokens"):
+        engine.generate([5], 0)
+    with pytest.raises(RequestError, match="temperature"):
+        engine.generate([5], 3, temperature=-1.0)
+
+
+def test_completion_clamped_to_context(tmp_path: Path) -> None:
+    engine = load_engine(make_tiny_llama(tmp_path / "short", max_position_embeddings=16))
+    steps = list(engine.generate([5] * 12, 100))
+    assert len(steps) == 4 and steps[-1].finish_reason == "length"
+
+
+def test_batched_decode_matches_single(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    prompts = [engine.encode("alpha beta"), engine.encode("g"), engine.encode("a longer third prompt")]
+    batch = engine.generate_batch(prompts, 6)
+    singles = [[s.token_id for s in engine.generate(p, 6)] for p in prompts]
+    assert batch == singles
+    assert bucket_for(3) == 4 and bucket_for(1) == 1 and bucket_for(5) == 8
+    with pytest.raises(RequestError):
+        bucket_for(9)
+
+
+def test_prefix_kv_round_trip(tmp_path: Path, model_dir: Path) -> None:
+    writer = load_engine(model_dir)
+    prefix = writer.encode("You are a helpful assistant. ")
+    path = tmp_path / "kv" / "prefix.safetensors"
+    writer.save_prefix_kv(prefix, path)
+    assert path.is_file() and not list(path.parent.glob(".*tmp"))
+
+    prompt = prefix + writer.encode("Say hi")
+    expected = [s.token_id for s in load_engine(model_dir).generate(prompt, 6)]
+
+    reader = load_engine(model_dir)
+    assert reader.load_prefix_kv(prefix, path) is True
+    hit = reader._lookup_prefix(prompt)
+    assert hit is not None and hit[2] == len(prefix)
+    assert [s.token_id for s in reader.generate(prompt, 6)] == expected
+    # the prompt equal to the prefix itself still runs its last token
+    assert [s.token_id for s in reader.generate(prefix, 3)] == _reference_greedy(reader, prefix, 3)
+
+
+def test_prefix_kv_metadata(tmp_path: Path, model_dir: Path) -> None:
+    from warmpool_worker.checkpoint import read_safetensors_header
+
+    engine = load_engine(model_dir)
+    prefix = [5, 6, 7, 8]
+    path = tmp_path / "p.safetensors"
+    engine.save_prefix_kv(prefix, path)
+    meta = read_safetensors_header(path).metadata
+    assert meta["model_digest"] == engine.model_digest
+    assert meta["token_hash"] == token_hash(prefix)
+    assert meta["format_version"] == "1"
+
+
+@pytest.mark.parametrize(("stored", "compute"), [("bfloat16", "bfloat16"), ("bfloat16", None), ("float16", "float32")])
+def test_dtypes(tmp_path: Path, stored: str, compute: str | None) -> None:
+    engine = load_engine(make_tiny_llama(tmp_path / stored, dtype=stored), dtype=compute)
+    expected = {"bfloat16": torch.bfloat16, "float32": torch.float32, None: torch.float32}[compute]
+    assert engine.dtype == expected  # CPU default is fp32
+    steps: list[Any] = list(engine.generate([5, 6, 7], 3))
+    assert len(steps) == 3
+
+
+def test_sharded_and_tied_models_load(tmp_path: Path) -> None:
+    a = load_engine(make_tiny_llama(tmp_path / "one", seed=4, tie=True))
+    b = load_engine(make_tiny_llama(tmp_path / "three", seed=4, tie=True, shards=3))
+    ids = [5, 9, 11, 40]
+    assert torch.equal(a.forward_logits(ids), b.forward_logits(ids))
+
+
+def test_capture_graphs_is_a_noop_on_cpu(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    assert engine.capture_graphs() == {}
+    assert engine.graph_buckets == []
+
+
+def test_worker_start_path_imports_no_transformers(model_dir: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path;"
+        "from warmpool_worker.engine import load_engine;"
+        f"e = load_engine(Path({str(model_dir)!r})); e.prefill([5, 6]);"
+        "bad = [m for m in ('transformers', 'gguf', 'accelerate') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    env = {"PYTHONPATH": f"{REPO}:{REPO / 'worker'}", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_checkpoint_module_is_cheap_to_import() -> None:
+    code = "import sys, warmpool_worker.checkpoint; assert 'torch' not in sys.modules"
+    env = {"PYTHONPATH": f"{REPO}:{REPO / 'worker'}", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

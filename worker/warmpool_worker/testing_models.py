@@ -1,0 +1,147 @@
+"""Tiny random-weight Llama-family checkpoints in the Hugging Face layout, for fast tests.
+
+A few layers and a small hidden size, any dtype, tied or untied head, with or without
+attention biases (Llama's `attention_bias` or Qwen2's q/k/v biases), one file or sharded
+with an index -- everything written the way real exports are: `safetensors.torch.save_file`,
+config.json (loadable by transformers too), generation_config.json and a real byte-level
+BPE tokenizer.json built with `tokenizers` (the 256 byte symbols plus special tokens, no
+merges: every string encodes, and it costs nothing to build).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def build_tokenizer_json(path: Path) -> int:
+    """Write a byte-level BPE tokenizer.json; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer.save(str(path))
+    return len(vocab)
+
+
+def make_tiny_llama(
+    dest: Path,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    vocab_size: int = 272,
+    tie: bool = False,
+    qkv_bias: bool = False,
+    model_type: str = "llama",
+    dtype: str = "float32",
+    shards: int = 1,
+    seed: int = 0,
+    max_position_embeddings: int = 256,
+    rope_scaling: dict[str, Any] | None = None,
+    rope_theta: float = 10000.0,
+    std: float = 0.15,
+) -> Path:
+    """Write a tiny checkpoint to `dest` (created) and return it.
+
+    `std` is large on purpose: with the usual 0.02 a random model's logits are almost
+    flat, so greedy decoding would hinge on rounding noise and dtype comparisons flake.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer_vocab = build_tokenizer_json(dest / "tokenizer.json")
+    if vocab_size < tokenizer_vocab:
+        raise ValueError(f"vocab_size {vocab_size} is below the tokenizer's {tokenizer_vocab}")
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    head_dim = hidden // heads
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = std) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * scale).to(torch_dtype)
+
+    def norm(size: int) -> torch.Tensor:
+        return (1.0 + torch.randn(size, generator=gen) * 0.1).to(torch_dtype)
+
+    llama_bias = qkv_bias and model_type != "qwen2"
+    tensors: dict[str, torch.Tensor] = {"model.embed_tokens.weight": rand(vocab_size, hidden, scale=1.0)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors[p + "input_layernorm.weight"] = norm(hidden)
+        tensors[p + "post_attention_layernorm.weight"] = norm(hidden)
+        tensors[p + "self_attn.q_proj.weight"] = rand(heads * head_dim, hidden)
+        tensors[p + "self_attn.k_proj.weight"] = rand(kv_heads * head_dim, hidden)
+        tensors[p + "self_attn.v_proj.weight"] = rand(kv_heads * head_dim, hidden)
+        tensors[p + "self_attn.o_proj.weight"] = rand(hidden, heads * head_dim)
+        if qkv_bias or model_type == "qwen2":
+            tensors[p + "self_attn.q_proj.bias"] = rand(heads * head_dim)
+            tensors[p + "self_attn.k_proj.bias"] = rand(kv_heads * head_dim)
+            tensors[p + "self_attn.v_proj.bias"] = rand(kv_heads * head_dim)
+        if llama_bias:
+            tensors[p + "self_attn.o_proj.bias"] = rand(hidden)
+        tensors[p + "mlp.gate_proj.weight"] = rand(intermediate, hidden)
+        tensors[p + "mlp.up_proj.weight"] = rand(intermediate, hidden)
+        tensors[p + "mlp.down_proj.weight"] = rand(hidden, intermediate)
+    tensors["model.norm.weight"] = norm(hidden)
+    if not tie:
+        tensors["lm_head.weight"] = rand(vocab_size, hidden)
+
+    eos = SPECIAL_TOKENS.index("<|im_end|>")
+    bos = SPECIAL_TOKENS.index("<|im_start|>")
+    config: dict[str, Any] = {
+        "architectures": ["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"],
+        "model_type": model_type,
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "tie_word_embeddings": tie,
+        "torch_dtype": dtype,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "initializer_range": 0.02,
+        "use_cache": True,
+    }
+    if model_type == "qwen2":
+        config["use_sliding_window"] = False
+    else:
+        config["attention_bias"] = llama_bias
+        config["mlp_bias"] = False
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (dest / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos, "eos_token_id": eos}, indent=2) + "\n"
+    )
+
+    names = list(tensors)
+    if shards <= 1:
+        save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+        return dest
+    weight_map: dict[str, str] = {}
+    per = -(-len(names) // shards)
+    for s in range(shards):
+        shard_name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s * per : (s + 1) * per]}
+        save_file(part, str(dest / shard_name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, shard_name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return dest
