@@ -223,6 +223,15 @@ def up(name: str = "default", nodes: int = DEFAULT_NODES, apiserver_port: int | 
         _log(f"cluster {name!r} is already up")
         return kubeconfig_path(name)
     down(name, quiet=True)  # a half-started cluster: clear it before starting afresh
+    try:
+        return _start(name, nodes, apiserver_port)
+    except BaseException:
+        # Never leave half a control plane running after a failed (or interrupted) start.
+        down(name, quiet=True)
+        raise
+
+
+def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
     started = time.monotonic()
     binaries = build.ensure_binaries(["etcd", "kube-apiserver", "kube-controller-manager",
                                       "kube-scheduler", "kubectl", "kwok"])
@@ -262,7 +271,7 @@ def up(name: str = "default", nodes: int = DEFAULT_NODES, apiserver_port: int | 
         "--service-cluster-ip-range", SERVICE_CIDR,
         # Loopback addresses cannot be endpoints; nothing reconciles the kubernetes Service.
         "--endpoint-reconciler-type", "none",
-        "--allow-privileged", "true",
+        "--allow-privileged=true",
         "--enable-admission-plugins", "NodeRestriction",
         "--profiling=false", "--v", "1",
     ], root)
@@ -298,6 +307,8 @@ def up(name: str = "default", nodes: int = DEFAULT_NODES, apiserver_port: int | 
         binaries["kwok"], root / "kubelet.kubeconfig", POD_CIDR, root / "kwok"), root)
     kubelet_env = dict(os.environ)
     kubelet_env["PYTHONUNBUFFERED"] = "1"
+    # Pod commands such as `warmpool worker serve` resolve against this Python's scripts.
+    kubelet_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), kubelet_env.get("PATH", "")])
     state.pids["kubelet"] = _spawn("kubelet", [
         sys.executable, "-m", "warmpool_devcluster.kubelet",
         "--kubeconfig", str(root / "kubelet.kubeconfig"), "--work-dir", str(root / "kubelet"),
