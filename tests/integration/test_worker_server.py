@@ -1,0 +1,396 @@
+"""The worker as a real subprocess on loopback with a real tiny Llama checkpoint.
+
+Every wait is bounded in count and time; only 127.0.0.1 is ever addressed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+GIB = 1024**3
+# small buckets and one short decode: the point is the control flow, on 2 shared cores
+FAST = ["--buckets", "16,32,64", "--prompts-per-bucket", "1", "--decode-tokens", "2", "--guard-interval", "0.2"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), str(REPO / "worker"), str(REPO / "operator"), str(REPO / "devcluster"), env.get("PYTHONPATH", "")]
+    )
+    env.pop("POD_IP", None)
+    return env
+
+
+class Worker:
+    def __init__(self, model: Path, *extra: str, log_path: Path) -> None:
+        self.port = _free_port()
+        self.base = f"http://{HOST}:{self.port}"
+        self.log_path = log_path
+        self.log = log_path.open("wb")
+        command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model)]
+        command += ["--host", HOST, "--port", str(self.port), "--device", "cpu", *extra]
+        self.proc = subprocess.Popen(command, env=_env(), stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def json(self, method: str, path: str, body: object = None, **kw: Any) -> tuple[int, Any]:
+        status, payload = self.request(method, path, body, **kw)
+        return status, json.loads(payload)
+
+    def wait_for(self, what: str, check: Callable[[], bool], timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited ({self.proc.returncode}) waiting for {what}:\n{self.tail()}")
+            try:
+                if check():
+                    return
+            except (OSError, urllib.error.URLError):
+                pass  # not listening yet
+            time.sleep(0.2)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.tail()}")
+
+    def readyz(self) -> tuple[int, dict[str, Any]]:
+        return self.json("GET", "/readyz")
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, payload = self.request("GET", "/metrics")
+        assert status == 200
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(payload.decode())
+            for sample in family.samples
+        }
+
+    def tail(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from warmpool_worker.testing_models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=10, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("secret") / "token"
+    path.write_text("s3cret-token\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model: Path, token_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    log_path = tmp_path_factory.mktemp("logs") / "worker.log"
+    handle = Worker(tiny_model, *FAST, "--control-token-file", str(token_file), log_path=log_path)
+    seen: list[int] = []
+
+    def ready() -> bool:
+        status, _ = handle.readyz()
+        seen.append(status)
+        return status == 200
+
+    try:
+        handle.wait_for("livez", lambda: handle.request("GET", "/livez")[0] == 200, timeout=60)
+        handle.wait_for("ready", ready, timeout=180)
+        handle.readiness_seen = seen  # type: ignore[attr-defined]
+        yield handle
+    finally:
+        handle.stop()
+
+
+def test_ready_only_after_warm_up(worker: Worker) -> None:
+    seen: list[int] = worker.readiness_seen  # type: ignore[attr-defined]
+    assert 503 in seen and seen[-1] == 200  # live and answering before warm, ready after
+    status, body = worker.readyz()
+    assert status == 200 and body["stage"] == "ready" and body["tier"] in ("full", "unknown")
+    assert body["layers_resident"] == body["layers_total"] == 10
+    assert body["warmup"]["prefills"] == {"16": 1, "32": 1, "64": 1}
+    metrics = worker.metrics()
+    phases = ["process_start", "weights_mapped", "first_layer_ready", "warmup_done", "ready"]
+    durations = [metrics[("warmpool_coldstart_phase_duration_seconds", (("phase", p),))] for p in phases]
+    assert durations == sorted(durations) and durations[-1] > 0
+    assert metrics[("warmpool_ready", ())] == 1
+    assert metrics[("warmpool_layers_resident", ())] == 10
+    assert metrics[("warmpool_warmup_prefills_total", (("bucket", "64"),))] == 1
+    assert any(name == "warmpool_layer_heat" and value > 0 for (name, _), value in metrics.items())
+
+
+def test_completions(worker: Worker) -> None:
+    status, models = worker.json("GET", "/v1/models")
+    assert status == 200 and models["data"][0]["id"] == "tiny"
+    request = {"model": "tiny", "prompt": "Hello there", "max_tokens": 4, "temperature": 0}
+    status, first = worker.json("POST", "/v1/completions", request)
+    assert status == 200, first
+    assert first["usage"]["completion_tokens"] == 4 and first["choices"][0]["finish_reason"] == "length"
+    _, second = worker.json("POST", "/v1/completions", request)
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]  # greedy is deterministic
+    status, by_ids = worker.json("POST", "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0})
+    assert status == 200 and by_ids["usage"]["prompt_tokens"] == 3
+    ttft = worker.metrics()[("warmpool_time_to_first_token_seconds_count", ())]
+    assert ttft >= 3
+
+
+def test_streaming(worker: Worker) -> None:
+    body = json.dumps({"prompt": "Stream me", "max_tokens": 5, "temperature": 0, "stream": True}).encode()
+    req = urllib.request.Request(worker.base + "/v1/completions", data=body, method="POST")
+    events: list[str] = []
+    with urllib.request.urlopen(req, timeout=60) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+            if len(events) > 50:
+                break
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == 5
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    _, whole = worker.json("POST", "/v1/completions", {"prompt": "Stream me", "max_tokens": 5, "temperature": 0})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "needle"),
+    [
+        (b"{not json", 400, "malformed JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (json.dumps({"model": "gpt-9", "prompt": "x"}).encode(), 404, "unknown model"),
+        (json.dumps({"prompt": [1] * 300}).encode(), 400, "prompt too long"),
+        (json.dumps({"prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
+        (json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), 400, "max_tokens"),
+        (json.dumps({"prompt": "x", "max_tokens": 10**6}).encode(), 400, "prompt too long"),
+        (json.dumps({"prompt": ""}).encode(), 400, "empty"),
+        (json.dumps({"prompt": ["a", "b"]}).encode(), 400, "batched"),
+        (json.dumps({"prompt": 42}).encode(), 400, "prompt must be"),
+        (json.dumps({"prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
+        (json.dumps({"prompt": [99999], "max_tokens": 1}).encode(), 400, "vocabulary"),
+    ],
+)
+def test_bad_requests_then_still_serving(worker: Worker, raw: bytes, status: int, needle: str) -> None:
+    got, payload = worker.request("POST", "/v1/completions", raw=raw)
+    body = json.loads(payload)
+    assert got == status, body
+    assert needle in body["error"]["message"]
+    ok, _ = worker.json("POST", "/v1/completions", {"prompt": "still here", "max_tokens": 1})
+    assert ok == 200
+
+
+def test_unknown_path_is_json_404(worker: Worker) -> None:
+    status, body = worker.json("GET", "/nope")
+    assert status == 404 and "error" in body
+
+
+def test_control_endpoint(worker: Worker) -> None:
+    directive = {"tier": "truncated", "ttl_seconds": 1.5}
+    status, _ = worker.json("POST", "/control/tier", directive)
+    assert status == 401
+    status, _ = worker.json("POST", "/control/tier", directive, headers={"Authorization": "Bearer wrong"})
+    assert status == 403
+    good = {"Authorization": "Bearer s3cret-token"}
+    status, body = worker.json("POST", "/control/tier", {"tier": "hot"}, headers=good)
+    assert status == 400 and "tier" in body["error"]["message"]
+    status, body = worker.json("POST", "/control/tier", {"tier": "paused", "ttl_seconds": -1}, headers=good)
+    assert status == 400
+    status, body = worker.json("POST", "/control/tier", directive, headers=good)
+    assert status == 200 and body["tier"] == "truncated" and body["directive"] == "truncated"
+    metrics = worker.metrics()
+    assert metrics[("warmpool_tier", (("tier", "truncated"),))] == 1
+    assert metrics[("warmpool_directive_active", ())] == 1
+    # the operator stops sending: the directive expires and the local tier rules again
+    worker.wait_for("directive expiry", lambda: worker.readyz()[1]["directive"] is None, timeout=10)
+    assert worker.readyz()[1]["tier"] == worker.readyz()[1]["local_tier"]
+    assert worker.readyz()[0] == 200  # a stricter tier never un-readies a warm worker
+
+
+class Ballast:
+    """A separate process holding a resizable buffer of real, written memory."""
+
+    # 16 MiB anonymous mappings, each written (so resident) and unmapped on shrink: the
+    # figure moves at once and never dips far below or above the target on the way
+    # (a bytearray shrink keeps its block; freed heap chunks may never go back to the OS).
+    CODE = (
+        "import mmap, sys\n"
+        "chunks = []\n"
+        "for line in sys.stdin:\n"
+        "    size = int(line)\n"
+        "    while chunks and sum(map(len, chunks)) > size:\n"
+        "        chunks.pop().close()\n"
+        "    while sum(map(len, chunks)) < size:\n"
+        "        n = min(1 << 24, size - sum(map(len, chunks)))\n"
+        "        m = mmap.mmap(-1, n)\n"
+        "        m.write(b'\\x01' * n)\n"
+        "        chunks.append(m)\n"
+        "    print('ok', flush=True)\n"
+    )
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.size = 0
+
+    def resize(self, size: int) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{max(0, int(size))}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
+        self.size = max(0, int(size))
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def test_memory_drives_tier_and_warm_up_depth(tiny_model: Path, tmp_path: Path) -> None:
+    capacity = 2 * GIB
+    ballast = Ballast()
+    ballast.resize(int(0.93 * capacity))  # paused from the start whatever the worker's own size
+    handle = Worker(
+        tiny_model,
+        *FAST,
+        "--memory-capacity-bytes",
+        str(capacity),
+        "--memory-account-pid",
+        str(ballast.proc.pid),
+        log_path=tmp_path / "worker.log",
+    )
+    try:
+        handle.wait_for("ready", lambda: handle.readyz()[0] == 200, timeout=180)
+        body = handle.readyz()[1]
+        assert body["tier"] == "paused" and body["memory"]["source"] == "configured"
+        assert body["warmup"]["prefills"] == {} and body["warmup"]["layers_forced"] == 0
+
+        def drive(ratio: float, tier: str) -> dict[str, Any]:
+            used = handle.readyz()[1]["memory"]["used_bytes"]
+            others = used - ballast.size  # the worker and the ballast's interpreter
+            ballast.resize(int(ratio * capacity) - others)
+            handle.wait_for(f"tier {tier} at {ratio:.0%}", lambda: handle.readyz()[1]["tier"] == tier, timeout=30)
+            return handle.readyz()[1]
+
+        body = drive(0.80, "truncated")
+        handle.wait_for("truncated top-up", lambda: handle.readyz()[1]["warmup"]["tier"] == "truncated", timeout=60)
+        warm = handle.readyz()[1]["warmup"]
+        assert warm["layers_forced"] == 3 and warm["prefills"] == {"16": 1}  # hottest 30 %, shortest bucket
+        metrics = handle.metrics()
+        assert metrics[("warmpool_warmup_prefills_total", (("bucket", "16"),))] == 1
+        assert ("warmpool_warmup_prefills_total", (("bucket", "64"),)) not in metrics
+
+        drive(0.30, "full")
+        handle.wait_for("full top-up", lambda: handle.readyz()[1]["warmup"]["tier"] == "full", timeout=90)
+        warm = handle.readyz()[1]["warmup"]
+        assert warm["layers_forced"] == 10 and warm["prefills"] == {"16": 1, "32": 1, "64": 1}
+
+        # up again and back down inside the hysteresis band: no flapping
+        drive(0.93, "paused")
+        time.sleep(1.0)
+        body = drive(0.87, "paused")  # below 90 but not 5 points below: stays paused
+        time.sleep(1.0)
+        assert handle.readyz()[1]["tier"] == "paused"
+        drive(0.80, "truncated")
+        metrics = handle.metrics()
+        ratio = metrics[("warmpool_accelerator_memory_used_ratio", (("source", "configured"),))]
+        assert 0.7 <= ratio < 0.9
+        assert handle.readyz()[0] == 200
+    finally:
+        handle.stop()
+        ballast.close()
+
+
+def test_load_failure_exits_nonzero_never_ready(tiny_model: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "pickled"
+    bad.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (bad / name).write_bytes((tiny_model / name).read_bytes())
+    (bad / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
+    handle = Worker(bad, *FAST, log_path=tmp_path / "worker.log")
+    statuses: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while handle.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                statuses.append(handle.readyz()[0])
+            time.sleep(0.1)
+        assert handle.proc.poll() is not None, "worker did not exit"
+    finally:
+        code = handle.stop()
+    assert code != 0
+    assert 200 not in statuses
+    assert "model load failed" in handle.tail() and "pytorch_model.bin" in handle.tail()
+
+
+def test_missing_model_dir(tmp_path: Path) -> None:
+    handle = Worker(tmp_path / "absent", *FAST, log_path=tmp_path / "worker.log")
+    try:
+        handle.proc.wait(timeout=90)
+    finally:
+        code = handle.stop()
+    assert code != 0 and "absent" in handle.tail()
+
+
+def test_kv_prefix_persisted_and_reused(tiny_model: Path, tmp_path: Path) -> None:
+    kv_dir = tmp_path / "kv"
+    extra = [*FAST, "--buckets", "16", "--kv-prefix-dir", str(kv_dir)]
+    for attempt, expected in enumerate([(0, 1), (1, 0)]):
+        handle = Worker(tiny_model, *extra, log_path=tmp_path / f"worker{attempt}.log")
+        try:
+            handle.wait_for("ready", lambda h=handle: h.readyz()[0] == 200, timeout=180)  # type: ignore[misc]
+            warm = handle.readyz()[1]["warmup"]
+            assert (warm["kv_loaded"], warm["kv_saved"]) == expected, handle.tail()
+        finally:
+            handle.stop()
+    assert len(list(kv_dir.glob("*.safetensors"))) == 1
