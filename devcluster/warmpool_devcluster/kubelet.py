@@ -143,9 +143,11 @@ async def _wait_any(*events: asyncio.Event, limit: float | None = None) -> None:
 class ContainerRunner:
     """One container: start, probe, restart with back-off, stop. Reports through its record."""
 
-    def __init__(self, worker: PodWorker, container: Mapping[str, Any]) -> None:
+    def __init__(self, worker: PodWorker, container: Mapping[str, Any], *, init: bool = False) -> None:
         self.worker = worker
         self.container = container
+        #: An init container runs to completion; it is retried only on failure.
+        self.init = init
         self.name = str(container["name"])
         self.record = ContainerRecord(self.name, str(container.get("image") or ""))
         self.process: ContainerProcess | None = None
@@ -242,7 +244,10 @@ class ContainerRunner:
             code = await exited
             finished_at = time.time()
             self.process = None
-            restart = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
+            if self.init:
+                restart = code != 0 and restart_policy != "Never"
+            else:
+                restart = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
             log.info("%s/%s exited with code %d (restart: %s)",
                      self.worker.key, self.name, exit_code(code), restart)
             self.record.set_terminated(code, process.started_at, finished_at, final=not restart)
@@ -364,11 +369,17 @@ class PodWorker:
         self.start_time = str(status.get("startTime") or rfc3339(time.time()))
         self.last_status: Obj | None = None
         spec = pod.get("spec") or {}
-        self.runners = [ContainerRunner(self, c) for c in spec.get("containers") or []]
+        # Sidecar-style init containers (restartPolicy: Always) run beside the others.
+        inits = spec.get("initContainers") or []
+        self.init_runners = [ContainerRunner(self, c, init=True) for c in inits if c.get("restartPolicy") != "Always"]
+        self.runners = [ContainerRunner(self, c) for c in inits if c.get("restartPolicy") == "Always"]
+        self.runners += [ContainerRunner(self, c) for c in spec.get("containers") or []]
         # After a kubelet restart the processes are new, but restart counts must not go back.
         previous = {c.get("name"): c for c in status.get("containerStatuses") or []}
         for runner in self.runners:
             runner.record.restart_count = int((previous.get(runner.name) or {}).get("restartCount") or 0)
+            if self.init_runners:
+                runner.record.set_waiting("PodInitializing")
         self.task = asyncio.create_task(self._run(), name=f"pod {self.key}")
 
     # ------------------------------------------------------------------ inputs
@@ -407,17 +418,29 @@ class PodWorker:
             if self.removed or self._deleting():
                 pass
             else:
-                for runner in self.runners:
-                    runner.start()
-                refresher = asyncio.create_task(self._refresh_volumes())
+                helpers = [asyncio.create_task(self._start_containers()),
+                           asyncio.create_task(self._refresh_volumes())]
                 try:
                     await self._serve()
                 finally:
-                    refresher.cancel()
+                    for helper in helpers:
+                        helper.cancel()
+                    await asyncio.gather(*helpers, return_exceptions=True)
         if self.removed:
             return
         if self._deleting():
             await self._terminate()
+
+    async def _start_containers(self) -> None:
+        """Init containers one at a time, each to success; then all the others together."""
+        for runner in self.init_runners:
+            runner.start()
+            assert runner.task is not None
+            await asyncio.shield(runner.task)
+            if runner.record.exit_code() != 0:
+                return  # failed for good (restartPolicy Never) or never runnable: the pod stays put
+        for runner in self.runners:
+            runner.start()
 
     async def _serve(self) -> None:
         """Patch status whenever a runner reports a change, until the pod is deleted or removed."""
@@ -441,7 +464,8 @@ class PodWorker:
         await self.kubelet.delete_pod(self.namespace, self.name, self.uid)
 
     async def _stop_all(self, grace: float) -> None:
-        await asyncio.gather(*(r.stop(grace) for r in self.runners), return_exceptions=True)
+        runners = [*self.init_runners, *self.runners]
+        await asyncio.gather(*(r.stop(grace) for r in runners), return_exceptions=True)
 
     # ------------------------------------------------------------------ status
     async def _sync_status(self) -> bool:
@@ -449,7 +473,8 @@ class PodWorker:
         if self.removed:
             return True
         status = build_status(self.pod, [r.record for r in self.runners], sandbox_ready=self.sandbox_ready,
-                              start_time=self.start_time, now=time.time())
+                              start_time=self.start_time, now=time.time(),
+                              init_records=[r.record for r in self.init_runners])
         if status == self.last_status:
             return True
         try:
@@ -487,7 +512,7 @@ class PodWorker:
             try:
                 self._materialize()
             except ContainerConfigError as error:
-                for runner in self.runners:
+                for runner in [*self.init_runners, *self.runners]:
                     runner.record.set_waiting(CREATING, f"volume not ready: {error}")
                 await self._sync_status()
                 self.updated.clear()

@@ -100,8 +100,16 @@ class ContainerRecord:
         return status
 
 
-def pod_phase(records: Sequence[ContainerRecord]) -> str:
+def initialized(init_records: Sequence[ContainerRecord]) -> bool:
+    return all(r.finished and r.exit_code() == 0 for r in init_records)
+
+
+def pod_phase(records: Sequence[ContainerRecord], init_records: Sequence[ContainerRecord] = ()) -> str:
     """Pending until every container has run; Succeeded/Failed once all have finished for good."""
+    if any(r.finished and r.exit_code() != 0 for r in init_records):
+        return "Failed"  # an init container failed and will not be retried
+    if not initialized(init_records):
+        return "Pending"
     if records and all(r.finished for r in records):
         return "Succeeded" if all(r.exit_code() == 0 for r in records) else "Failed"
     if records and all(r.has_run for r in records):
@@ -131,6 +139,7 @@ def build_status(
     sandbox_ready: bool,
     start_time: str,
     now: float,
+    init_records: Sequence[ContainerRecord] = (),
 ) -> dict[str, Any]:
     """The ``status`` body to patch: phase, our conditions, containerStatuses, startTime.
 
@@ -140,7 +149,8 @@ def build_status(
     """
     stamp = rfc3339(now)
     previous = {c.get("type", ""): c for c in (pod.get("status") or {}).get("conditions") or []}
-    phase = pod_phase(records)
+    phase = pod_phase(records, init_records)
+    pending_init = [r.name for r in init_records if not (r.finished and r.exit_code() == 0)]
     unready = [r.name for r in records if not r.ready]
     containers_ready = not unready
     gates = [g.get("conditionType", "") for g in (pod.get("spec") or {}).get("readinessGates") or []]
@@ -154,15 +164,19 @@ def build_status(
         ready_message = "corresponding condition of pod readiness gate"
     conditions = [
         _condition(previous, "PodReadyToStartContainers", sandbox_ready and not terminal, stamp),
-        _condition(previous, "Initialized", True, stamp),
+        _condition(previous, "Initialized", not pending_init, stamp, "ContainersNotInitialized",
+                   f"containers with incomplete status: [{' '.join(pending_init)}]"),
         _condition(previous, "ContainersReady", containers_ready and not terminal, stamp,
                    not_ready_reason, not_ready_message),
         _condition(previous, "Ready", containers_ready and gates_ok and not terminal, stamp,
                    ready_reason, ready_message),
     ]
-    return {
+    status: dict[str, Any] = {
         "phase": phase,
         "conditions": conditions,
         "containerStatuses": [r.to_status() for r in records],
         "startTime": start_time,
     }
+    if init_records:
+        status["initContainerStatuses"] = [r.to_status() for r in init_records]
+    return status

@@ -77,3 +77,18 @@ def test_readiness_gates_hold_ready_back() -> None:
     pod["spec"]["readinessGates"] = [{"conditionType": "example.com/gate"}]
     status = build_status(pod, [record], sandbox_ready=True, start_time="t", now=T0)
     assert _conditions(status)["ContainersReady"] == "True" and _conditions(status)["Ready"] == "False"
+
+
+def test_init_containers_gate_initialized_and_phase() -> None:
+    init, main = ContainerRecord("init", "img"), ContainerRecord("main", "img")
+    init.set_running(T0, "x")
+    status = build_status(_pod(), [main], sandbox_ready=True, start_time="t", now=T0, init_records=[init])
+    assert status["phase"] == "Pending" and _conditions(status)["Initialized"] == "False"
+    assert [s["name"] for s in status["initContainerStatuses"]] == ["init"]
+    init.set_terminated(0, T0, T0 + 1, final=True)
+    main.set_running(T0 + 1, "y")
+    status = build_status(_pod(), [main], sandbox_ready=True, start_time="t", now=T0, init_records=[init])
+    assert status["phase"] == "Running" and _conditions(status)["Initialized"] == "True"
+    failed = ContainerRecord("init", "img", has_run=True)
+    failed.set_terminated(2, T0, T0 + 1, final=True)
+    assert pod_phase([ContainerRecord("main", "img")], [failed]) == "Failed"
