@@ -138,9 +138,58 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--engine-factory", default=DEFAULT_ENGINE_FACTORY, help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
 
-    sidecar = commands.add_parser("sidecar", help="warm an external OpenAI-compatible engine (not yet)")
-    sidecar.add_argument("rest", nargs=argparse.REMAINDER)
+    _add_sidecar_parser(commands)
     return parser
+
+
+def _add_sidecar_parser(commands: Any) -> None:
+    """`warmpool worker sidecar`: beside vLLM/SGLang/TGI (see warmpool_worker.sidecar)."""
+    sc = commands.add_parser("sidecar", help="prefetch, warm and gate readiness of an external engine")
+    sc.add_argument("--engine-url", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
+    sc.add_argument("--model-dir", type=Path, default=None, help="the engine's weights (prefetched in heat order)")
+    sc.add_argument("--health-path", default="/health", help="the engine's health path (default /health)")
+    sc.add_argument("--engine-metrics-path", default="/metrics", help="the engine's Prometheus path")
+    sc.add_argument("--served-model-name", default=None, help="model name for requests (default: /v1/models)")
+    sc.add_argument("--api-key-file", type=Path, default=None, help="bearer token for the engine's API")
+    sc.add_argument("--max-context", type=_positive_int, default=None,
+                    help="engine context in tokens (default: /v1/models, else config.json)")
+    sc.add_argument("--host", default=os.environ.get(ENV_POD_IP) or "127.0.0.1",
+                    help=f"address to bind (default: ${ENV_POD_IP}, else 127.0.0.1)")
+    sc.add_argument("--port", type=int, default=DEFAULT_WORKER_PORT, help="port to bind (0: any free port)")
+    sc.add_argument("--device", default="auto", help="memory probe: auto | cpu | cuda | cuda:N")
+    sc.add_argument("--heat-map", type=Path, default=None, help="heat map JSON (hottest layers prefetched first)")
+    sc.add_argument("--prompts", type=Path, default=None, help="warm-up prompts file (JSON list or text)")
+    sc.add_argument("--buckets", type=_buckets, default=DEFAULT_LENGTH_BUCKETS, help="warm-up lengths in tokens")
+    sc.add_argument("--prompts-per-bucket", type=_positive_int, default=2, help="warm-up prompts per bucket")
+    sc.add_argument("--decode-tokens", type=_positive_int, default=4, help="tokens decoded per warm-up prompt")
+    sc.add_argument("--chars-per-token", type=float, default=None,
+                    help="prompt sizing without a tokenizer.json (default 4)")
+    sc.add_argument("--tier-thresholds", default=None, help="'truncate,pause[,hysteresis]' in percent")
+    sc.add_argument("--truncate-at", type=_percent, default=None, help=f"default {DEFAULT_TRUNCATE_AT_PERCENT}")
+    sc.add_argument("--pause-at", type=_percent, default=None, help=f"default {DEFAULT_PAUSE_AT_PERCENT}")
+    sc.add_argument("--hysteresis", type=_percent, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}")
+    sc.add_argument("--hot-layer-percent", type=_percent, default=DEFAULT_HOT_LAYER_PERCENT,
+                    help="share of layers prefetched when truncated")
+    sc.add_argument("--memory-capacity-bytes", type=_positive_int, default=None,
+                    help="measure against this capacity (used = this process tree + --memory-account-pid)")
+    sc.add_argument("--memory-account-pid", type=_positive_int, action="append", default=[],
+                    help="count this process (e.g. the engine) against the capacity; repeatable")
+    sc.add_argument("--guard-interval", type=float, default=0.5, help="seconds between memory readings")
+    sc.add_argument("--control-token-file", type=Path, default=None, help="bearer token for /control/tier")
+    sc.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
+                    help="page-cache prefetch of --model-dir (default on)")
+    sc.add_argument("--prefetch-mode", choices=("read", "advise"), default="read",
+                    help="read: fadvise + read (certain); advise: fadvise WILLNEED only (no copy)")
+    sc.add_argument("--poll-interval", type=float, default=0.5, help="seconds between engine health probes")
+    sc.add_argument("--lost-after", type=_positive_int, default=3,
+                    help="consecutive failed health probes that mean the engine is lost")
+    sc.add_argument("--probe-timeout", type=float, default=2.0, help="seconds per health/metrics probe")
+    sc.add_argument("--request-timeout", type=float, default=120.0, help="seconds per warm-up request")
+    sc.add_argument("--retries", type=int, default=3, help="retries per warm-up request (5xx, garbage, refused)")
+    sc.add_argument("--retry-backoff", type=float, default=0.5, help="first retry delay in seconds (doubles)")
+    sc.add_argument("--warmup-timeout", type=float, default=600.0,
+                    help="seconds of warm-up before ready with what is warm (if any prompt passed)")
+    sc.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
 
 
 def thresholds_from(args: argparse.Namespace) -> Thresholds:
@@ -174,9 +223,6 @@ def load_factory(spec: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "sidecar":
-        print("warmpool worker sidecar: not yet implemented", file=sys.stderr)
-        return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -189,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     import asyncio
 
+    if args.command == "sidecar":
+        from warmpool_worker.sidecar import serve_sidecar
+
+        return asyncio.run(serve_sidecar(args, thresholds))
     from warmpool_worker.runtime import serve
 
     return asyncio.run(serve(args, thresholds))

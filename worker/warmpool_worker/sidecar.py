@@ -1,0 +1,636 @@
+"""`warmpool worker sidecar`: make Ready mean warm for an external OpenAI-compatible engine.
+
+The pod's readiness probe points here, not at the engine.  Start-up, all at once:
+
+* bind ``/livez``, ``/readyz``, ``/metrics``, ``/control/tier`` first (same surface and
+  metric names as the built-in worker; the control endpoint *is* the worker's handler);
+* the local tier guard ticks (shared `TierGuard`: memory probe, hysteresis, operator
+  directive, stricter wins);
+* the page-cache prefetch of the engine's weight files runs in a thread, hottest layers
+  first, bounded by the tier (`prefetch`), and tops up if the tier relaxes;
+* the engine supervisor waits for the engine's health endpoint, then sends the warm-up
+  plan of the shared core (`warmup.plan_warmup`: buckets and prompt counts by tier,
+  prompts sized to buckets with the model's tokenizer.json when there is one) through
+  ``/v1/completions``, with a timeout and bounded retries per request.  Only then is
+  ``/readyz`` 200.
+
+Afterwards the supervisor keeps probing: when the engine stops answering for
+``--lost-after`` consecutive probes, or its process identity changes (a restart quicker
+than a probe), readiness drops and the whole warm-up runs again against the new process
+(its caches are cold).  An engine that answers its health endpoint but fails warm-up
+requests (5xx, garbage) is not ready: the warm-up is retried with backoff until it passes.
+
+Cold-start phases here: ``weights_mapped`` = the tier's share of the weights prefetched
+(or the engine healthy, without a model dir); ``first_layer_ready`` = the engine first
+answered its health endpoint; ``warmup_done`` and ``ready`` as in the worker.  Phases are
+first-time marks of this process; an engine restart shows in ``warmpool_engine_restarts_total``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Counter, Gauge
+from warmpool_worker.engine_client import EngineClient, EngineError, EngineScrape, EngineUnavailable
+from warmpool_worker.guard import GuardState, TierGuard
+from warmpool_worker.heatmap import HeatMapError, layer_order, read_heatmap
+from warmpool_worker.memory import make_probe
+from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
+from warmpool_worker.prefetch import Prefetcher, PrefetchReport, PrefetchStopped, WeightMap, map_weights, plan_prefetch
+from warmpool_worker.server import WorkerServer, WorkerStatus, json_errors
+from warmpool_worker.warmup import (
+    DEFAULT_CHARS_PER_TOKEN,
+    WarmupPlan,
+    WarmupProgress,
+    load_prompts,
+    plan_warmup,
+    sized_prompt_text,
+    sized_prompt_tokens,
+)
+
+from warmpool.contract import (
+    LABEL_REASON,
+    LABEL_SOURCE,
+    METRIC_ENGINE_MEMORY_RATIO,
+    METRIC_ENGINE_RESTARTS,
+    METRIC_ENGINE_UP,
+    METRIC_PREFETCH_FILE_ERRORS,
+    METRIC_PREFETCH_READ_BYTES,
+    METRIC_PREFETCH_RESIDENT_BYTES,
+    METRIC_PREFETCH_TARGET_BYTES,
+    METRIC_WARMUP_ERRORS,
+    PATH_CONTROL_TIER,
+    PATH_LIVEZ,
+    PATH_METRICS,
+    PATH_READYZ,
+    STAGE_READY,
+    STAGE_STARTING,
+    STAGE_WAITING_ENGINE,
+    STAGE_WARMING,
+    Tier,
+)
+from warmpool.tiering import Thresholds
+
+log = logging.getLogger("warmpool.sidecar")
+
+#: Backoff between whole warm-up attempts against an engine that is up but failing them.
+RETRY_WARMUP_MIN_S = 1.0
+RETRY_WARMUP_MAX_S = 30.0
+#: How often the engine's /metrics is scraped (KV-cache figure, restart identity).
+SCRAPE_INTERVAL_S = 2.0
+#: Keep this many recent warm-up errors in the /readyz body.
+RECENT_ERRORS = 5
+
+
+@dataclass
+class EngineState:
+    url: str
+    up: bool = False
+    model: str | None = None
+    max_context: int | None = None
+    restarts: int = 0
+    identity: float | None = None
+    last_error: str | None = None
+    kv_cache_usage: float | None = None
+    kv_cache_metric: str | None = None
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "url": self.url,
+            "up": self.up,
+            "model": self.model,
+            "max_context": self.max_context,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+            "kv_cache_usage": self.kv_cache_usage,
+            "kv_cache_metric": self.kv_cache_metric,
+        }
+
+
+@dataclass
+class SidecarStatus:
+    stage: str = STAGE_STARTING
+    ready: bool = False
+    plan: WarmupPlan | None = None
+    warmup_tier: Tier | None = None
+    progress: WarmupProgress = field(default_factory=WarmupProgress)
+    skipped: dict[int, str] = field(default_factory=dict)  # bucket -> why the engine refused it
+    errors: list[str] = field(default_factory=list)  # recent warm-up errors, newest last
+    warmup_seconds: float | None = None
+    error: str | None = None
+
+    def note_error(self, message: str) -> None:
+        self.errors = [*self.errors, message][-RECENT_ERRORS:]
+
+
+class SidecarMetrics(WorkerMetrics):
+    """The worker's metrics (same names) plus the engine's and the prefetch's figures."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.engine_up = Gauge(METRIC_ENGINE_UP, "1 while the engine answers its health endpoint", registry=r)
+        self.engine_restarts = Counter(
+            METRIC_ENGINE_RESTARTS, "Engine restarts or outages seen after it had answered", registry=r
+        )
+        self.warmup_errors = Counter(
+            METRIC_WARMUP_ERRORS, "Failed warm-up requests to the engine", [LABEL_REASON], registry=r
+        )
+        self.engine_memory = Gauge(
+            METRIC_ENGINE_MEMORY_RATIO,
+            "The engine's own memory figure (vLLM KV-cache usage, 0..1; absent when unknown)",
+            [LABEL_SOURCE],
+            registry=r,
+        )
+        self.prefetch_target = Gauge(METRIC_PREFETCH_TARGET_BYTES, "Weight bytes the prefetch targets", registry=r)
+        self.prefetch_read = Gauge(METRIC_PREFETCH_READ_BYTES, "Weight bytes the prefetch has read", registry=r)
+        self.prefetch_resident = Gauge(
+            METRIC_PREFETCH_RESIDENT_BYTES, "Target bytes resident in the page cache (mincore)", registry=r
+        )
+        self.prefetch_file_errors = Gauge(
+            METRIC_PREFETCH_FILE_ERRORS, "Weight files the prefetch could not use", registry=r
+        )
+        self.engine_up.set(0)
+
+    def set_engine_memory(self, ratio: float | None, source: str | None) -> None:
+        self.engine_memory.clear()  # unknown is absent, never 0
+        if ratio is not None and source is not None:
+            self.engine_memory.labels(source).set(ratio)
+
+    def set_prefetch(self, report: PrefetchReport, file_errors: int) -> None:
+        self.prefetch_target.set(report.target_bytes)
+        self.prefetch_read.set(report.read_bytes)
+        self.prefetch_file_errors.set(file_errors)
+        if report.resident_after is not None:
+            self.prefetch_resident.set(report.resident_after)
+
+
+class Sidecar:
+    def __init__(self, args: argparse.Namespace, thresholds: Thresholds) -> None:
+        self.args = args
+        self.metrics = SidecarMetrics()
+        self.status = SidecarStatus()
+        self.engine = EngineState(url=args.engine_url)
+        self.client = EngineClient(
+            args.engine_url,
+            health_path=args.health_path,
+            request_timeout=args.request_timeout,
+            probe_timeout=args.probe_timeout,
+            api_key=_read_secret(args.api_key_file),
+        )
+        probe = make_probe(args.device, args.memory_capacity_bytes, args.memory_account_pid)
+        self.guard = TierGuard(probe, thresholds, on_update=self._on_guard_update)
+        self.stop = asyncio.Event()
+        self.prompts: list[str] = []
+        self.order: list[int] = []
+        self.weights: WeightMap | None = None
+        self.prefetcher: Prefetcher | None = None
+        self._encode: Callable[[str], list[int]] | None = None
+        self._decode: Callable[[list[int]], str] | None = None
+        self._prefetch_stop = threading.Event()
+        # the worker's own control handler (token from a file, TTL, validation), reused as is
+        self._control = WorkerServer(
+            WorkerStatus(model_name=args.engine_url), self.metrics, self.guard, threading.Lock(),
+            args.control_token_file,
+        )
+
+    # -- state published to probes and metrics ----------------------------------------------
+    def _on_guard_update(self, state: GuardState) -> None:
+        reading = state.reading
+        if reading is None:
+            self.metrics.set_memory(None, None, None)
+        else:
+            self.metrics.set_memory(reading.used_bytes, reading.capacity_bytes, reading.source)
+        self.metrics.set_tier(state.effective, state.local, state.directive is not None)
+
+    def _set_ready(self, ready: bool, stage: str) -> None:
+        self.status.ready = ready
+        self.status.stage = stage
+        self.metrics.set_ready(ready)
+
+    def _set_engine_up(self, up: bool) -> None:
+        self.engine.up = up
+        self.metrics.engine_up.set(1 if up else 0)
+
+    def readiness(self) -> dict[str, Any]:
+        status = self.status
+        body: dict[str, Any] = {
+            "ready": status.ready,
+            "stage": status.stage,
+            "mode": "sidecar",
+            "engine": self.engine.describe(),
+            "warmup": {
+                "plan": None if status.plan is None else status.plan.describe(),
+                "tier": None if status.warmup_tier is None else status.warmup_tier.value,
+                "seconds": None if status.warmup_seconds is None else round(status.warmup_seconds, 3),
+                "skipped_buckets": {str(b): why for b, why in sorted(status.skipped.items())},
+                "recent_errors": list(status.errors),
+                **status.progress.describe(),
+            },
+            "prefetch": None if self.prefetcher is None else self.prefetcher.report.describe(),
+            "layers_total": None if self.weights is None else self.weights.num_layers,
+            "error": status.error,
+        }
+        body.update(self.guard.state.describe())
+        return body
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[json_errors])
+        app.router.add_get(PATH_LIVEZ, self.livez)
+        app.router.add_get(PATH_READYZ, self.readyz)
+        app.router.add_get(PATH_METRICS, self.metrics_handler)
+        app.router.add_post(PATH_CONTROL_TIER, self._control.control_tier)
+        return app
+
+    async def livez(self, _request: web.Request) -> web.Response:
+        return web.json_response({"alive": True, "stage": self.status.stage})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.readiness(), status=200 if self.status.ready else 503)
+
+    async def metrics_handler(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    # -- set-up -----------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Blocking: prompts, tokenizer, weight map and heat order (cheap: headers only)."""
+        args = self.args
+        self.prompts = load_prompts(args.prompts)
+        model_dir: Path | None = args.model_dir
+        if model_dir is None:
+            return
+        tokenizer_path = model_dir / "tokenizer.json"
+        if tokenizer_path.is_file():
+            try:
+                from tokenizers import Tokenizer
+
+                tokenizer = Tokenizer.from_file(str(tokenizer_path))
+                self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False).ids)
+                self._decode = lambda ids: str(tokenizer.decode(ids))
+            except Exception as error:  # an unusable tokenizer costs precision, not the warm-up
+                log.warning("tokenizer %s unusable (%s): sizing prompts by characters", tokenizer_path, error)
+        self.weights = map_weights(model_dir)
+        for problem in self.weights.errors:
+            log.warning("prefetch: %s", problem)
+        self.order = self._heat_order(model_dir, self.weights.num_layers)
+        self.prefetcher = Prefetcher(self.weights, mode=args.prefetch_mode)
+        self.metrics.set_layers(0, self.weights.num_layers)
+        self.metrics.set_prefetch(self.prefetcher.report, len(self.weights.errors))
+
+    def _heat_order(self, model_dir: Path, num_layers: int) -> list[int]:
+        heat = None
+        if self.args.heat_map is not None:
+            try:
+                heat_map = read_heatmap(self.args.heat_map)
+                digest = _checkpoint_digest(model_dir)
+                mismatch = (
+                    heat_map.applies_to(digest, num_layers)
+                    if digest is not None
+                    else "the model directory is not a checkpoint the built-in reader accepts (no digest)"
+                )
+                if mismatch is None:
+                    heat = heat_map.heat
+                else:
+                    log.warning("heat map ignored: %s", mismatch)
+            except HeatMapError as error:
+                log.warning("heat map ignored: %s", error)
+        return layer_order(heat, num_layers)
+
+    def prompt_for(self, bucket: int, variant: int) -> str:
+        if self._encode is not None and self._decode is not None:
+            try:
+                return self._decode(sized_prompt_tokens(self.prompts, bucket, self._encode, variant))
+            except ValueError as error:
+                log.warning("sizing with the tokenizer failed (%s): by characters", error)
+        return sized_prompt_text(self.prompts, bucket, variant, self.args.chars_per_token or DEFAULT_CHARS_PER_TOKEN)
+
+    # -- prefetch ---------------------------------------------------------------------------
+    async def prefetch_loop(self) -> None:
+        """Prefetch at the current tier; re-plan when it tightens, top up when it relaxes."""
+        prefetcher, weights = self.prefetcher, self.weights
+        if prefetcher is None or weights is None or not self.args.prefetch:
+            return  # `supervise` marks weights_mapped when the engine answers (it has mapped them)
+        file_errors = len(weights.errors)
+
+        def on_progress(report: PrefetchReport) -> None:
+            self.metrics.set_prefetch(report, file_errors)
+            self.metrics.set_layers(report.layers_done, weights.num_layers)
+
+        while not self.stop.is_set():
+            tier = self.guard.state.effective
+            groups = plan_prefetch(weights, tier, self.order, self.args.hot_layer_percent)
+
+            def should_stop(tier: Tier = tier) -> bool:
+                return self._prefetch_stop.is_set() or self.guard.state.effective.strictness > tier.strictness
+
+            try:
+                await asyncio.to_thread(prefetcher.run, groups, tier, should_stop, on_progress)
+                self.metrics.mark_phase("weights_mapped")
+            except PrefetchStopped:
+                log.info("prefetch at tier %s cut short: the tier became stricter", tier.value)
+                continue
+            except Exception as error:  # a prefetch bug must never take readiness down with it
+                log.exception("prefetch failed")
+                prefetcher.report.errors.append(f"prefetch failed: {error}")
+                prefetcher.report.state = "failed"
+                return
+            with contextlib.suppress(TimeoutError):  # then watch for a relaxed tier
+                await asyncio.wait_for(self.stop.wait(), timeout=self.args.guard_interval)
+
+    # -- engine -----------------------------------------------------------------------------
+    async def scrape_loop(self) -> None:
+        """The engine's memory figure and process identity, every few seconds."""
+        while not self.stop.is_set():
+            scrape = await self.client.scrape(self.args.engine_metrics_path)
+            self._apply_scrape(scrape)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), timeout=SCRAPE_INTERVAL_S)
+
+    def _apply_scrape(self, scrape: EngineScrape) -> None:
+        self.engine.kv_cache_usage = scrape.kv_cache_usage
+        self.engine.kv_cache_metric = scrape.kv_cache_metric
+        self.metrics.set_engine_memory(scrape.kv_cache_usage, scrape.kv_cache_metric)
+        if scrape.process_start is not None:
+            self.engine.identity = scrape.process_start
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep unless stopping; True if the sidecar is stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), timeout=seconds)
+        return self.stop.is_set()
+
+    async def wait_for_engine(self) -> bool:
+        """Poll health until it answers; False if stopping first."""
+        started = time.monotonic()
+        last_log = started
+        while not self.stop.is_set():
+            if await self.client.health():
+                log.info("engine healthy at %s after %.1fs", self.args.engine_url, time.monotonic() - started)
+                return True
+            if time.monotonic() - last_log >= 10.0:
+                log.info("still waiting for the engine at %s (%.0fs)", self.args.engine_url, time.monotonic() - started)
+                last_log = time.monotonic()
+            if await self._sleep(self.args.poll_interval):
+                return False
+        return False
+
+    async def _engine_gone(self) -> bool:
+        """After a failed request: is the engine down (health fails) rather than just failing prompts?"""
+        for _ in range(max(1, self.args.lost_after)):
+            if await self.client.health():
+                return False
+            if await self._sleep(self.args.poll_interval):
+                return True
+        return True
+
+    def _plan(self, tier: Tier) -> WarmupPlan:
+        return plan_warmup(
+            tier,
+            layer_order=self.order,
+            buckets=self.args.buckets,
+            hot_layer_percent=self.args.hot_layer_percent,
+            prompts_per_bucket=self.args.prompts_per_bucket,
+            decode_tokens=self.args.decode_tokens,
+            max_context=self.engine.max_context,
+        )
+
+    def _count_error(self, error: EngineError) -> None:
+        self.metrics.warmup_errors.labels(error.reason).inc()
+        self.engine.last_error = str(error)
+        self.status.note_error(f"{error.reason}: {error}")
+
+    async def warm(self, deadline: float | None) -> str:
+        """Run the tier's plan (or what is left of it): 'ok', 'lost', 'failed' or 'stopped'."""
+        progress = self.status.progress
+        for _attempt in range(4):  # a stricter tier mid-way re-plans at it; bounded
+            tier = self.guard.state.effective
+            plan = self._plan(tier)
+            self.status.plan = plan
+            self.metrics.set_planned(plan.per_bucket())
+            todo = progress.remaining(plan)
+            log.info("warm-up plan at tier %s: %s", tier.value, plan.describe())
+            restart = False
+            for bucket in todo.buckets:
+                if bucket in self.status.skipped:
+                    continue
+                while progress.prefills.get(bucket, 0) < plan.prompts_per_bucket:
+                    if self.stop.is_set():
+                        return "stopped"
+                    if self.guard.state.effective.strictness > plan.tier.strictness:
+                        restart = True
+                        break
+                    if deadline is not None and time.monotonic() > deadline:
+                        done = sum(progress.prefills.values())
+                        log.warning("warm-up timeout (%.0fs): %d prefill(s) done", self.args.warmup_timeout, done)
+                        return "ok" if done else "failed"
+                    variant = progress.prefills.get(bucket, 0)
+                    prompt = await asyncio.to_thread(self.prompt_for, bucket, variant)
+                    try:
+                        _text, seconds = await self.client.complete_with_retries(
+                            prompt,
+                            plan.decode_tokens,
+                            self.engine.model,
+                            retries=self.args.retries,
+                            backoff=self.args.retry_backoff,
+                            on_error=self._count_error,
+                        )
+                    except EngineUnavailable as error:
+                        self.status.error = f"engine unavailable during warm-up: {error}"
+                        return "lost" if await self._engine_gone() else "failed"
+                    except EngineError as error:
+                        if error.retryable:
+                            self.status.error = f"warm-up request kept failing: {error}"
+                            return "lost" if await self._engine_gone() else "failed"
+                        # the engine refused this prompt (too long for it, say): skip the bucket
+                        log.warning("warm-up bucket %d skipped: %s", bucket, error)
+                        self.status.skipped[bucket] = str(error)
+                        break
+                    progress.prefills[bucket] = variant + 1
+                    self.metrics.warmup_prefill_done(bucket)
+                    log.info("warm-up (%s): bucket %d prompt %d/%d in %.3fs", plan.tier.value, bucket,
+                             variant + 1, plan.prompts_per_bucket, seconds)
+                if restart:
+                    break
+            if restart:
+                continue
+            if plan.total_prefills and not any(progress.prefills.values()):
+                self.status.error = "the engine refused every warm-up prompt: " + "; ".join(
+                    self.status.skipped.values()
+                )
+                return "failed"
+            self.status.warmup_tier = plan.tier
+            self.metrics.set_warmup_tier(plan.tier)
+            return "ok"
+        return "ok" if any(self.status.progress.prefills.values()) or self.status.plan is None else "failed"
+
+    async def supervise(self) -> None:
+        """Wait for the engine, warm it, watch it; start over when it is lost."""
+        retry_delay = RETRY_WARMUP_MIN_S
+        while not self.stop.is_set():
+            self._set_ready(False, STAGE_WAITING_ENGINE)
+            self._set_engine_up(False)
+            if not await self.wait_for_engine():
+                return
+            self._set_engine_up(True)
+            self.metrics.mark_phase("first_layer_ready")
+            if self.prefetcher is None or not self.args.prefetch:
+                self.metrics.mark_phase("weights_mapped")
+            info = await self.client.describe()
+            self.engine.model = self.args.served_model_name or info.model_id
+            self.engine.max_context = self.args.max_context or info.max_context or self._config_context()
+            self._apply_scrape(await self.client.scrape(self.args.engine_metrics_path))
+            incarnation = self.engine.identity
+            # a new engine process has cold caches: warm-up starts from nothing
+            self.status.progress = WarmupProgress()
+            self.status.skipped = {}
+            self.status.error = None
+            self._set_ready(False, STAGE_WARMING)
+            started = time.monotonic()
+            outcome = await self.warm(time.monotonic() + self.args.warmup_timeout)
+            if outcome == "stopped":
+                return
+            if outcome == "ok" and None not in (incarnation, self.engine.identity) and (
+                incarnation != self.engine.identity
+            ):
+                outcome = "lost"  # it restarted between two of our requests: what we warmed is gone
+            if outcome == "lost":
+                self._lost("engine stopped answering during warm-up")
+                continue
+            if outcome == "failed":
+                log.warning("warm-up failed (%s); retrying in %.0fs", self.status.error, retry_delay)
+                if await self._sleep(retry_delay):
+                    return
+                retry_delay = min(RETRY_WARMUP_MAX_S, retry_delay * 2)
+                continue
+            retry_delay = RETRY_WARMUP_MIN_S
+            self.status.warmup_seconds = time.monotonic() - started
+            self.metrics.mark_phase("warmup_done")
+            self._set_ready(True, STAGE_READY)
+            self.metrics.mark_phase("ready")
+            log.info("ready: engine %s warm (%s) in %.2fs", self.engine.model, self.status.progress.describe(),
+                     self.status.warmup_seconds)
+            why = await self.watch(incarnation)
+            if why is None:
+                return
+            self._lost(why)
+
+    def _lost(self, why: str) -> None:
+        log.warning("engine lost: %s; readiness dropped, warm-up will run again", why)
+        self.engine.restarts += 1
+        self.engine.last_error = why
+        self.metrics.engine_restarts.inc()
+        self._set_ready(False, STAGE_WAITING_ENGINE)
+        self._set_engine_up(False)
+
+    async def watch(self, incarnation: float | None) -> str | None:
+        """While ready: probe health; top up on a relaxed tier.  Why the engine was lost, or None on stop."""
+        failures = 0
+        while not await self._sleep(self.args.poll_interval):
+            if await self.client.health():
+                failures = 0
+            else:
+                failures += 1
+                if failures >= self.args.lost_after:
+                    return f"health probe failed {failures} times in a row"
+                continue
+            identity = self.engine.identity
+            if incarnation is not None and identity is not None and identity != incarnation:
+                return f"engine process restarted (start time {incarnation:.0f} -> {identity:.0f})"
+            if incarnation is None and identity is not None:
+                incarnation = identity
+            plan = self._plan(self.guard.state.effective)
+            if not self.status.progress.remaining(plan).buckets or all(
+                b in self.status.skipped for b in self.status.progress.remaining(plan).buckets
+            ):
+                continue
+            log.info("tier %s: topping up the warm-up", plan.tier.value)
+            if await self.warm(None) == "lost":
+                return "engine stopped answering during a warm-up top-up"
+        return None
+
+    def _config_context(self) -> int | None:
+        model_dir: Path | None = self.args.model_dir
+        if model_dir is None:
+            return None
+        try:
+            raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        value = raw.get("max_position_embeddings") if isinstance(raw, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _read_secret(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
+
+
+def _checkpoint_digest(model_dir: Path) -> str | None:
+    """The built-in engine's model digest (heat maps are keyed by it), when the reader accepts the dir."""
+    from warmpool_worker.checkpoint import open_checkpoint
+    from warmpool_worker.engine_api import ModelLoadError
+
+    try:
+        return open_checkpoint(model_dir).digest
+    except (ModelLoadError, OSError) as error:
+        log.info("no model digest for %s: %s", model_dir, error)
+        return None
+
+
+async def serve_sidecar(args: argparse.Namespace, thresholds: Thresholds) -> int:
+    sidecar = Sidecar(args, thresholds)
+    runner = web.AppRunner(sidecar.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    try:
+        await site.start()
+    except OSError as error:
+        log.error("cannot bind %s:%s: %s", args.host, args.port, error)
+        await runner.cleanup()
+        return 1
+    log.info("sidecar listening on %s:%s for engine %s", args.host, args.port, args.engine_url)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, sidecar.stop.set)
+    tasks: list[asyncio.Task[None]] = [asyncio.create_task(sidecar.guard.run(sidecar.stop, args.guard_interval))]
+    exit_code = 0
+    try:
+        await asyncio.to_thread(sidecar.guard.wait_first_tick, 10.0)
+        try:
+            await asyncio.to_thread(sidecar.prepare)
+        except Exception as error:  # bad prompts file: nothing to warm with; say so and exit
+            log.error("sidecar set-up failed: %s", error)
+            sidecar.status.error = str(error)
+            return 1
+        tasks += [
+            asyncio.create_task(sidecar.prefetch_loop()),
+            asyncio.create_task(sidecar.scrape_loop()),
+            asyncio.create_task(sidecar.supervise()),
+        ]
+        await sidecar.stop.wait()
+    finally:
+        sidecar.stop.set()
+        sidecar._prefetch_stop.set()
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await sidecar.client.close()
+        await runner.cleanup()
+        log.info("sidecar stopped (exit %d)", exit_code)
+    return exit_code
