@@ -553,7 +553,7 @@ class PodWorker:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_bytes(content)
-            tmp.chmod(mode & 0o777 | 0o200)  # keep it writable by us, so refreshes can replace it
+            tmp.chmod(mode & 0o777)  # os.replace needs the directory writable, not the file
             os.replace(tmp, path)
             changed = True
         for rel in set(previous) - set(files):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 T = TypeVar("T")
 
 #: Seconds the slow server answers /ready with 503 before it turns 200.
-READY_AFTER = 4
+READY_AFTER = 6
 
 #: A server on the pod IP (downward API) that turns ready READY_AFTER seconds after start;
 #: the delay comes from a configMap volume file, so the mount-path rewrite is exercised too.
