@@ -210,9 +210,7 @@ class ModelSpec(ApiObject):
     revision: Annotated[str, Field(max_length=128, pattern=r"^\S+$")] | None = None
     """Free-form revision of the weights (a commit hash, a date). Changing it rolls the pool,
     keeping warm pods until new ones are warm."""
-    served_name: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")] | None = (
-        None
-    )
+    served_name: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")] | None = None
     """Model name clients send in OpenAI-style requests; unset means the WarmModel's name."""
 
     cel_rules = (
@@ -304,9 +302,7 @@ class EngineSpec(ApiObject):
     """Environment of the external engine's container (sidecar only)."""
     port: Port = contract.DEFAULT_ENGINE_PORT
     """Port the external engine serves its OpenAI-compatible API on (sidecar only; ignored by builtin)."""
-    health_path: Annotated[str, Field(max_length=256, pattern=r"^/\S*$")] = (
-        contract.DEFAULT_ENGINE_HEALTH_PATH
-    )
+    health_path: Annotated[str, Field(max_length=256, pattern=r"^/\S*$")] = contract.DEFAULT_ENGINE_HEALTH_PATH
     """Path the sidecar polls until the external engine answers (sidecar only; ignored by builtin)."""
 
     cel_rules = (
@@ -317,8 +313,7 @@ class EngineSpec(ApiObject):
             field_path=".image",
         ),
         Rule(
-            cel="self.kind == 'sidecar' "
-            "|| !(has(self.image) || has(self.command) || has(self.args) || has(self.env))",
+            cel="self.kind == 'sidecar' || !(has(self.image) || has(self.command) || has(self.args) || has(self.env))",
             message="spec.engine.image, command, args and env apply only when spec.engine.kind is sidecar",
             check=lambda e: e.kind == "sidecar" or all(getattr(e, f) is None for f in _SIDECAR_ONLY),
         ),
@@ -375,15 +370,13 @@ MAX_BUCKET_TOKENS = 131072
 class WarmupSpec(ApiObject):
     """What a worker does to become warm before it reports Ready."""
 
-    buckets: Annotated[
-        list[Annotated[int, Field(ge=1, le=MAX_BUCKET_TOKENS)]], Field(min_length=1, max_length=16)
-    ] = list(contract.DEFAULT_LENGTH_BUCKETS)
+    buckets: Annotated[list[Annotated[int, Field(ge=1, le=MAX_BUCKET_TOKENS)]], Field(min_length=1, max_length=16)] = (
+        list(contract.DEFAULT_LENGTH_BUCKETS)
+    )
     """Prompt lengths in tokens to pre-fill at warm-up, strictly ascending. A truncated tier
     runs only the shortest."""
     prompts: (
-        Annotated[
-            list[Annotated[str, Field(min_length=1, max_length=16384)]], Field(min_length=1, max_length=64)
-        ]
+        Annotated[list[Annotated[str, Field(min_length=1, max_length=16384)]], Field(min_length=1, max_length=64)]
         | None
     ) = None
     """Representative warm-up prompts, inline. Unset (and no promptsConfigMapRef) means the
@@ -473,9 +466,7 @@ class Toleration(ApiObject):
     """Taint value to match (operator Equal only)."""
     effect: TaintEffect | None = None
     """Taint effect to match; unset matches all effects."""
-    toleration_seconds: (
-        Annotated[int, Field(ge=0, le=31536000, json_schema_extra={"format": "int64"})] | None
-    ) = None
+    toleration_seconds: Annotated[int, Field(ge=0, le=31536000, json_schema_extra={"format": "int64"})] | None = None
     """How long a NoExecute taint is tolerated before eviction; unset means forever."""
 
     cel_rules = (
@@ -528,9 +519,7 @@ class PodSpec(ApiObject):
     resources: ResourceRequirements | None = None
     """Resources of the container holding the model (the worker for builtin, the engine for
     sidecar), including accelerators such as nvidia.com/gpu."""
-    node_selector: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=32)] | None = (
-        None
-    )
+    node_selector: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=32)] | None = None
     """Node labels a worker pod's node must have."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
     """Taints the worker pods tolerate (e.g. nvidia.com/gpu:NoSchedule)."""
@@ -546,6 +535,21 @@ class PodSpec(ApiObject):
     port: Port = contract.DEFAULT_WORKER_PORT
     """Port of the warmpool worker's HTTP server (/readyz, /metrics, control and, for builtin,
     the OpenAI-style API)."""
+    worker_args: Annotated[list[Argument], Field(max_length=32)] | None = None
+    """Extra command-line arguments appended to the warmpool worker's own (for example
+    ["--device=cuda", "--memory-capacity-bytes=17179869184"]); the operator's arguments come
+    first, so a repeated flag given here wins."""
+    worker_env: (
+        Annotated[
+            list[EnvVar],
+            Field(
+                max_length=32,
+                json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+            ),
+        ]
+        | None
+    ) = None
+    """Extra environment of the warmpool worker's container (e.g. HF_HOME, CUDA_VISIBLE_DEVICES)."""
 
 
 # --- spec ------------------------------------------------------------------------------------
@@ -565,21 +569,13 @@ class WarmModelSpec(ApiObject):
 
     model: ModelSpec
     """Where the weights are, their format and revision."""
-    engine: Annotated[EngineSpec, Field(json_schema_extra=_default_of(EngineSpec))] = Field(
-        default_factory=EngineSpec
-    )
+    engine: Annotated[EngineSpec, Field(json_schema_extra=_default_of(EngineSpec))] = Field(default_factory=EngineSpec)
     """Which engine serves the model."""
-    pool: Annotated[PoolSpec, Field(json_schema_extra=_default_of(PoolSpec))] = Field(
-        default_factory=PoolSpec
-    )
+    pool: Annotated[PoolSpec, Field(json_schema_extra=_default_of(PoolSpec))] = Field(default_factory=PoolSpec)
     """Pool size and warm minimum."""
-    warmup: Annotated[WarmupSpec, Field(json_schema_extra=_default_of(WarmupSpec))] = Field(
-        default_factory=WarmupSpec
-    )
+    warmup: Annotated[WarmupSpec, Field(json_schema_extra=_default_of(WarmupSpec))] = Field(default_factory=WarmupSpec)
     """What warm-up means for this model."""
-    gating: Annotated[GatingSpec, Field(json_schema_extra=_default_of(GatingSpec))] = Field(
-        default_factory=GatingSpec
-    )
+    gating: Annotated[GatingSpec, Field(json_schema_extra=_default_of(GatingSpec))] = Field(default_factory=GatingSpec)
     """Memory thresholds that scale warm-up down when the accelerator is busy."""
     pod: Annotated[PodSpec, Field(json_schema_extra=_default_of(PodSpec))] = Field(default_factory=PodSpec)
     """Pod-level settings of the worker pods."""
@@ -617,9 +613,7 @@ class Condition(ApiObject):
     """metadata.generation the condition was computed from."""
     last_transition_time: Annotated[str, Field(max_length=64, json_schema_extra={"format": "date-time"})]
     """When the status last changed (RFC 3339)."""
-    reason: Annotated[
-        str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    ]
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
     """Why, in one CamelCase word (e.g. MinWarmReached, WarmingUp, MemoryPressure)."""
     message: Annotated[str, Field(max_length=32768)]
     """Why, for people."""
@@ -710,9 +704,7 @@ def _name_ok(metadata: Mapping[str, Any]) -> bool:
     if name is None:  # a template or a generateName object not yet named
         return True
     return (
-        isinstance(name, str)
-        and len(name) <= contract.MAX_WARMMODEL_NAME_LENGTH
-        and bool(_DNS1035_LABEL.match(name))
+        isinstance(name, str) and len(name) <= contract.MAX_WARMMODEL_NAME_LENGTH and bool(_DNS1035_LABEL.match(name))
     )
 
 

@@ -243,12 +243,8 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m warmpool_operator.crdgen", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--check", type=Path, metavar="FILE", help="exit 1 if FILE differs from the generated CRD"
-    )
+    parser = argparse.ArgumentParser(prog="python -m warmpool_operator.crdgen", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", type=Path, metavar="FILE", help="exit 1 if FILE differs from the generated CRD")
     args = parser.parse_args(argv)
     text = render()
     if args.check is None:

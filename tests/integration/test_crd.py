@@ -10,6 +10,7 @@ succeed, applying the second must fail (immutable fields).
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,9 +41,7 @@ def _documents(path: Path) -> list[dict[str, Any]]:
 
 
 def _get(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any]:
-    proc = cluster.kubectl(
-        "get", f"{contract.PLURAL}.{contract.API_GROUP}", name, "-n", namespace, "-o", "json"
-    )
+    proc = cluster.kubectl("get", f"{contract.PLURAL}.{contract.API_GROUP}", name, "-n", namespace, "-o", "json")
     body: dict[str, Any] = json.loads(proc.stdout)
     return body
 
@@ -55,6 +54,12 @@ def crd(cluster: ClusterHandle) -> str:
         "apply", "--server-side", "--force-conflicts", "--field-manager=warmpool-tests", "-f", str(CRD_PATH)
     )
     cluster.kubectl("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=60s")
+    # Established is not yet discoverable: wait until kubectl's discovery (and the published
+    # OpenAPI that `kubectl explain` reads) know the short name too.
+    deadline = time.monotonic() + 60
+    while cluster.kubectl("explain", contract.SHORT_NAME, check=False).returncode != 0:
+        assert time.monotonic() < deadline, "the WarmModel API never showed up in discovery"
+        time.sleep(0.5)
     return contract.CRD_NAME
 
 
@@ -93,9 +98,7 @@ def test_example_is_created_and_defaulted_as_documented(
     api.parse_warmmodel(stored)  # and what the operator will read back parses
 
 
-def test_minimal_object_gets_the_documented_defaults(
-    cluster: ClusterHandle, crd: str, namespace: str
-) -> None:
+def test_minimal_object_gets_the_documented_defaults(cluster: ClusterHandle, crd: str, namespace: str) -> None:
     manifest = {
         "apiVersion": api.API_VERSION,
         "kind": contract.KIND,
@@ -127,9 +130,7 @@ def test_catalogue_is_big_enough() -> None:
 
 
 @pytest.mark.parametrize("path", CATALOGUE, ids=[path.stem for path in CATALOGUE])
-def test_bad_manifest_is_refused_naming_the_field(
-    cluster: ClusterHandle, shared_namespace: str, path: Path
-) -> None:
+def test_bad_manifest_is_refused_naming_the_field(cluster: ClusterHandle, shared_namespace: str, path: Path) -> None:
     documents = _documents(path)
     expectations = _expectations(path)
     assert expectations, f"{path.name}: no '# expect:' line"
@@ -142,9 +143,7 @@ def test_bad_manifest_is_refused_naming_the_field(
 
     assert proc.returncode != 0, f"{path.name} was accepted:\n{proc.stdout}"
     for expected in expectations:
-        assert expected in proc.stderr, (
-            f"{path.name}: {expected!r} not in the API server's error:\n{proc.stderr}"
-        )
+        assert expected in proc.stderr, f"{path.name}: {expected!r} not in the API server's error:\n{proc.stderr}"
     # The refusal comes from the API server (its "is invalid" / "Error from server"), not a
     # client-side check that a different client would skip.
     assert "Error from server" in proc.stderr or "is invalid" in proc.stderr, proc.stderr

@@ -27,11 +27,7 @@ MINIMAL: dict[str, Any] = {"model": {"nodeCache": {"key": "SmolLM2-135M-Instruct
 
 
 def _expectations(path: Path) -> list[str]:
-    return [
-        line.split(":", 1)[1].strip()
-        for line in path.read_text().splitlines()
-        if line.startswith("# expect:")
-    ]
+    return [line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("# expect:")]
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -69,9 +65,7 @@ def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any
 
 def test_schema_is_structural_and_bounded() -> None:
     schema = crdgen.root_schema()
-    for path, node in _walk(schema["properties"]["spec"], "spec") + _walk(
-        schema["properties"]["status"], "status"
-    ):
+    for path, node in _walk(schema["properties"]["spec"], "spec") + _walk(schema["properties"]["status"], "status"):
         assert "$ref" not in node and "title" not in node and "allOf" not in node, path
         if "anyOf" not in node:
             assert "type" in node, f"{path} has no type"
@@ -111,9 +105,7 @@ def test_crd_names_scope_and_subresources() -> None:
 def test_every_rule_reaches_the_schema() -> None:
     schema = crdgen.root_schema()
     in_schema = [rule for _path, node in _walk(schema) for rule in node.get("x-kubernetes-validations", [])]
-    classes = [
-        value for value in vars(api).values() if isinstance(value, type) and issubclass(value, api.ApiObject)
-    ]
+    classes = [value for value in vars(api).values() if isinstance(value, type) and issubclass(value, api.ApiObject)]
     for cls in classes:
         for rule in cls.cel_rules:
             assert rule.to_schema() in in_schema, f"{cls.__name__}: {rule.message}"
@@ -154,9 +146,7 @@ def test_defaults_come_from_the_contract() -> None:
     assert spec.engine.kind == "builtin"
     assert spec.engine.port == contract.DEFAULT_ENGINE_PORT
     assert spec.model.format == "safetensors"
-    assert (
-        spec.model.node_cache is not None and spec.model.node_cache.root == contract.DEFAULT_NODE_CACHE_ROOT
-    )
+    assert spec.model.node_cache is not None and spec.model.node_cache.root == contract.DEFAULT_NODE_CACHE_ROOT
     assert (spec.pool.replicas, spec.pool.min_warm, spec.pool.max_replicas) == (
         contract.DEFAULT_REPLICAS,
         contract.DEFAULT_MIN_WARM,
@@ -192,7 +182,7 @@ def test_examples_parse(path: Path) -> None:
 def test_example_shapes() -> None:
     builtin = api.parse_warmmodel(_documents(ROOT / "examples" / "builtin-smollm2.yaml")[0])
     assert builtin.spec.engine.kind == "builtin" and builtin.spec.model.node_cache is not None
-    assert "SmolLM2-135M" in builtin.spec.model.node_cache.key
+    assert builtin.spec.model.node_cache.key == "smollm2-135m-instruct"  # warmpool model fetch
     vllm = api.parse_warmmodel(_documents(ROOT / "examples" / "sidecar-vllm.yaml")[0])
     assert vllm.spec.engine.kind == "sidecar" and vllm.spec.engine.image is not None
     assert "vllm" in vllm.spec.engine.image
@@ -235,8 +225,7 @@ def test_invalid_spec_error_names_each_field() -> None:
         )
     errors = caught.value.errors
     assert (
-        "spec.model: exactly one of spec.model.pvc, spec.model.hostPath or spec.model.nodeCache must be set"
-        in errors
+        "spec.model: exactly one of spec.model.pvc, spec.model.hostPath or spec.model.nodeCache must be set" in errors
     )
     assert any(e.startswith("spec.gating: spec.gating.truncateAtPercent must be below") for e in errors)
     assert any(e.startswith("spec.warmup.buckets[1]: ") for e in errors)
