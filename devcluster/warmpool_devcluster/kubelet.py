@@ -404,6 +404,9 @@ class PodWorker:
             log.exception("%s: pod worker failed", self.key)
         finally:
             await self._stop_all(ORPHAN_GRACE)
+            if self.removed:
+                # The pod is gone for good: drop its volumes (secrets among them), keep the logs.
+                shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
             self.kubelet.forget(self)
 
     async def _lifecycle(self) -> None:
