@@ -1,33 +1,264 @@
 """`warmpool demo`: the main job end to end on a local cluster.
 
-Placeholder until the demo lands: it brings the local control plane up, shows its nodes,
-and says plainly which parts of the story are not wired in yet.
+1. start the local control plane (or use the cluster named by WARMPOOL_KUBECONFIG),
+2. fetch the small real model (SmolLM2-135M-Instruct) and install the WarmModel CRD,
+3. run the operator, apply the builtin-engine example WarmModel,
+4. show the pods loading and warming (stage, tier, layers resident) until the pool is warm,
+5. send a completion through a warm pod, and
+6. print the cold-start phases per pod with first-request vs steady-state TTFT, and render
+   the same timeline as a PNG waterfall.
+
+Ctrl-C, or `warmpool demo --down` (`make demo-down`), cleans everything up.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from warmpool.contract import DEFAULT_WORKER_PORT, LABEL_MODEL, PATH_READYZ
+from warmpool.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
+
+CLUSTER_NAME = "demo"
+NAMESPACE = "warmpool-demo"
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "builtin-smollm2.yaml"
+CRD_DIR = REPO / "crds"
+STEADY_REQUESTS = 5
+PROMPT = "Write one sentence about why warm caches matter."
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def _say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+class Kube:
+    """kubectl against the demo's cluster (ours, or the one WARMPOOL_KUBECONFIG names)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        from warmpool_devcluster import build
+
+        self.kubeconfig = kubeconfig
+        self.binary = build.ensure_binaries(["kubectl"])["kubectl"]
+
+    def run(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
+        proc = subprocess.run([str(self.binary), "--kubeconfig", str(self.kubeconfig), *args],
+                              input=input_text, capture_output=True, text=True, timeout=120)
+        if check and proc.returncode != 0:
+            raise DemoError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json"))
+
+
+def _state_file() -> Path:
+    from warmpool_devcluster import build
+
+    return build.cache_root() / "demo" / "operator.pid"
+
+
+def _output_dir() -> Path:
+    return Path(os.environ.get("WARMPOOL_DEMO_OUTPUT", REPO / "demo-output"))
+
+
+def down() -> int:
+    pid_file = _state_file()
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+        pid_file.unlink(missing_ok=True)
+    if os.environ.get("WARMPOOL_KUBECONFIG"):
+        kube = Kube(Path(os.environ["WARMPOOL_KUBECONFIG"]))
+        kube.run("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+    else:
+        from warmpool_devcluster import cluster
+
+        cluster.down(CLUSTER_NAME)
+    _say("cleaned up")
+    return 0
+
+
+def _start_operator(kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = log_path.open("ab")
+    proc = subprocess.Popen([sys.executable, "-m", "warmpool", "operator", "--namespace", NAMESPACE],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    _state_file().parent.mkdir(parents=True, exist_ok=True)
+    _state_file().write_text(str(proc.pid))
+    return proc
+
+
+def _manifest(model_dir: Path) -> str:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    # The example expects the node-local cache; on this machine the cache is the fetch dir.
+    body["spec"]["model"]["nodeCache"]["root"] = str(model_dir.parent)
+    body["spec"]["model"]["nodeCache"]["key"] = model_dir.name
+    body["metadata"]["namespace"] = NAMESPACE
+    return yaml.safe_dump(body)
+
+
+def _readyz(ip: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://{ip}:{DEFAULT_WORKER_PORT}{PATH_READYZ}", timeout=2) as response:
+            body: dict[str, Any] = json.loads(response.read())
+            return body
+    except urllib.error.HTTPError as error:  # 503 while warming still carries the JSON body
+        try:
+            body = json.loads(error.read())
+            return body
+        except ValueError:
+            return {}
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+
+
+def _pods(kube: Kube, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"{LABEL_MODEL}={name}")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def _progress_line(pod: dict[str, Any]) -> str:
+    ip = pod.get("status", {}).get("podIP")
+    state = _readyz(ip) if ip else {}
+    layers = f"{state.get('layers_resident', '?')}/{state.get('layers_total', '?')}"
+    tier = state.get("effective_tier") or state.get("tier") or (state.get("warmup") or {}).get("tier") or "?"
+    return (f"  {pod['metadata']['name']:<40} ip={ip or '-':<14} stage={state.get('stage', 'starting'):<16} "
+            f"tier={tier:<10} layers={layers}")
+
+
+def _wait_warm(kube: Kube, name: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last_print = 0.0
+    while time.monotonic() < deadline:
+        wm = kube.json("get", "warmmodel", name, "-n", NAMESPACE)
+        status = wm.get("status", {})
+        conditions = {c["type"]: c for c in status.get("conditions", [])}
+        if time.monotonic() - last_print >= 2.0:
+            ready = conditions.get("Ready", {})
+            _say(f"WarmModel {name}: warm {status.get('warmReplicas', 0)}/{wm['spec']['pool'].get('minWarm')} "
+                 f"(min), ready {status.get('readyReplicas', 0)}/{wm['spec']['pool'].get('replicas')}; "
+                 f"Ready={ready.get('status', '?')} ({ready.get('reason', '-')})")
+            for pod in _pods(kube, name):
+                print(_progress_line(pod), flush=True)
+            last_print = time.monotonic()
+        if conditions.get("Ready", {}).get("status") == "True":
+            result: dict[str, Any] = wm
+            return result
+        time.sleep(0.5)
+    raise DemoError(f"WarmModel {name} did not become Ready within {timeout:.0f}s")
+
+
+def run(timeout: float) -> int:
+    from warmpool_devcluster import cluster
+    from warmpool_worker.model_fetch import ensure_model
+
+    started = time.monotonic()
+    external = os.environ.get("WARMPOOL_KUBECONFIG")
+    if external:
+        kubeconfig = Path(external)
+        _say(f"using the cluster in WARMPOOL_KUBECONFIG={kubeconfig}")
+    else:
+        _say("starting the local control plane (first run builds its binaries: several minutes)")
+        kubeconfig = cluster.up(CLUSTER_NAME)
+    kube = Kube(kubeconfig)
+    _say("fetching the small real model (SmolLM2-135M-Instruct)")
+    model_dir = ensure_model()
+    _say("installing the WarmModel CRD")
+    kube.run("apply", "--server-side", "-f", str(CRD_DIR))
+    kube.run("wait", "--for=condition=Established", "crd/warmmodels.warmpool.dev", "--timeout=60s")
+    kube.run("create", "namespace", NAMESPACE, check=False)
+    out = _output_dir()
+    _say(f"starting the operator (log: {out / 'operator.log'})")
+    operator = _start_operator(kubeconfig, out / "operator.log")
+    try:
+        manifest = _manifest(model_dir)
+        name = yaml.safe_load(manifest)["metadata"]["name"]
+        _say(f"applying WarmModel {name} (builtin engine, {model_dir.name})")
+        kube.run("apply", "-f", "-", input_text=manifest)
+        _wait_warm(kube, name, timeout)
+        _say(f"pool is warm after {time.monotonic() - started:.1f}s of demo time")
+        print(kube.run("get", "warmmodel", name, "-n", NAMESPACE, "-o", "wide"))
+
+        timelines: list[PodTimeline] = []
+        served_name = yaml.safe_load(manifest)["spec"]["model"].get("servedName", name)
+        for pod in _pods(kube, name):
+            ip = pod["status"].get("podIP")
+            if not ip or not pod["status"].get("conditions"):
+                continue
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+            if not ready:
+                continue
+            base = f"http://{ip}:{DEFAULT_WORKER_PORT}"
+            line = PodTimeline(pod=pod["metadata"]["name"], phases=scrape_phases(base))
+            line.first_ttft_s = measure_ttft(base, served_name, PROMPT)
+            steady = sorted(measure_ttft(base, served_name, PROMPT) for _ in range(STEADY_REQUESTS))
+            line.steady_ttft_s = steady[len(steady) // 2]
+            timelines.append(line)
+        if not timelines:
+            raise DemoError("no Ready worker pod to send a request to")
+        completion = _complete(f"http://{_pods(kube, name)[0]['status']['podIP']}:{DEFAULT_WORKER_PORT}",
+                               served_name)
+        _say(f"completion from a warm pod: {completion!r}")
+        print("\nCold start per pod (seconds since the worker process started):")
+        print(phase_table(timelines))
+        png = render_waterfall(timelines, out / "coldstart-timeline.png", f"warmpool cold start: {name}")
+        (out / "coldstart.json").write_text(json.dumps([t.__dict__ for t in timelines], indent=2))
+        _say(f"timeline chart: {png}")
+        _say("the cluster stays up for you to explore: "
+             f"kubectl --kubeconfig {kubeconfig} -n {NAMESPACE} get wm,pods; `make demo-down` cleans up")
+        return 0
+    finally:
+        # The operator is a local process of the demo: stop it with the demo, the cluster stays.
+        if operator.poll() is None:
+            os.killpg(operator.pid, signal.SIGTERM)
+            try:
+                operator.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(operator.pid, signal.SIGKILL)
+        _state_file().unlink(missing_ok=True)
+
+
+def _complete(base_url: str, model: str) -> str:
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 24, "temperature": 0}).encode()
+    request = urllib.request.Request(base_url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        text: str = json.loads(response.read())["choices"][0]["text"]
+        return text
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="warmpool demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="warmpool demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--down", action="store_true", help="stop the demo cluster and clean up")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the pool to go warm")
     args = parser.parse_args(argv)
-
-    from warmpool_devcluster import cluster
-
     if args.down:
-        cluster.down("demo")
-        return 0
+        return down()
     try:
-        kubeconfig = cluster.up("demo")
-    except cluster.ClusterError as error:
+        return run(args.timeout)
+    except KeyboardInterrupt:
+        _say("interrupted: cleaning up")
+        down()
+        return 130
+    except DemoError as error:
         print(f"warmpool demo: {error}", file=sys.stderr)
         return 1
-    print(cluster.kubectl("demo", "get", "nodes", "-o", "wide").stdout)
-    print(f"The local cluster is up (kubeconfig: {kubeconfig}).\n"
-          "Not wired into the demo yet: the operator, the WarmModel of the small real model, "
-          "the warm-up progress view and the cold-start phase table.\n"
-          "Run `make demo-down` to stop the cluster.")
-    return 0
