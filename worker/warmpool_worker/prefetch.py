@@ -26,6 +26,7 @@ even imported torch, so by the time the engine maps its shards the bytes are in 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -396,6 +397,12 @@ class Prefetcher:
         fd = self._fds.get(path)
         if fd is None:
             fd = os.open(path, os.O_RDONLY)
+            # No kernel readahead on *our* descriptor (it is per open file, the engine's are
+            # untouched): with read_ahead_kb often in megabytes, a truncated tier would pull
+            # in cold layers past each hot range.  WILLNEED and our own large reads already
+            # cover exactly the ranges we want, so nothing is lost.
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             self._fds[path] = fd
         return fd
 
