@@ -174,3 +174,61 @@ METRIC_PREFETCH_RESIDENT_BYTES = "warmpool_prefetch_resident_bytes"
 #: Metric: weight files the prefetch could not use (missing, truncated, bad header).
 METRIC_PREFETCH_FILE_ERRORS = "warmpool_prefetch_file_errors"
 LABEL_REASON = "reason"
+
+# --- The operator (added by the operator half) -------------------------------------------
+
+#: Default image of the warmpool worker (the whole worker for builtin, the sidecar for sidecar).
+DEFAULT_WORKER_IMAGE = "ghcr.io/warmpool/worker:0.1.0"
+#: Name of the worker container in worker pods (the one that holds the model for builtin).
+WORKER_CONTAINER = "worker"
+#: Name of the external engine's container (sidecar engine only).
+ENGINE_CONTAINER = "engine"
+#: app.kubernetes.io/component of worker pods.
+COMPONENT_WORKER = "worker"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+APP_NAME = "warmpool"
+
+#: Suffixes of a WarmModel's children ("<name><suffix>"); the Deployment, Service and PDB take the bare name.
+CONFIGMAP_SUFFIX = "-warmup"
+CONTROL_SECRET_SUFFIX = "-control"
+#: Key of the control-token Secret holding the bearer token of POST /control/tier.
+CONTROL_SECRET_KEY = "token"
+
+#: Where worker pods see the operator's files.
+CONFIG_MOUNT_PATH = "/warmpool/config"  # the WarmModel's ConfigMap (prompts + heat map)
+PROMPTS_MOUNT_PATH = "/warmpool/prompts"  # a user's prompts ConfigMap (promptsConfigMapRef)
+CONTROL_MOUNT_PATH = "/warmpool/control"  # the control-token Secret
+KV_PREFIX_MOUNT_PATH = "/warmpool/kv"  # warm-prefix KV persistence (emptyDir)
+
+#: Pod-template annotation: hash of what is baked into the pods besides the spec (prompts).
+ANNOTATION_CONFIG_HASH = f"{API_GROUP}/config-hash"
+#: Annotation on each child: hash of the desired object, so reconcile compares one string.
+ANNOTATION_SPEC_HASH = f"{API_GROUP}/spec-hash"
+#: Prefix of kopf's own annotations on WarmModels (progress and diff-base storage).
+KOPF_ANNOTATION_PREFIX = API_GROUP
+#: kopf's finalizer on WarmModels (timers need one so they are stopped before deletion).
+OPERATOR_FINALIZER = f"{API_GROUP}/operator"
+
+#: Metric (worker): 1, labelled with the checkpoint digest and layer count, so the
+#: operator can write a heat map that applies to the model the workers loaded.
+METRIC_MODEL_INFO = "warmpool_model_info"  # labels: digest, layers
+LABEL_DIGEST = "digest"
+LABEL_LAYERS = "layers"
+
+#: The operator's own Prometheus metrics.
+METRIC_OPERATOR_RECONCILE_SECONDS = "warmpool_operator_reconcile_duration_seconds"  # label: kind
+METRIC_OPERATOR_RECONCILE_ERRORS = "warmpool_operator_reconcile_errors_total"  # labels: kind, reason
+METRIC_OPERATOR_SCRAPE_FAILURES = "warmpool_operator_scrape_failures_total"  # label: reason
+METRIC_OPERATOR_TIER_DECISIONS = "warmpool_operator_tier_decisions_total"  # labels: scope, tier
+METRIC_OPERATOR_WARM_PODS = "warmpool_operator_warm_pods"  # labels: namespace, warmmodel
+LABEL_KIND = "kind"
+LABEL_REASON = "reason"
+LABEL_SCOPE = "scope"
+LABEL_NAMESPACE = "namespace"
+LABEL_WARMMODEL = "warmmodel"
+
+#: Default seconds between scrapes of a WarmModel's worker pods.
+DEFAULT_SCRAPE_INTERVAL_SECONDS = 10.0
+DEFAULT_OPERATOR_METRICS_PORT = 9090
+DEFAULT_OPERATOR_LIVENESS_PORT = 8081

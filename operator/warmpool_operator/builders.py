@@ -1,0 +1,418 @@
+"""Pure builders: a WarmModel in, the Kubernetes objects it owns out (plain dicts).
+
+Nothing here talks to the API server, reads the clock or draws random numbers, so the same
+WarmModel always gives byte-identical children: reconcile compares one hash per child and
+an operator restart never rolls the pool by accident.  Owner references are added by the
+handlers (``kopf.adopt``), not here, so these functions need nothing but the spec.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from warmpool import contract
+from warmpool_operator.api import EnvVar, WarmModelSpec
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the builders need about one WarmModel: its identity and its parsed spec."""
+
+    name: str
+    namespace: str
+    spec: WarmModelSpec
+
+
+# --------------------------------------------------------------------------------- names
+
+
+def deployment_name(name: str) -> str:
+    return name
+
+
+def service_name(name: str) -> str:
+    return name
+
+
+def pdb_name(name: str) -> str:
+    return name
+
+
+def configmap_name(name: str) -> str:
+    return f"{name}{contract.CONFIGMAP_SUFFIX}"
+
+
+def control_secret_name(name: str) -> str:
+    return f"{name}{contract.CONTROL_SECRET_SUFFIX}"
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """The worker pods' selector: immutable on a Deployment, so only stable identity labels."""
+    return {contract.LABEL_MODEL: name, contract.LABEL_COMPONENT: contract.COMPONENT_WORKER}
+
+
+def selector_string(name: str) -> str:
+    """The selector in the scale subresource's string form (status.selector)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def common_labels(name: str) -> dict[str, str]:
+    return {
+        **selector_labels(name),
+        contract.LABEL_NAME: contract.APP_NAME,
+        contract.LABEL_INSTANCE: name,
+        contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+    }
+
+
+def spec_hash(obj: Mapping[str, Any]) -> str:
+    """A short stable hash of a desired object (sorted-key JSON)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _metadata(target: Target, name: str) -> Obj:
+    return {"name": name, "namespace": target.namespace, "labels": common_labels(target.name)}
+
+
+def _stamp(obj: Obj) -> Obj:
+    """Put the hash of the object's desired content into its own annotations."""
+    body = {k: v for k, v in obj.items() if k != "metadata"}
+    body["labels"] = obj["metadata"].get("labels", {})
+    obj["metadata"].setdefault("annotations", {})[contract.ANNOTATION_SPEC_HASH] = spec_hash(body)
+    return obj
+
+
+# --------------------------------------------------------------------------------- ConfigMap
+
+
+def prompts_payload(spec: WarmModelSpec) -> str | None:
+    """The prompts file the operator writes (inline prompts only), or None."""
+    if spec.warmup.prompts is None:
+        return None
+    return json.dumps(list(spec.warmup.prompts), ensure_ascii=False, indent=1)
+
+
+def build_configmap(target: Target, heatmap_json: str | None = None) -> Obj:
+    """The WarmModel's ConfigMap: inline warm-up prompts and the learned heat map.
+
+    The heat map is owned by :mod:`warmpool_operator.heat`; reconcile patches only the
+    prompts key so a learned heat map is never thrown away.
+    """
+    data: dict[str, str] = {}
+    prompts = prompts_payload(target.spec)
+    if prompts is not None:
+        data[contract.CONFIGMAP_KEY_PROMPTS] = prompts
+    if heatmap_json is not None:
+        data[contract.CONFIGMAP_KEY_HEATMAP] = heatmap_json
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(target, configmap_name(target.name)),
+        "data": data,
+    }
+
+
+# --------------------------------------------------------------------------------- Secret
+
+
+def build_control_secret(target: Target, token: str) -> Obj:
+    """The control-token Secret; the token is drawn by the caller once and never rotated here."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(target, control_secret_name(target.name)),
+        "type": "Opaque",
+        "data": {contract.CONTROL_SECRET_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+# --------------------------------------------------------------------------------- Service, PDB
+
+
+def build_service(target: Target) -> Obj:
+    port = target.spec.pod.port
+    return _stamp(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(target, service_name(target.name)),
+            "spec": {
+                "selector": selector_labels(target.name),
+                "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+                # Warm pods only: unready (cold) pods never get traffic.
+                "publishNotReadyAddresses": False,
+            },
+        }
+    )
+
+
+def build_pdb(target: Target) -> Obj:
+    """Voluntary disruptions (drains) may never take the pool below minWarm pods.
+
+    minAvailable counts Ready pods, and Ready means warm (the readiness probe is /readyz).
+    minWarm 0 -> maxUnavailable 1 instead, so a drain is never blocked for nothing.
+    """
+    pool = target.spec.pool
+    budget: Obj = {"minAvailable": pool.min_warm} if pool.min_warm > 0 else {"maxUnavailable": 1}
+    return _stamp(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _metadata(target, pdb_name(target.name)),
+            "spec": {**budget, "selector": {"matchLabels": selector_labels(target.name)}},
+        }
+    )
+
+
+# --------------------------------------------------------------------------------- Deployment
+
+
+def desired_replicas(spec: WarmModelSpec, extra: int = 0) -> int:
+    """Pods to run: the asked-for replicas, at least minWarm, plus ``extra`` pods for ones that
+    are Ready but not verified warm; never above maxReplicas."""
+    pool = spec.pool
+    return max(0, min(pool.max_replicas, max(pool.replicas, pool.min_warm) + max(0, extra)))
+
+
+def _env(items: list[EnvVar] | None) -> list[Obj]:
+    out: list[Obj] = []
+    for item in items or []:
+        entry = item.model_dump(by_alias=True, exclude_none=True)
+        out.append(entry)
+    return out
+
+
+def _worker_args(target: Target) -> list[str]:
+    spec = target.spec
+    gating = spec.gating
+    warmup = spec.warmup
+    args = [
+        f"--model={contract.MODEL_MOUNT_PATH}",
+        f"--host=$({contract.ENV_POD_IP})",
+        f"--port={spec.pod.port}",
+        f"--model-name={spec.model.served_name or target.name}",
+        f"--heat-map={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_HEATMAP}",
+        f"--buckets={','.join(str(b) for b in warmup.buckets)}",
+        f"--truncate-at={gating.truncate_at_percent}",
+        f"--pause-at={gating.pause_at_percent}",
+        f"--hysteresis={gating.hysteresis_percent}",
+        f"--hot-layer-percent={gating.hot_layer_percent}",
+        f"--control-token-file={contract.CONTROL_MOUNT_PATH}/{contract.CONTROL_SECRET_KEY}",
+        f"--warmup-timeout={warmup.timeout_seconds}",
+    ]
+    if warmup.prompts is not None:
+        args.append(f"--prompts={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_PROMPTS}")
+    elif warmup.prompts_config_map_ref is not None:
+        args.append(f"--prompts={contract.PROMPTS_MOUNT_PATH}/{contract.CONFIGMAP_KEY_PROMPTS}")
+    if warmup.kv_prefix_persistence:
+        args.append(f"--kv-prefix-dir={contract.KV_PREFIX_MOUNT_PATH}")
+    return args + list(spec.pod.worker_args or [])
+
+
+def _model_volume(spec: WarmModelSpec) -> tuple[Obj, Obj]:
+    """The model's volume and its read-only mount at MODEL_MOUNT_PATH."""
+    mount: Obj = {"name": "model", "mountPath": contract.MODEL_MOUNT_PATH, "readOnly": True}
+    model = spec.model
+    if model.pvc is not None:
+        volume: Obj = {"name": "model", "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True}}
+        if model.pvc.path:
+            mount["subPath"] = model.pvc.path
+    elif model.host_path is not None:
+        volume = {"name": "model", "hostPath": {"path": model.host_path.path, "type": "Directory"}}
+    elif model.node_cache is not None:
+        path = f"{model.node_cache.root.rstrip('/')}/{model.node_cache.key}"
+        volume = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
+    else:  # parse_spec guarantees exactly one source; this keeps the type checker honest
+        raise ValueError("spec.model has no source")
+    return volume, mount
+
+
+def _probes(spec: WarmModelSpec) -> Obj:
+    period = 2
+    # The startup probe covers the whole warm-up (plus a margin for loading): a worker that
+    # is still warming is not killed, and one stuck past the budget is restarted.
+    startup_failures = max(30, math.ceil((spec.warmup.timeout_seconds + 120) / period))
+    return {
+        "startupProbe": {
+            "httpGet": {"path": contract.PATH_READYZ, "port": "http"},
+            "periodSeconds": period,
+            "timeoutSeconds": 2,
+            "failureThreshold": min(startup_failures, 10000),
+        },
+        "readinessProbe": {
+            "httpGet": {"path": contract.PATH_READYZ, "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 2,
+            "successThreshold": 1,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": contract.PATH_LIVEZ, "port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+    }
+
+
+RESTRICTED_CONTAINER_SECURITY: Obj = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_POD_SECURITY: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "runAsGroup": 65532,
+    "fsGroup": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def build_pod_template(target: Target) -> Obj:
+    spec = target.spec
+    pod = spec.pod
+    model_volume, model_mount = _model_volume(spec)
+    mounts: list[Obj] = [
+        model_mount,
+        {"name": "config", "mountPath": contract.CONFIG_MOUNT_PATH, "readOnly": True},
+        {"name": "control", "mountPath": contract.CONTROL_MOUNT_PATH, "readOnly": True},
+        # readOnlyRootFilesystem: scratch space (torch, tokenizers) goes to /tmp.
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[Obj] = [
+        model_volume,
+        {"name": "config", "configMap": {"name": configmap_name(target.name), "optional": False}},
+        {
+            "name": "control",
+            "secret": {"secretName": control_secret_name(target.name), "defaultMode": 0o400},
+        },
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    ref = spec.warmup.prompts_config_map_ref
+    if ref is not None:
+        mounts.append({"name": "prompts", "mountPath": contract.PROMPTS_MOUNT_PATH, "readOnly": True})
+        volumes.append(
+            {
+                "name": "prompts",
+                "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": contract.CONFIGMAP_KEY_PROMPTS}]},
+            }
+        )
+    if spec.warmup.kv_prefix_persistence:
+        mounts.append({"name": "kv-prefix", "mountPath": contract.KV_PREFIX_MOUNT_PATH})
+        volumes.append({"name": "kv-prefix", "emptyDir": {}})
+
+    env: list[Obj] = [
+        {"name": contract.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "HOME", "value": "/tmp"},
+        *_env(pod.worker_env),
+    ]
+    worker: Obj = {
+        "name": contract.WORKER_CONTAINER,
+        "image": pod.image or contract.DEFAULT_WORKER_IMAGE,
+        "command": ["warmpool", "worker", "serve"],
+        "args": _worker_args(target),
+        "ports": [{"name": "http", "containerPort": pod.port, "protocol": "TCP"}],
+        "env": env,
+        "volumeMounts": mounts,
+        "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
+        **_probes(spec),
+    }
+    if pod.image_pull_policy:
+        worker["imagePullPolicy"] = pod.image_pull_policy
+    if pod.resources is not None:
+        worker["resources"] = pod.resources.model_dump(by_alias=True, exclude_none=True)
+    containers = [worker]
+    if spec.engine.kind == "sidecar":
+        # The external engine holds the model and the accelerator; the warmpool sidecar
+        # beside it owns readiness.  The sidecar's own command is the worker's `sidecar` mode.
+        engine: Obj = {
+            "name": contract.ENGINE_CONTAINER,
+            "image": spec.engine.image,
+            "ports": [{"name": "engine", "containerPort": spec.engine.port, "protocol": "TCP"}],
+            "env": _env(spec.engine.env),
+            "volumeMounts": [model_mount, {"name": "tmp", "mountPath": "/tmp"}],
+            "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
+        }
+        if spec.engine.command:
+            engine["command"] = list(spec.engine.command)
+        if spec.engine.args:
+            engine["args"] = list(spec.engine.args)
+        if pod.resources is not None:
+            engine["resources"] = pod.resources.model_dump(by_alias=True, exclude_none=True)
+            worker.pop("resources", None)
+        worker["command"] = ["warmpool", "worker", "sidecar"]
+        worker["args"] = [
+            *_worker_args(target),
+            f"--engine-url=http://127.0.0.1:{spec.engine.port}",
+            f"--engine-health-path={spec.engine.health_path}",
+        ]
+        containers = [worker, engine]
+
+    annotations = {
+        contract.ANNOTATION_REVISION: spec.model.revision or "",
+        # Prompts are baked into warm-up: a change must roll the pool like a revision does.
+        contract.ANNOTATION_CONFIG_HASH: spec_hash({"prompts": prompts_payload(spec)}),
+    }
+    pod_spec: Obj = {
+        "containers": containers,
+        "volumes": volumes,
+        "securityContext": dict(RESTRICTED_POD_SECURITY),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # Long enough for the worker to finish a request in flight, short enough for rollouts.
+        "terminationGracePeriodSeconds": 30,
+    }
+    if pod.node_selector:
+        pod_spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in pod.tolerations]
+    if pod.priority_class_name:
+        pod_spec["priorityClassName"] = pod.priority_class_name
+    if pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in pod.image_pull_secrets]
+    return {
+        "metadata": {"labels": common_labels(target.name), "annotations": annotations},
+        "spec": pod_spec,
+    }
+
+
+def build_deployment(target: Target, replicas: int | None = None) -> Obj:
+    """The worker Deployment.
+
+    RollingUpdate with maxUnavailable 0 and maxSurge 1: a revision change brings up one new
+    pod at a time and removes an old, warm pod only once the new one is Ready, which its
+    readiness probe (/readyz) says only when it is warm.  ``replicas`` defaults to
+    :func:`desired_replicas` of the spec.
+    """
+    count = desired_replicas(target.spec) if replicas is None else replicas
+    return _stamp(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _metadata(target, deployment_name(target.name)),
+            "spec": {
+                "replicas": count,
+                "selector": {"matchLabels": selector_labels(target.name)},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                "revisionHistoryLimit": 3,
+                # A pod counts as available only once it has stayed Ready (warm) a moment.
+                "minReadySeconds": 0,
+                "progressDeadlineSeconds": max(600, target.spec.warmup.timeout_seconds + 300),
+                "template": build_pod_template(target),
+            },
+        }
+    )

@@ -1,0 +1,104 @@
+"""`warmpool operator`: run the operator (kopf, in-process) against the cluster of $KUBECONFIG
+(or the in-cluster service account).
+
+    warmpool operator --namespace team-a --namespace team-b
+    warmpool operator --all-namespaces --scrape-interval 5 --metrics-port 9090
+
+One replica only: kopf has no leader election (deploy it with ``strategy: Recreate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import ipaddress
+import logging
+import sys
+
+from warmpool import contract
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="warmpool operator", description="Run the warmpool operator.")
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], metavar="NS", help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch WarmModels cluster-wide")
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=contract.DEFAULT_SCRAPE_INTERVAL_SECONDS,
+        help="seconds between scrapes of each WarmModel's worker pods (and reconcile passes)",
+    )
+    parser.add_argument("--scrape-timeout", type=float, default=3.0, help="seconds one pod's scrape may take")
+    parser.add_argument("--scrape-concurrency", type=int, default=16, help="pods scraped at once per WarmModel")
+    parser.add_argument(
+        "--scrape-network",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="only dial pod IPs in this network (repeatable; default: any)",
+    )
+    parser.add_argument(
+        "--heat-write-interval", type=float, default=60.0, help="least seconds between heat-map writes"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=contract.DEFAULT_OPERATOR_METRICS_PORT,
+        help="port of the operator's own /metrics (0: off)",
+    )
+    parser.add_argument(
+        "--liveness-port",
+        type=int,
+        default=contract.DEFAULT_OPERATOR_LIVENESS_PORT,
+        help="port of kopf's liveness endpoint /healthz (0: off)",
+    )
+    parser.add_argument("--bind", default="0.0.0.0", help="address the metrics and liveness endpoints bind")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.scrape_interval <= 0 or args.scrape_timeout <= 0 or args.scrape_concurrency <= 0:
+        print("warmpool operator: intervals, timeouts and concurrency must be positive", file=sys.stderr)
+        return 2
+    try:
+        networks = [ipaddress.ip_network(text, strict=False) for text in args.scrape_network]
+    except ValueError as error:
+        print(f"warmpool operator: bad --scrape-network: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+    from warmpool_operator.settings import CONFIG
+
+    CONFIG.scrape_interval = args.scrape_interval
+    CONFIG.scrape_timeout = args.scrape_timeout
+    CONFIG.scrape_concurrency = args.scrape_concurrency
+    CONFIG.scrape_networks = networks
+    CONFIG.heat_write_interval = args.heat_write_interval
+
+    import kopf
+
+    # Handlers register on import; the timer's interval is read then, so CONFIG comes first.
+    importlib.import_module("warmpool_operator.handlers")
+    from warmpool_operator import metrics
+
+    metrics.serve(args.metrics_port, args.bind)
+    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port > 0 else None
+    kopf.run(
+        clusterwide=bool(args.all_namespaces),
+        namespaces=list(args.namespace),
+        liveness_endpoint=liveness,
+        standalone=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,505 @@
+"""kopf handlers: reconcile each WarmModel and keep its pool warm.
+
+One level-based ``sync`` does everything, from what it observes now and nothing else:
+
+1. parse the spec (a bad one -> ``PermanentError`` and ``Degraded=True``, no retry loop);
+2. make the children match the pure builders (Secret, ConfigMap, Service, PDB, Deployment;
+   deterministic names, owner references by ``kopf.adopt``, one hash per child compared);
+3. scrape every worker pod's /metrics on its pod IP, decide tiers per pod and per node,
+   send the directives, annotate the pods (tier, deletion cost), emit Events on transitions;
+4. scale up within maxReplicas while fewer than minWarm pods are verified warm;
+5. learn layer heat into the ConfigMap (rate-limited);
+6. write status.
+
+The create/update/resume handlers and a timer per WarmModel all run ``sync`` under one
+lock per object, so they never interleave; the timer is what notices a deleted child or a
+pod turning cold, since neither changes the WarmModel itself.  Deletion needs no handler:
+every child carries an owner reference and the garbage collector removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import kopf
+
+from warmpool import contract
+from warmpool.contract import Tier
+from warmpool_operator import builders, gating, heat, metrics, scrape
+from warmpool_operator import status as st
+from warmpool_operator.api import InvalidWarmModel, parse_spec
+from warmpool_operator.builders import Obj, Target
+from warmpool_operator.kube import CONFIGMAPS, PODS, SECRETS, Kind, Kube, KubeError, kind_of
+from warmpool_operator.settings import CONFIG, HANDLER_BACKOFF, HANDLER_RETRIES, HANDLER_TIMEOUT, RETRY_DELAY
+
+log = logging.getLogger("warmpool.operator")
+
+GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
+WARMMODELS = Kind(f"/apis/{GROUP}/{VERSION}", PLURAL)
+
+
+class Permanent(Exception):
+    """Retrying will not help until the WarmModel changes."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.degradation = st.Degradation(reason, message)
+
+
+@dataclass
+class ModelState:
+    """What the operator remembers about one WarmModel between ticks (in memory only)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    gate: gating.GateState = field(default_factory=gating.GateState)
+    cold: st.ColdStarts = field(default_factory=st.ColdStarts)
+    heat: heat.HeatState = field(default_factory=heat.HeatState)
+    #: pods added above the asked-for replicas because Ready pods are not verified warm
+    extra: int = 0
+    #: the generation that failed permanently (the timer leaves it alone until it changes)
+    failed_generation: int | None = None
+
+
+@dataclass
+class Runtime:
+    kube: Kube | None = None
+    session: aiohttp.ClientSession | None = None
+    states: dict[str, ModelState] = field(default_factory=dict)
+
+
+RUNTIME = Runtime()
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _state(uid: str) -> ModelState:
+    return RUNTIME.states.setdefault(uid, ModelState())
+
+
+def _kube() -> Kube:
+    if RUNTIME.kube is None:
+        raise kopf.TemporaryError("the Kubernetes client is not connected yet", delay=RETRY_DELAY)
+    return RUNTIME.kube
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+@kopf.on.login(retries=3, backoff=2.0)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod: the service account; elsewhere: the kubeconfig ($KUBECONFIG honoured)."""
+    info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
+    return info or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.startup(retries=5, backoff=2.0, timeout=60)
+async def connect(**_: Any) -> None:
+    RUNTIME.kube = await Kube.connect()
+    RUNTIME.session = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=CONFIG.scrape_timeout),
+        connector=aiohttp.TCPConnector(limit=CONFIG.scrape_concurrency * 2, force_close=True),
+        trust_env=False,  # never send scrapes through a proxy from the environment
+    )
+
+
+@kopf.on.cleanup()
+async def disconnect(**_: Any) -> None:
+    if RUNTIME.session is not None:
+        await RUNTIME.session.close()
+    if RUNTIME.kube is not None:
+        await RUNTIME.kube.close()
+
+
+# --------------------------------------------------------------------------- children
+
+
+async def ensure(kube: Kube, desired: Obj, owner: Mapping[str, Any]) -> Obj:
+    """Create the child, or replace it when its hash (or replica count) differs from desired."""
+    kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]
+    meta = desired["metadata"]
+    kind = kind_of(desired)
+    actual = await kube.get(kind, meta["namespace"], meta["name"])
+    if actual is None:
+        try:
+            return await kube.create(desired)
+        except KubeError as error:
+            if error.status != 409:
+                raise
+            actual = await kube.get(kind, meta["namespace"], meta["name"])
+            if actual is None:
+                raise
+    have = ((actual.get("metadata") or {}).get("annotations") or {}).get(contract.ANNOTATION_SPEC_HASH)
+    want = meta["annotations"][contract.ANNOTATION_SPEC_HASH]
+    owner_uid = owner["metadata"]["uid"]
+    owned = any(ref.get("uid") == owner_uid for ref in (actual.get("metadata") or {}).get("ownerReferences") or [])
+    replicas_ok = desired["kind"] != "Deployment" or (actual.get("spec") or {}).get("replicas") == desired["spec"][
+        "replicas"
+    ]
+    if have == want and owned and replicas_ok:
+        return actual
+    meta["resourceVersion"] = actual["metadata"]["resourceVersion"]
+    if desired["kind"] == "Service":  # allocated fields are immutable: carry them over
+        for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+            if key in (actual.get("spec") or {}):
+                desired["spec"][key] = actual["spec"][key]
+    log.info("%s %s/%s differs from the spec: updating", desired["kind"], meta["namespace"], meta["name"])
+    return await kube.replace(desired)
+
+
+async def ensure_secret(kube: Kube, target: Target, owner: Mapping[str, Any]) -> str:
+    """The control token: drawn once, kept for the WarmModel's life (pods hold it mounted)."""
+    name = builders.control_secret_name(target.name)
+    actual = await kube.get(SECRETS, target.namespace, name)
+    if actual is not None:
+        raw = (actual.get("data") or {}).get(contract.CONTROL_SECRET_KEY)
+        try:
+            token = base64.b64decode(raw or "", validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            token = ""
+        if token:
+            return token
+    token = secrets.token_urlsafe(32)
+    desired = builders.build_control_secret(target, token)
+    kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]
+    if actual is None:
+        try:
+            await kube.create(desired)
+        except KubeError as error:
+            if error.status == 409:  # made meanwhile: use that one
+                raise kopf.TemporaryError("control Secret created concurrently", delay=1) from None
+            raise
+    else:
+        await kube.patch(SECRETS, target.namespace, name, {"data": desired["data"]})
+    return token
+
+
+async def ensure_configmap(kube: Kube, target: Target, owner: Mapping[str, Any]) -> Obj:
+    """Create the ConfigMap, or patch only the prompts key (the heat map key is heat.py's)."""
+    desired = builders.build_configmap(target)
+    kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]
+    name = desired["metadata"]["name"]
+    actual = await kube.get(CONFIGMAPS, target.namespace, name)
+    if actual is None:
+        try:
+            return await kube.create(desired)
+        except KubeError as error:
+            if error.status != 409:
+                raise
+            actual = await kube.get(CONFIGMAPS, target.namespace, name)
+            if actual is None:
+                raise
+    data = actual.get("data") or {}
+    want = desired["data"].get(contract.CONFIGMAP_KEY_PROMPTS)
+    refs = (actual.get("metadata") or {}).get("ownerReferences") or []
+    owned = any(ref.get("uid") == owner["metadata"]["uid"] for ref in refs)
+    if data.get(contract.CONFIGMAP_KEY_PROMPTS) == want and owned:
+        return actual
+    patch: Obj = {"data": {contract.CONFIGMAP_KEY_PROMPTS: want}}
+    if not owned:
+        patch["metadata"] = {"ownerReferences": [*refs, *desired["metadata"]["ownerReferences"]]}
+    return await kube.patch(CONFIGMAPS, target.namespace, name, patch)
+
+
+async def ensure_children(kube: Kube, target: Target, owner: Mapping[str, Any], state: ModelState) -> tuple[str, Obj]:
+    """(control token, Deployment) after making every child match the spec."""
+    try:
+        token = await ensure_secret(kube, target, owner)
+        await ensure_configmap(kube, target, owner)
+        await ensure(kube, builders.build_service(target), owner)
+        await ensure(kube, builders.build_pdb(target), owner)
+        replicas = builders.desired_replicas(target.spec, state.extra)
+        deployment = await ensure(kube, builders.build_deployment(target, replicas), owner)
+    except KubeError as error:
+        if error.status in (400, 422):
+            # The API server refuses a child built from this spec (e.g. requests above
+            # limits): the WarmModel was admitted, but no retry can fix it.
+            raise Permanent(st.REASON_CHILD_REJECTED, f"the API server refused a child: {error.message}") from None
+        raise
+    return token, deployment
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def _url(ip: str, port: int, path: str) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}{path}"
+
+
+async def observe_pods(
+    kube: Kube, body: Mapping[str, Any], target: Target, state: ModelState, token: str
+) -> list[st.PodObservation]:
+    """Scrape, decide tiers, send directives, annotate pods; the observations for status."""
+    pods = await kube.list(PODS, target.namespace, builders.selector_string(target.name))
+    port = target.spec.pod.port
+    refs: list[gating.PodRef] = []
+    by_uid: dict[str, Obj] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid"))
+        by_uid[uid] = pod
+        ip = str((pod.get("status") or {}).get("podIP") or "")
+        if meta.get("deletionTimestamp") or not ip or (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        if not CONFIG.allowed(ip):
+            log.warning("pod %s/%s: IP %s is outside --scrape-network: not scraped", target.namespace, meta["name"], ip)
+            continue
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        refs.append(gating.PodRef(uid=uid, name=str(meta.get("name")), node=node, ip=ip))
+
+    session = RUNTIME.session
+    samples: dict[str, scrape.Sample] = {}
+    if session is not None and refs:
+        urls = {ref.uid: _url(ref.ip, port, contract.PATH_METRICS) for ref in refs}
+        samples = await scrape.scrape_all(session, urls, CONFIG.scrape_timeout, CONFIG.scrape_concurrency)
+    for uid, scraped in samples.items():
+        if scraped.error is not None:
+            metrics.SCRAPE_FAILURES.labels(scraped.error.split(":")[0]).inc()
+            log.info("pod %s: metrics unusable (%s): tier unknown", by_uid[uid]["metadata"]["name"], scraped.error)
+        elif scraped.used_ratio is None:
+            metrics.SCRAPE_FAILURES.labels("no memory figure").inc()
+
+    decisions = gating.decide(refs, samples, state.gate, target.spec.gating.thresholds())
+    by_decision = {d.pod.uid: d for d in decisions}
+
+    # Directives: re-sent every tick (they expire in the worker after the TTL, so a dead
+    # operator never pins a pool to a stale tier).
+    if session is not None:
+        sendable = [
+            (d.pod.uid, _url(d.pod.ip, port, contract.PATH_CONTROL_TIER), d.tier)
+            for d in decisions
+            if d.tier is not Tier.UNKNOWN
+        ]
+        if sendable:
+            results = await scrape.send_all(
+                session, sendable, token, CONFIG.ttl(), CONFIG.scrape_timeout, CONFIG.scrape_concurrency
+            )
+            for uid, error in results.items():
+                if error is not None:
+                    log.info("pod %s: tier directive not delivered: %s", by_decision[uid].pod.name, error)
+
+    observations: list[st.PodObservation] = []
+    for uid, pod in by_uid.items():
+        meta = pod.get("metadata") or {}
+        decision = by_decision.get(uid)
+        sample = samples.get(uid)
+        obs = st.PodObservation(
+            uid=uid,
+            name=str(meta.get("name")),
+            ready=_pod_ready(pod),
+            terminating=bool(meta.get("deletionTimestamp")),
+            sample=sample,
+            decision=decision,
+        )
+        observations.append(obs)
+        state.cold.record(uid, sample)
+        if obs.terminating:
+            continue
+        tier = decision.tier if decision is not None else Tier.UNKNOWN
+        if decision is not None:
+            metrics.TIER_DECISIONS.labels("pod", tier.value).inc()
+            metrics.TIER_DECISIONS.labels("node", decision.node_tier.value).inc()
+        await _annotate(kube, target, pod, tier, gating.deletion_cost(obs.warm, tier, sample))
+        if decision is not None and decision.changed:
+            _tier_event(body, pod, decision)
+    return observations
+
+
+async def _annotate(kube: Kube, target: Target, pod: Mapping[str, Any], tier: Tier, cost: int) -> None:
+    meta = pod.get("metadata") or {}
+    have = meta.get("annotations") or {}
+    want = {contract.ANNOTATION_TIER: tier.value, contract.ANNOTATION_POD_DELETION_COST: str(cost)}
+    if all(have.get(k) == v for k, v in want.items()):
+        return
+    try:
+        await kube.patch(PODS, target.namespace, str(meta.get("name")), {"metadata": {"annotations": want}})
+    except KubeError as error:
+        if error.status != 404:  # a pod that just went away needs no annotation
+            raise
+
+
+def _tier_event(body: Mapping[str, Any], pod: Mapping[str, Any], decision: gating.Decision) -> None:
+    level = "unknown" if decision.used_ratio is None else f"{decision.used_ratio * 100:.0f}% used"
+    before = decision.previous.value if decision.previous is not None else "none"
+    message = (
+        f"pod {decision.pod.name} on {decision.pod.node or '?'}: tier {before} -> {decision.tier.value} "
+        f"(memory {level}; pod {decision.pod_tier.value}, node {decision.node_tier.value})"
+    )
+    kind = "Warning" if decision.tier in (Tier.PAUSED, Tier.UNKNOWN) else "Normal"
+    pod_ref = {"apiVersion": "v1", "kind": "Pod", "metadata": pod.get("metadata") or {}}
+    kopf.event([body, pod_ref], type=kind, reason="TierChanged", message=message)  # type: ignore[list-item]
+    log.info("%s", message)
+
+
+# --------------------------------------------------------------------------- status
+
+
+async def write_status(kube: Kube, body: Mapping[str, Any], status: Obj) -> None:
+    """Merge-patch the status subresource when it changed.
+
+    The conditions list is written whole (a merge patch replaces lists), which is right
+    because every tick computes all four.  A 409 (someone changed the object between our
+    read and write, e.g. under a future resourceVersion precondition) is retried a few times.
+    """
+    old = body.get("status") or {}
+    if all(old.get(k) == v for k, v in status.items()):
+        return
+    meta = body["metadata"]
+    for attempt in range(3):
+        try:
+            await kube.patch(WARMMODELS, meta["namespace"], meta["name"], {"status": status}, subresource="status")
+            return
+        except KubeError as error:
+            if error.status == 404:
+                return  # deleted meanwhile
+            if error.status != 409 or attempt == 2:
+                raise
+            await asyncio.sleep(0.2 * (attempt + 1))
+
+
+# --------------------------------------------------------------------------- sync
+
+
+async def sync(body: Mapping[str, Any], kind: str) -> None:
+    """One level-based pass over a WarmModel (see the module docstring)."""
+    kube = _kube()
+    meta = body["metadata"]
+    uid, name, namespace = str(meta["uid"]), str(meta["name"]), str(meta["namespace"])
+    generation = int(meta.get("generation") or 0)
+    state = _state(uid)
+    started = time.monotonic()
+    async with state.lock:
+        try:
+            try:
+                spec = parse_spec(body.get("spec") or {})
+            except InvalidWarmModel as error:
+                raise Permanent(st.REASON_INVALID_SPEC, str(error)) from None
+            target = Target(name=name, namespace=namespace, spec=spec)
+            token, deployment = await ensure_children(kube, target, body, state)
+            state.failed_generation = None
+            observations = await observe_pods(kube, body, target, state, token)
+
+            warm = sum(o.warm for o in observations if not o.terminating)
+            ready_not_warm = sum(o.ready and not o.warm for o in observations if not o.terminating)
+            extra = max(0, min(spec.pool.min_warm - warm, ready_not_warm))
+            if extra != state.extra:
+                log.info("%s/%s: %d warm of minWarm %d; extra pods %d -> %d", namespace, name, warm,
+                         spec.pool.min_warm, state.extra, extra)
+                state.extra = extra
+                replicas = builders.desired_replicas(spec, extra)
+                deployment = await ensure(kube, builders.build_deployment(target, replicas), body)
+            metrics.WARM_PODS.labels(namespace, name).set(warm)
+
+            await _learn_heat(kube, target, state, observations)
+            status = st.compute_status(
+                name=name,
+                spec=spec,
+                generation=generation,
+                pods=observations,
+                deployment=deployment,
+                cold_starts=state.cold,
+                previous=body.get("status"),
+                now=_now(),
+            )
+            await write_status(kube, body, status)
+        except Permanent as error:
+            metrics.RECONCILE_ERRORS.labels(kind, "permanent").inc()
+            first = state.failed_generation != generation
+            state.failed_generation = generation
+            status = st.compute_status(
+                name=name,
+                spec=None,
+                generation=generation,
+                pods=(),
+                deployment=None,
+                cold_starts=state.cold,
+                previous=body.get("status"),
+                now=_now(),
+                degraded=error.degradation,
+            )
+            await write_status(kube, body, status)
+            if first:
+                kopf.event(body, type="Warning", reason=error.degradation.reason, message=str(error))  # type: ignore[arg-type]
+            raise
+        except (KubeError, aiohttp.ClientError, TimeoutError, OSError) as error:
+            metrics.RECONCILE_ERRORS.labels(kind, "temporary").inc()
+            raise kopf.TemporaryError(f"{type(error).__name__}: {error}", delay=RETRY_DELAY) from error
+        finally:
+            metrics.RECONCILE_SECONDS.labels(kind).observe(time.monotonic() - started)
+
+
+async def _learn_heat(kube: Kube, target: Target, state: ModelState, observations: list[st.PodObservation]) -> None:
+    samples = [o.sample for o in observations if o.sample is not None]
+    payload = heat.due(state.heat, samples, CONFIG.heat_write_interval)
+    if payload is None:
+        return
+    name = builders.configmap_name(target.name)
+    await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {contract.CONFIGMAP_KEY_HEATMAP: payload}})
+    heat.written(state.heat, payload)
+    log.info("%s/%s: heat map updated", target.namespace, target.name)
+
+
+# --------------------------------------------------------------------------- kopf entry points
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, retries=HANDLER_RETRIES, backoff=HANDLER_BACKOFF, timeout=HANDLER_TIMEOUT)
+@kopf.on.create(GROUP, VERSION, PLURAL, retries=HANDLER_RETRIES, backoff=HANDLER_BACKOFF, timeout=HANDLER_TIMEOUT)
+@kopf.on.update(
+    GROUP, VERSION, PLURAL, field="spec", retries=HANDLER_RETRIES, backoff=HANDLER_BACKOFF, timeout=HANDLER_TIMEOUT
+)
+async def reconcile(body: kopf.Body, **_: Any) -> None:
+    try:
+        await sync(body, "handler")
+    except Permanent as error:
+        raise kopf.PermanentError(f"{error.degradation.reason}: {error}") from None
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    PLURAL,
+    interval=CONFIG.scrape_interval,
+    initial_delay=min(2.0, CONFIG.scrape_interval),
+    retries=None,
+    backoff=HANDLER_BACKOFF,
+    timeout=max(30.0, 3 * CONFIG.scrape_interval),
+)
+async def tick(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+    """Every scrape interval: the same sync, so deleted children and cold pods are noticed."""
+    state = _state(str(meta["uid"]))
+    if state.failed_generation == meta.get("generation"):
+        return  # failed for good at this generation: wait for a change, do not hammer
+    try:
+        await sync(body, "timer")
+    except Permanent:
+        return  # status and an Event already say so
+    except kopf.TemporaryError as error:
+        log.info("%s/%s: tick: %s", meta.get("namespace"), meta.get("name"), error)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, retries=1)
+async def forget(meta: kopf.Meta, **_: Any) -> None:
+    """Children go with the owner references; only our memory of the object is dropped."""
+    RUNTIME.states.pop(str(meta["uid"]), None)
+    with contextlib.suppress(KeyError):
+        metrics.WARM_PODS.remove(str(meta.get("namespace")), str(meta.get("name")))

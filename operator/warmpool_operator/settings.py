@@ -1,0 +1,87 @@
+"""The operator's run-time configuration and kopf's settings, in one ``@kopf.on.startup``.
+
+``CONFIG`` is filled by the command line (cli.py) *before* the handlers module is imported,
+because kopf reads a timer's interval when the decorator runs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from warmpool import contract
+
+#: Explicit retry policy of every handler (kopf's default is to retry forever, every 60 s).
+HANDLER_RETRIES = 20
+HANDLER_BACKOFF = 5.0
+HANDLER_TIMEOUT = 300.0
+#: The temporary-error delay for conflicts and API hiccups.
+RETRY_DELAY = 3.0
+
+
+@dataclass
+class OperatorConfig:
+    scrape_interval: float = contract.DEFAULT_SCRAPE_INTERVAL_SECONDS
+    #: Seconds a scrape of one pod may take (connect + read), and pods scraped at once.
+    scrape_timeout: float = 3.0
+    scrape_concurrency: int = 16
+    #: Only pod IPs inside these networks are dialled (empty: any).  Tests pass 127.0.0.0/8
+    #: so that nothing but loopback is ever contacted.
+    scrape_networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
+    #: Least seconds between two writes of a WarmModel's heat map into its ConfigMap.
+    heat_write_interval: float = 60.0
+    #: How long a tier directive holds in a worker if the operator stops re-sending it.
+    directive_ttl: float = contract.DEFAULT_DIRECTIVE_TTL_SECONDS
+
+    def allowed(self, ip: str) -> bool:
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return not self.scrape_networks or any(address in net for net in self.scrape_networks)
+
+    def ttl(self) -> float:
+        """Long enough to survive a few missed ticks, bounded by what the worker accepts."""
+        return min(contract.MAX_DIRECTIVE_TTL_SECONDS, max(self.directive_ttl, 6 * self.scrape_interval))
+
+
+CONFIG = OperatorConfig()
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # A strict schema prunes kopf's status.kopf: progress and diff-base go to annotations.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.KOPF_ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=contract.KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = contract.OPERATOR_FINALIZER
+    # Watches: the server closes a watch after server_timeout, the client gives up a little
+    # later; a stuck connection is noticed within a minute or two.
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 10
+    settings.watching.reconnect_backoff = 1.0
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
+    # Events: ours (tier transitions, errors) and kopf's own at INFO and above.
+    settings.posting.enabled = True
+    settings.posting.level = logging.INFO
+    settings.posting.reporting_component = contract.MANAGED_BY
+    # Queueing ("batching" of events per object): bursts are handled once, idle object
+    # workers go away, and a stuck watch-stream error backs off instead of spinning.
+    settings.queueing.worker_limit = 64
+    settings.queueing.idle_timeout = 60
+    settings.queueing.exit_timeout = 10
+    settings.queueing.error_delays = (1, 3, 10, 30, 60)
+    settings.networking.error_backoffs = (1, 2, 5, 10, 20)
+    # Handlers without their own policy: retry after a bounded backoff (each handler also
+    # sets retries=/backoff=/timeout= explicitly).
+    settings.execution.default_backoff = HANDLER_BACKOFF
+    settings.execution.max_workers = 8
+    # One replica (kopf has no leader election): no peering objects needed.
+    settings.peering.standalone = True

@@ -1,0 +1,153 @@
+"""The operator's pure builders: deterministic, restricted, warm-aware rollouts."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from warmpool_operator import builders
+from warmpool_operator.api import parse_spec
+from warmpool_operator.builders import Target
+
+from warmpool import contract
+
+pytestmark = pytest.mark.unit
+
+
+def target(**overrides: Any) -> Target:
+    spec: dict[str, Any] = {
+        "model": {"hostPath": {"path": "/models/tiny"}, "revision": "r1"},
+        "pool": {"replicas": 2, "minWarm": 1, "maxReplicas": 4},
+        "warmup": {"prompts": ["hello"]},
+    }
+    for key, value in overrides.items():
+        spec[key] = value
+    return Target(name="tiny", namespace="ns", spec=parse_spec(spec))
+
+
+def worker(dep: dict[str, Any]) -> dict[str, Any]:
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == contract.WORKER_CONTAINER)
+
+
+def test_names_and_labels_are_deterministic() -> None:
+    a, b = builders.build_deployment(target()), builders.build_deployment(target())
+    assert a == b
+    assert a["metadata"]["name"] == "tiny"
+    assert builders.build_service(target())["metadata"]["name"] == "tiny"
+    assert builders.build_configmap(target())["metadata"]["name"] == "tiny" + contract.CONFIGMAP_SUFFIX
+    assert builders.build_control_secret(target(), "t")["metadata"]["name"] == "tiny" + contract.CONTROL_SECRET_SUFFIX
+    labels = a["spec"]["template"]["metadata"]["labels"]
+    assert labels[contract.LABEL_MODEL] == "tiny"
+    assert labels[contract.LABEL_MANAGED_BY] == contract.MANAGED_BY
+    assert a["spec"]["selector"]["matchLabels"] == builders.selector_labels("tiny")
+    assert builders.selector_string("tiny") == "app.kubernetes.io/component=worker,warmpool.dev/model=tiny"
+
+
+def test_restricted_security_context() -> None:
+    dep = builders.build_deployment(target())
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["runAsNonRoot"] is True
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_probes_mean_warm() -> None:
+    c = worker(builders.build_deployment(target()))
+    assert c["startupProbe"]["httpGet"]["path"] == contract.PATH_READYZ
+    assert c["readinessProbe"]["httpGet"]["path"] == contract.PATH_READYZ
+    assert c["livenessProbe"]["httpGet"]["path"] == contract.PATH_LIVEZ
+    # the startup budget covers the whole warm-up timeout
+    budget = c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"]
+    assert budget >= 600
+
+
+def test_rollout_keeps_warm_pods() -> None:
+    strategy = builders.build_deployment(target())["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_revision_change_rolls_the_pool_and_nothing_else_does() -> None:
+    base = builders.build_deployment(target())
+    again = builders.build_deployment(target())
+    moved = builders.build_deployment(target(model={"hostPath": {"path": "/models/tiny"}, "revision": "r2"}))
+    assert base["spec"]["template"] == again["spec"]["template"]
+    assert moved["spec"]["template"]["metadata"]["annotations"][contract.ANNOTATION_REVISION] == "r2"
+    assert moved["spec"]["template"] != base["spec"]["template"]
+    hash_key = contract.ANNOTATION_SPEC_HASH
+    assert moved["metadata"]["annotations"][hash_key] != base["metadata"]["annotations"][hash_key]
+
+
+def test_prompts_change_rolls_but_replicas_do_not_touch_template() -> None:
+    base = builders.build_deployment(target())
+    other = builders.build_deployment(target(warmup={"prompts": ["bye"]}))
+    assert base["spec"]["template"] != other["spec"]["template"]
+    scaled = builders.build_deployment(target(), replicas=3)
+    assert scaled["spec"]["template"] == base["spec"]["template"]
+    assert scaled["spec"]["replicas"] == 3
+
+
+def test_worker_command_volumes_and_args() -> None:
+    t = target(pod={"workerArgs": ["--device=cpu"], "resources": {"limits": {"memory": "2Gi"}}})
+    dep = builders.build_deployment(t)
+    c = worker(dep)
+    assert c["command"] == ["warmpool", "worker", "serve"]
+    args = c["args"]
+    assert f"--model={contract.MODEL_MOUNT_PATH}" in args
+    assert f"--host=$({contract.ENV_POD_IP})" in args
+    assert args[-1] == "--device=cpu"
+    assert any(a.startswith("--control-token-file=") for a in args)
+    assert any(a.startswith("--prompts=") for a in args)
+    assert c["resources"] == {"limits": {"memory": "2Gi"}}
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model"]["hostPath"]["path"] == "/models/tiny"
+    assert volumes["config"]["configMap"]["name"] == "tiny-warmup"
+    assert volumes["control"]["secret"]["secretName"] == "tiny-control"
+    env = {e["name"]: e for e in c["env"]}
+    assert env[contract.ENV_POD_IP]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_model_sources() -> None:
+    pvc = builders.build_deployment(target(model={"pvc": {"claimName": "weights", "path": "m/x"}}))
+    vols = {v["name"]: v for v in pvc["spec"]["template"]["spec"]["volumes"]}
+    assert vols["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    mount = next(m for m in worker(pvc)["volumeMounts"] if m["name"] == "model")
+    assert mount["subPath"] == "m/x" and mount["readOnly"] is True
+    cache = builders.build_deployment(target(model={"nodeCache": {"key": "SmolLM2"}}))
+    vols = {v["name"]: v for v in cache["spec"]["template"]["spec"]["volumes"]}
+    assert vols["model"]["hostPath"]["path"] == f"{contract.DEFAULT_NODE_CACHE_ROOT}/SmolLM2"
+
+
+def test_desired_replicas_bounds() -> None:
+    spec = target().spec
+    assert builders.desired_replicas(spec) == 2
+    assert builders.desired_replicas(spec, extra=1) == 3
+    assert builders.desired_replicas(spec, extra=10) == 4  # never above maxReplicas
+    low = target(pool={"replicas": 0, "minWarm": 2, "maxReplicas": 4}).spec
+    assert builders.desired_replicas(low) == 2  # at least minWarm
+
+
+def test_configmap_and_pdb() -> None:
+    cm = builders.build_configmap(target())
+    assert cm["data"][contract.CONFIGMAP_KEY_PROMPTS].startswith("[")
+    assert contract.CONFIGMAP_KEY_HEATMAP not in cm["data"]
+    no_prompts = builders.build_configmap(target(warmup={}))
+    assert no_prompts["data"] == {}
+    assert builders.build_pdb(target())["spec"]["minAvailable"] == 1
+    assert builders.build_pdb(target(pool={"replicas": 1, "minWarm": 0}))["spec"]["maxUnavailable"] == 1
+
+
+def test_builders_do_not_mutate_or_depend_on_call_order() -> None:
+    t = target()
+    before = copy.deepcopy(t.spec.model_dump())
+    builders.build_deployment(t)
+    builders.build_service(t)
+    assert t.spec.model_dump() == before
