@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import random
 import textwrap
 import time
 import urllib.error
@@ -24,6 +25,11 @@ from warmpool_devcluster.testing import ClusterHandle
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
+
+#: The pods' port. Each pod has its own IP, but another local cluster on this machine (a
+#: developer's, a parallel CI job) may hand out the same loopback IPs: a port of our own
+#: keeps the two from answering each other's probes.
+PORT = random.randint(20000, 60000)
 
 #: Seconds the slow server answers /ready with 503 before it turns 200.
 READY_AFTER = 6
@@ -42,7 +48,7 @@ SLOW_SERVER = textwrap.dedent(
             self.end_headers()
             self.wfile.write(b"ok" if ok else b"warming")
     print("serving on", os.environ["POD_IP"], "ready after", delay, flush=True)
-    http.server.ThreadingHTTPServer((os.environ["POD_IP"], 8080), Handler).serve_forever()
+    http.server.ThreadingHTTPServer((os.environ["POD_IP"], int(os.environ["PORT"])), Handler).serve_forever()
     """
 )
 
@@ -102,7 +108,7 @@ def _wait(
 def _answers(ip: str, path: str = "/") -> int | None:
     """HTTP status from the pod's server (loopback only), or None when nothing listens."""
     try:
-        with urllib.request.urlopen(f"http://{ip}:8080{path}", timeout=2) as response:
+        with urllib.request.urlopen(f"http://{ip}:{PORT}{path}", timeout=2) as response:
             return int(response.status)
     except urllib.error.HTTPError as error:
         return int(error.code)
@@ -115,8 +121,9 @@ def _server_container(name: str, command: list[str], **extra: Any) -> dict[str, 
         "name": name,
         "image": "python:3.11-slim",  # never pulled: the local kubelet runs the command itself
         "command": command,
-        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-        "ports": [{"name": "http", "containerPort": 8080}],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "PORT", "value": str(PORT)}],
+        "ports": [{"name": "http", "containerPort": PORT}],
         **extra,
     }
 
@@ -182,19 +189,19 @@ def test_failing_probes_keep_a_pod_unready_and_liveness_restarts_it(
     cluster: ClusterHandle, namespace: str
 ) -> None:
     _needs_local_kubelet(cluster)
-    server = ["python3", "-m", "http.server", "--bind", "$(POD_IP)", "8080"]
+    server = ["python3", "-m", "http.server", "--bind", "$(POD_IP)", "$(PORT)"]
     never_ready = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "never-ready", "labels": {"case": "unready"}},
         "spec": {"terminationGracePeriodSeconds": 2, "containers": [_server_container(
-            "web", server, readinessProbe={"httpGet": {"path": "/missing", "port": 8080}, "periodSeconds": 1},
+            "web", server, readinessProbe={"httpGet": {"path": "/missing", "port": "http"}, "periodSeconds": 1},
         )]},
     }
     not_alive = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "not-alive", "labels": {"case": "liveness"}},
         "spec": {"terminationGracePeriodSeconds": 2, "containers": [_server_container(
             "web", server,
-            readinessProbe={"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
-            livenessProbe={"httpGet": {"path": "/missing", "port": 8080}, "periodSeconds": 1,
+            readinessProbe={"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+            livenessProbe={"httpGet": {"path": "/missing", "port": "http"}, "periodSeconds": 1,
                            "failureThreshold": 2, "initialDelaySeconds": 1},
         )]},
     }
