@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 #: progress callback: (layers resident, layers total, index of the layer just loaded)
 LayerProgress = Callable[[int, int, int], None]
@@ -90,3 +90,16 @@ class Engine(Protocol):
 
         A corrupt file raises ModelLoadError naming the file.
         """
+
+
+@runtime_checkable
+class GraphCapture(Protocol):
+    """Optional: an engine that can capture its decode step as CUDA graphs (the built-in one can).
+
+    Warm-up calls it after every layer is resident, when the tier allows (graphs cost memory):
+    ``if isinstance(engine, GraphCapture): engine.capture_graphs()``.
+    """
+
+    def capture_graphs(self, buckets: Sequence[int] = (1, 2, 4, 8)) -> dict[int, float]:
+        """Capture one graph per decode batch bucket; seconds per bucket ({} when not on CUDA)."""
+        ...

@@ -136,16 +136,22 @@ def convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
     try:
         import torch
         from safetensors.torch import save_file
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as error:
         raise FetchError(f"the conversion needs the dev dependencies (transformers, gguf, accelerate): {error}; "
                          "install them with: pip install -e '.[dev]'") from None
 
     started = time.perf_counter()
     _log(f"dequantizing {gguf_path.name} with transformers (once; the worker never imports it)")
+    options: dict[str, Any] = {}
+    try:  # transformers 5 keeps GGUF blocks packed unless told to dequantize; 4.x always dequantizes
+        from transformers import GgufConfig
+
+        options["quantization_config"] = GgufConfig(dequantize=True)
+    except ImportError:
+        pass
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32, **options
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     _log(f"loaded in {time.perf_counter() - started:.1f}s; writing safetensors")
