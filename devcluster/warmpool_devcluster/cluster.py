@@ -29,8 +29,9 @@ import yaml
 from warmpool_devcluster import build, certs, kwok
 from warmpool_devcluster.kubelet import kill_leftovers
 
-#: Pod IPs are loopback addresses: nothing in tests may dial a private range.
-POD_CIDR = "127.10.0.0/16"
+#: Pod IPs are loopback addresses (127.N.0.0/16): nothing in tests may dial a private range.
+#: Each live cluster on the machine gets its own N, so two clusters never hand out one IP.
+POD_CIDR_SECOND_OCTETS = range(10, 250)
 #: The API server insists on a service range; we never dial a ClusterIP (traffic stays on loopback).
 SERVICE_CIDR = "10.96.0.0/16"
 DEFAULT_NODES = 2
@@ -48,6 +49,7 @@ class ClusterState:
     name: str
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
+    pod_cidr: str = ""
 
 
 def clusters_root() -> Path:
@@ -71,7 +73,23 @@ def _load_state(name: str) -> ClusterState | None:
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    return ClusterState(name=data["name"], ports=data["ports"], pids=data["pids"])
+    return ClusterState(name=data["name"], ports=data["ports"], pids=data["pids"],
+                        pod_cidr=data.get("pod_cidr", ""))
+
+
+def _choose_pod_cidr(name: str) -> str:
+    """The first 127.N.0.0/16 that no other live cluster on this machine uses."""
+    taken = set()
+    if clusters_root().exists():
+        for other in clusters_root().iterdir():
+            state = _load_state(other.name) if other.name != name else None
+            if state is not None and any(_alive(pid) for pid in state.pids.values()):
+                taken.add(state.pod_cidr)
+    for octet in POD_CIDR_SECOND_OCTETS:
+        cidr = f"127.{octet}.0.0/16"
+        if cidr not in taken:
+            return cidr
+    raise ClusterError("every loopback pod range 127.10-249.0.0/16 is taken by a running cluster")
 
 
 def _save_state(state: ClusterState) -> None:
@@ -239,7 +257,7 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     certs.generate_pki(root / "pki")
     pki = root / "pki"
-    state = ClusterState(name=name, ports=_choose_ports(apiserver_port))
+    state = ClusterState(name=name, ports=_choose_ports(apiserver_port), pod_cidr=_choose_pod_cidr(name))
     _write_kubeconfigs(root, state.ports["apiserver"])
     ports = state.ports
 
@@ -304,7 +322,7 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
         "--leader-elect=false", "--v", "1",
     ], root)
     state.pids["kwok"] = _spawn("kwok", kwok.kwok_command(
-        binaries["kwok"], root / "kubelet.kubeconfig", POD_CIDR, root / "kwok"), root)
+        binaries["kwok"], root / "kubelet.kubeconfig", state.pod_cidr, root / "kwok"), root)
     kubelet_env = dict(os.environ)
     kubelet_env["PYTHONUNBUFFERED"] = "1"
     # Pod commands such as `warmpool worker serve` resolve against this Python's scripts.
@@ -390,5 +408,6 @@ def status(name: str = "default") -> dict[str, Any]:
     components = {c: {"pid": state.pids.get(c), "alive": _alive(state.pids.get(c))} for c in COMPONENTS}
     ready = _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", state_dir(name))
     return {"name": name, "running": ready, "apiserver": f"https://127.0.0.1:{state.ports['apiserver']}",
+            "podCIDR": state.pod_cidr,
             "kubeconfig": str(kubeconfig_path(name)), "readyNodes": _ready_nodes(name) if ready else 0,
             "components": components, "logs": str(state_dir(name) / "logs")}
