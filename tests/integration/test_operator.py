@@ -1,0 +1,484 @@
+"""The operator on the real local control plane, with real worker processes.
+
+Each test runs `python -m warmpool operator --namespace NS` as a subprocess against the
+session's cluster (KUBECONFIG), applies WarmModels of a tiny random model (fast) or the
+small real model, and watches what really happens: pods warm up, tiers move with real
+memory use, faults are survived.  Every wait is bounded; a timeout prints the operator's
+log, the workers' logs and the WarmModel's status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from warmpool_devcluster.testing import ClusterHandle
+
+from warmpool import contract
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / f"{contract.CRD_NAME}.yaml"
+T = TypeVar("T")
+GiB = 1024**3
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: ClusterHandle) -> str:
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--field-manager=warmpool-tests", "-f", str(CRD_PATH)
+    )
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=60s")
+    deadline = time.monotonic() + 60
+    while cluster.kubectl("get", contract.PLURAL, "-A", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "the WarmModel API never showed up in discovery"
+        time.sleep(0.5)
+    return contract.CRD_NAME
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from warmpool_worker.testing_models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=4)
+
+
+class Operator:
+    """The operator as a subprocess of this test, with its log in a file."""
+
+    def __init__(self, cluster: ClusterHandle, namespace: str, log_path: Path) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== operator start #{self.starts} =====\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "warmpool", "operator",
+                "--namespace", self.namespace,
+                "--scrape-interval", "1",
+                "--scrape-timeout", "1",
+                "--heat-write-interval", "2",
+                "--metrics-port", "0",
+                "--liveness-port", "0",
+                "--scrape-network", "127.0.0.0/8",
+            ],
+            env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as a crash or an OOM kill would leave it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Env:
+    """Helpers bound to one test's cluster, namespace and operator."""
+
+    def __init__(self, cluster: ClusterHandle, namespace: str, operator: Operator) -> None:
+        self.cluster = cluster
+        self.ns = namespace
+        self.operator = operator
+
+    # -- kubectl
+    def get(self, *what: str) -> Any:
+        out = self.cluster.kubectl("-n", self.ns, "get", *what, "-o", "json").stdout
+        return json.loads(out)
+
+    def maybe(self, *what: str) -> Any | None:
+        proc = self.cluster.kubectl("-n", self.ns, "get", *what, "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.cluster.kubectl("-n", self.ns, "apply", "-f", "-", input=yaml.safe_dump(obj))
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.get("pods", "-l", f"{contract.LABEL_MODEL}={name}")["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def wm(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.get(contract.PLURAL, name)
+        return obj
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        for c in (self.wm(name).get("status") or {}).get("conditions") or []:
+            if c["type"] == type_:
+                return dict(c)
+        return {}
+
+    # -- diagnostics
+    def dump(self) -> str:
+        parts = ["----- operator log (tail) -----", "\n".join(self.operator.log().splitlines()[-150:])]
+        wms = self.cluster.kubectl("-n", self.ns, "get", contract.PLURAL, "-o", "yaml", check=False)
+        parts += ["----- WarmModels -----", wms.stdout[-6000:]]
+        pods = self.cluster.kubectl("-n", self.ns, "get", "pods", "-o", "wide", check=False)
+        parts += ["----- pods -----", pods.stdout]
+        for pod in (self.maybe("pods") or {}).get("items", []):
+            name = pod["metadata"]["name"]
+            directory = self.cluster.pod_log_dir(self.ns, name)
+            if directory is None or not directory.exists():
+                continue
+            for path in sorted(directory.rglob("*.log")):
+                tail = "\n".join(path.read_text(errors="replace").splitlines()[-40:])
+                parts += [f"----- {name}: {path.name} -----", tail]
+        return "\n".join(parts)
+
+    def wait(self, check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                value = check()
+                if value:
+                    return value
+            except (AssertionError, KeyError, IndexError, json.JSONDecodeError) as error:
+                last_error = error
+            time.sleep(every)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})\n"
+                             f"{self.dump()}")
+
+    def wait_ready(self, name: str, warm: int, timeout: float = 120) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            wm = self.wm(name)
+            status = wm.get("status") or {}
+            conds = {c["type"]: c for c in status.get("conditions") or []}
+            ok = conds.get("Ready", {}).get("status") == "True" and status.get("warmReplicas", 0) >= warm
+            return wm if ok else None
+
+        return self.wait(ready, timeout, f"WarmModel {name} Ready with {warm} warm pods")
+
+
+@pytest.fixture()
+def env(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> Iterator[Env]:
+    operator = Operator(cluster, namespace, tmp_path / "operator.log")
+    operator.start()
+    e = Env(cluster, namespace, operator)
+    try:
+        yield e
+    finally:
+        # Delete WarmModels while the operator still runs: its finalizer (timers need one)
+        # is removed by it, and the garbage collector then takes every child and pod.
+        if operator.proc is None or operator.proc.poll() is not None:
+            operator.start()
+        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
+        leftovers = cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout
+        for ref in leftovers.split():
+            cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p",
+                            '{"metadata":{"finalizers":null}}', check=False)
+        operator.stop()
+
+
+def warmmodel(name: str, model: Path, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": {"hostPath": {"path": str(model)}, "revision": "r1"},
+        "pool": {"replicas": 1, "minWarm": 1, "maxReplicas": 3},
+        "warmup": {"buckets": [8, 16], "prompts": ["hello there", "how are you today"], "timeoutSeconds": 120},
+        "pod": {"workerArgs": ["--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2"]},
+    }
+    body.update(spec)
+    return {"apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+            "metadata": {"name": name}, "spec": body}
+
+
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 30) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def pod_url(pod: dict[str, Any], path: str, port: int = contract.DEFAULT_WORKER_PORT) -> str:
+    ip = pod["status"]["podIP"]
+    assert ip.startswith("127."), f"tests only talk to loopback, got pod IP {ip}"
+    return f"http://{ip}:{port}{path}"
+
+
+def worker_pid(pod: dict[str, Any]) -> int:
+    container_id = pod["status"]["containerStatuses"][0]["containerID"]
+    return int(container_id.rsplit("/", 1)[-1])
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+def children(env: Env, name: str) -> dict[str, list[str]]:
+    selector = f"{contract.LABEL_MODEL}={name}"
+    found: dict[str, list[str]] = {}
+    for kind in ("deployments", "replicasets", "services", "configmaps", "secrets", "poddisruptionbudgets"):
+        items = env.get(kind, "-l", selector)["items"]
+        found[kind] = sorted(i["metadata"]["name"] for i in items)
+    return found
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.integration
+def test_tiny_pool_goes_ready_and_serves(env: Env, tiny_model: Path) -> None:
+    started = time.monotonic()
+    env.apply(warmmodel("tiny", tiny_model, pool={"replicas": 2, "minWarm": 2, "maxReplicas": 3}))
+    wm = env.wait_ready("tiny", warm=2, timeout=150)
+    took = time.monotonic() - started
+    print(f"tiny: apply -> Ready with 2 warm pods in {took:.1f}s")
+    status = wm["status"]
+    assert status["observedGeneration"] == wm["metadata"]["generation"]
+    assert status["warmReplicas"] == 2 and status["replicas"] == 2
+    assert status["selector"] == f"{contract.LABEL_COMPONENT}=worker,{contract.LABEL_MODEL}=tiny"
+    assert status["tierCounts"]["full"] + status["tierCounts"]["truncated"] + status["tierCounts"]["paused"] == 2
+    assert {c["type"] for c in status["conditions"]} == set(contract.CONDITION_TYPES)
+    assert all(c["reason"] for c in status["conditions"])
+    env.wait(lambda: (env.wm("tiny")["status"].get("coldStart") or {}).get("p50Seconds"), 30, "cold-start figures")
+
+    # Children: one of each, owned by the WarmModel.
+    kids = children(env, "tiny")
+    assert kids["deployments"] == ["tiny"] and kids["services"] == ["tiny"]
+    assert kids["configmaps"] == ["tiny-warmup"] and kids["secrets"] == ["tiny-control"]
+    assert kids["poddisruptionbudgets"] == ["tiny"] and len(kids["replicasets"]) == 1
+    dep = env.get("deployment", "tiny")
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == wm["metadata"]["uid"]
+
+    # Pods carry the tier and a deletion cost; a completion through a pod IP is answered.
+    def annotated_pods() -> list[dict[str, Any]] | None:
+        pods = env.pods("tiny")
+        done = [p for p in pods if int((p["metadata"].get("annotations") or {}).get(
+            contract.ANNOTATION_POD_DELETION_COST, 0)) >= 1000 and contract.ANNOTATION_TIER in p["metadata"]["annotations"]]
+        return done if len(done) == 2 == len(pods) else None
+
+    pods = env.wait(annotated_pods, 30, "pods annotated with tier and a warm deletion cost")
+    assert len(pods) == 2
+    code, text = http(pod_url(pods[0], "/v1/completions"), {"model": "tiny", "prompt": "hello", "max_tokens": 4})
+    assert code == 200, text
+    assert json.loads(text)["choices"][0]["text"] is not None
+
+    # Deletion leaves nothing behind (owner references + garbage collector).
+    env.cluster.kubectl("-n", env.ns, "delete", contract.PLURAL, "tiny", "--timeout=60s")
+    env.wait(lambda: not any(children(env, "tiny").values()) and not env.pods("tiny"), 60, "children gone")
+
+
+@pytest.mark.integration
+def test_memory_pressure_moves_tiers_with_hysteresis(env: Env, tiny_model: Path, tmp_path: Path) -> None:
+    # A ballast process whose real resident memory the worker counts against a configured
+    # capacity (--memory-account-pid): the test moves the level across 70/90 % for real.
+    target = tmp_path / "ballast-bytes"
+    target.write_text("0")
+    ballast = subprocess.Popen([sys.executable, "-c", BALLAST, str(target)])
+    capacity = 2 * GiB
+    try:
+        env.apply(warmmodel("gated", tiny_model, pod={"workerArgs": [
+            "--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2", "--guard-interval=0.2",
+            f"--memory-capacity-bytes={capacity}", f"--memory-account-pid={ballast.pid}"]}))
+        env.wait_ready("gated", warm=1, timeout=120)
+        pod = env.pods("gated")[0]
+        metrics_url = pod_url(pod, contract.PATH_METRICS)
+
+        def level() -> float:
+            value = metric(http(metrics_url)[1], contract.METRIC_MEMORY_USED_RATIO)
+            assert value is not None
+            return value
+
+        def drive(ratio: float) -> float:
+            """Resize the ballast until the worker reports about ``ratio``."""
+            for _ in range(8):
+                now = level()
+                if abs(now - ratio) < 0.015:
+                    return now
+                current = int(target.read_text())
+                target.write_text(str(max(0, current + int((ratio - now) * capacity))))
+                time.sleep(0.8)
+            return level()
+
+        def annotated() -> str:
+            return str((env.pods("gated")[0]["metadata"].get("annotations") or {}).get(contract.ANNOTATION_TIER))
+
+        def expect(tier: str, what: str) -> None:
+            env.wait(lambda: annotated() == tier, 30, f"tier {tier} ({what})")
+            worker_tier = env.wait(lambda: metric(http(metrics_url)[1], contract.METRIC_TIER, tier=tier) == 1, 15,
+                                   f"worker applying tier {tier}")
+            assert worker_tier
+
+        def holds(tier: str, seconds: float) -> None:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                assert annotated() == tier, f"tier flapped away from {tier}:\n{env.dump()}"
+                time.sleep(0.5)
+
+        seen: list[tuple[float, str]] = []
+        for ratio, tier, what in [
+            (0.78, "truncated", "above 70 %"),
+            (0.95, "paused", "above 90 %"),
+            (0.87, "paused", "87 %: inside the hysteresis band below 90"),
+            (0.78, "truncated", "78 %: left paused, still above 70"),
+            (0.67, "truncated", "67 %: inside the band below 70"),
+            (0.30, "full", "30 %: back to full"),
+        ]:
+            reached = drive(ratio)
+            expect(tier, what)
+            if "band" in what:
+                holds(tier, 4)
+            seen.append((round(reached, 3), tier))
+        print(f"tier path (level, tier): {seen}")
+        status = env.wm("gated")["status"]
+        assert status["tierCounts"]["full"] == 1
+        # Warm-up depth follows: once back at full, the worker tops up to the full plan.
+        env.wait(lambda: metric(http(metrics_url)[1], contract.METRIC_WARMUP_TIER, tier="full") == 1, 60,
+                 "the worker's warm-up back at full depth")
+        events = env.cluster.kubectl("-n", env.ns, "get", "events", "--field-selector", "reason=TierChanged",
+                                     "-o", "json").stdout
+        messages = [e["message"] for e in json.loads(events)["items"]]
+        assert any("-> paused" in m for m in messages), messages
+    finally:
+        ballast.kill()
+        ballast.wait(timeout=10)
+
+
+BALLAST = """
+import sys, time
+path = sys.argv[1]
+held = b""
+deadline = time.monotonic() + 600
+while time.monotonic() < deadline:
+    try:
+        want = int(open(path).read().strip() or 0)
+    except (OSError, ValueError):
+        want = len(held)
+    if want != len(held):
+        held = b""
+        held = b"\\x01" * want
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.integration
+def test_operator_killed_mid_reconcile_converges_without_duplicates(env: Env, tiny_model: Path) -> None:
+    env.apply(warmmodel("crashy", tiny_model))
+    env.wait(lambda: env.maybe("deployment", "crashy") or env.maybe("configmap", "crashy-warmup"), 30,
+             "the first child")
+    env.operator.kill()
+    env.operator.start()
+    env.wait_ready("crashy", warm=1, timeout=120)
+    kids = children(env, "crashy")
+    assert kids == {"deployments": ["crashy"], "replicasets": kids["replicasets"], "services": ["crashy"],
+                    "configmaps": ["crashy-warmup"], "secrets": ["crashy-control"],
+                    "poddisruptionbudgets": ["crashy"]}
+    assert len(kids["replicasets"]) == 1, "a restart must not roll the pool"
+
+    # A deleted child Deployment is recreated (the timer notices; the WarmModel did not change).
+    old_uid = env.get("deployment", "crashy")["metadata"]["uid"]
+    env.cluster.kubectl("-n", env.ns, "delete", "deployment", "crashy", "--wait=false")
+    env.wait(lambda: (env.maybe("deployment", "crashy") or {}).get("metadata", {}).get("uid") not in (None, old_uid),
+             30, "the Deployment recreated")
+    env.wait_ready("crashy", warm=1, timeout=120)
+
+
+@pytest.mark.integration
+def test_metrics_down_is_unknown_and_others_unaffected(env: Env, tiny_model: Path) -> None:
+    env.apply(warmmodel("flaky", tiny_model, pool={"replicas": 2, "minWarm": 1, "maxReplicas": 2}))
+    env.wait_ready("flaky", warm=2, timeout=150)
+    pods = env.pods("flaky")
+    frozen, healthy = pods[0], pods[1]
+    pid = worker_pid(frozen)
+    os.kill(pid, signal.SIGSTOP)  # the worker's /metrics stops answering (connect hangs)
+    try:
+        env.wait(lambda: env.condition("flaky", "WarmupGated").get("status") == "Unknown", 20,
+                 "WarmupGated=Unknown for the silent pod")
+        cond = env.condition("flaky", "WarmupGated")
+        assert cond["reason"] == "MetricsUnavailable" and frozen["metadata"]["name"] in cond["message"]
+        by_name = {p["metadata"]["name"]: p for p in env.pods("flaky")}
+        annotations = by_name[frozen["metadata"]["name"]]["metadata"]["annotations"]
+        assert annotations[contract.ANNOTATION_TIER] == "unknown"
+        # Unknown is not "0 % used": the cold/unknown pod is the cheapest to delete, the other keeps its tier.
+        assert int(annotations[contract.ANNOTATION_POD_DELETION_COST]) < 1000
+        other = by_name[healthy["metadata"]["name"]]["metadata"]["annotations"]
+        assert other[contract.ANNOTATION_TIER] == "full"
+        assert env.wm("flaky")["status"]["tierCounts"]["unknown"] == 1
+        code, _ = http(pod_url(healthy, "/v1/completions"), {"model": "flaky", "prompt": "hi", "max_tokens": 2})
+        assert code == 200
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    env.wait(lambda: env.condition("flaky", "WarmupGated").get("reason") == "FullWarmup", 30,
+             "the pod known again")
+
+
+@pytest.mark.integration
+def test_invalid_but_admitted_spec_is_degraded_without_retry_loop(env: Env, tiny_model: Path) -> None:
+    # The schema admits this, but the API server refuses a pod template whose requests
+    # exceed its limits: no retry can fix it until the WarmModel changes.
+    bad = warmmodel("bad", tiny_model, pod={"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}})
+    env.apply(bad)
+    env.wait(lambda: env.condition("bad", "Degraded").get("status") == "True", 30, "Degraded=True")
+    degraded = env.condition("bad", "Degraded")
+    assert degraded["reason"] == "ChildRejected" and "cpu" in degraded["message"]
+    assert env.condition("bad", "Ready")["status"] == "False"
+    assert env.maybe("deployment", "bad") is None
+    time.sleep(5)  # a handler or timer retrying would show up in the log many times over
+    refusals = env.operator.log().count("the API server refused a child")
+    assert 1 <= refusals <= 3, env.operator.log()[-3000:]
+    # Fixing the spec recovers.
+    good = warmmodel("bad", tiny_model, pod={"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}},
+                                             "workerArgs": ["--device=cpu", "--prompts-per-bucket=1"]})
+    env.apply(good)
+    env.wait(lambda: env.condition("bad", "Degraded").get("status") == "False", 30, "Degraded=False after the fix")
+    env.wait_ready("bad", warm=1, timeout=120)
+
+
+SMOLLM2 = Path.home() / ".cache" / "warmpool" / "models" / "smollm2-135m-instruct"
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not (SMOLLM2 / "model.safetensors").exists(), reason="run `warmpool model fetch` first")
+def test_small_real_model_goes_ready_and_answers(env: Env) -> None:
+    started = time.monotonic()
+    env.apply(warmmodel("smollm2", SMOLLM2, warmup={"buckets": [32], "timeoutSeconds": 300}))
+    wm = env.wait_ready("smollm2", warm=1, timeout=300)
+    print(f"smollm2: apply -> Ready in {time.monotonic() - started:.1f}s; status {wm['status'].get('coldStart')}")
+    assert wm["status"]["warmReplicas"] == wm["spec"]["pool"]["minWarm"] == 1
+    pod = env.pods("smollm2")[0]
+    code, text = http(pod_url(pod, "/v1/completions"),
+                      {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8}, timeout=120)
+    assert code == 200, text
+    answer = json.loads(text)["choices"][0]["text"]
+    print(f"smollm2 answered: {answer!r}")
+    assert answer.strip()
