@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from warmpool_worker.memory import rss_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -315,10 +316,20 @@ def test_memory_drives_tier_and_warm_up_depth(tiny_model: Path, tmp_path: Path) 
         assert body["tier"] == "paused" and body["memory"]["source"] == "configured"
         assert body["warmup"]["prefills"] == {} and body["warmup"]["layers_forced"] == 0
 
+        def others() -> int:
+            """Fresh usage of all but the ballast's buffer, read as the worker's probe reads it."""
+            return rss_bytes(handle.proc.pid) + rss_bytes(ballast.proc.pid) - ballast.size
+
         def drive(ratio: float, tier: str) -> dict[str, Any]:
-            used = handle.readyz()[1]["memory"]["used_bytes"]
-            others = used - ballast.size  # the worker and the ballast's interpreter
-            ballast.resize(int(ratio * capacity) - others)
+            # the worker's own usage moves while it warms: size the ballast once it is steady
+            previous = others()
+            for _ in range(20):
+                time.sleep(0.3)
+                current = others()
+                if abs(current - previous) < 0.005 * capacity:
+                    break
+                previous = current
+            ballast.resize(int(ratio * capacity) - current)
             handle.wait_for(f"tier {tier} at {ratio:.0%}", lambda: handle.readyz()[1]["tier"] == tier, timeout=30)
             return handle.readyz()[1]
 
@@ -336,9 +347,9 @@ def test_memory_drives_tier_and_warm_up_depth(tiny_model: Path, tmp_path: Path) 
         assert warm["layers_forced"] == 10 and warm["prefills"] == {"16": 1, "32": 1, "64": 1}
 
         # up again and back down inside the hysteresis band: no flapping
-        drive(0.93, "paused")
+        drive(0.95, "paused")
         time.sleep(1.0)
-        body = drive(0.87, "paused")  # below 90 but not 5 points below: stays paused
+        body = drive(0.89, "paused")  # below 90 but not 5 points below: stays paused
         time.sleep(1.0)
         assert handle.readyz()[1]["tier"] == "paused"
         drive(0.80, "truncated")

@@ -13,7 +13,7 @@ Chain, first that answers wins (each reading names its source):
 On a CPU device the GPU probes are skipped (host memory *is* the accelerator then).
 
 Or a configured capacity (``configured``): used = real usage of this process and its
-descendants (resident set on CPU; CUDA memory reserved by this process on a GPU) plus any
+descendants (resident anonymous memory on CPU; CUDA memory reserved by this process on a GPU) plus any
 processes named as sharing the budget (e.g. an external engine beside the sidecar, or a
 ballast process in tests), over the configured capacity.  Tests drive real usage across the
 tier thresholds with real allocations this way.
@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
-
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(frozen=True)
@@ -188,8 +186,18 @@ def process_tree(roots: Iterable[int], proc: Path = Path("/proc")) -> set[int]:
 
 
 def rss_bytes(pid: int, proc: Path = Path("/proc")) -> int:
+    """Resident anonymous + shared-memory bytes of a process (0 if it is gone).
+
+    File-backed resident pages (libtorch's shared objects, mmap'd weight files) are left
+    out: they are reclaimable page cache, come and go with the host's cache pressure, and
+    would make the figure swing by hundreds of MB with no allocation behind it.
+    """
     try:
-        return int((proc / str(pid) / "statm").read_text().split()[1]) * PAGE_SIZE
+        total = 0
+        for line in (proc / str(pid) / "status").read_text().splitlines():
+            if line.startswith(("RssAnon:", "RssShmem:")):
+                total += int(line.split()[1]) * 1024
+        return total
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -260,9 +268,7 @@ def make_probe(
         index = _cuda_index(device)
         # NVML numbers devices physically; CUDA_VISIBLE_DEVICES may renumber them for torch
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-        nvml_index = (
-            int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
-        )
+        nvml_index = int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
         steps.append(NvmlProbe(nvml_index).read)
         steps.append(lambda: torch_cuda_reading(index))
     steps.append(cgroup_reading)
