@@ -116,8 +116,9 @@ _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS1123Subdomain = Annotated[
     str, Field(min_length=1, max_length=253, pattern=rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
 ]
-#: A relative path whose segments never start with a dot (so never "." or ".."), no spaces.
-_SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9._@+=-]*"
+#: A path segment that is never "." or ".." (so no traversal) but may be hidden (".cache"):
+#: at most two leading dots, then a character that is not a dot. No spaces.
+_SEGMENT = r"\.{0,2}[A-Za-z0-9_@+=-][A-Za-z0-9._@+=-]*"
 RelativePath = Annotated[str, Field(min_length=1, max_length=1024, pattern=rf"^{_SEGMENT}(/{_SEGMENT})*$")]
 AbsolutePath = Annotated[str, Field(min_length=2, max_length=1024, pattern=rf"^(/{_SEGMENT})+$")]
 Image = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^\S+$")]
