@@ -253,6 +253,7 @@ class LlamaEngine:
         self._prefixes: dict[str, tuple[tuple[int, ...], list[torch.Tensor], list[torch.Tensor]]] = {}
         self._prefix_lock = threading.Lock()
         self._graphs: dict[int, _DecodeGraph] = {}
+        self._replay_lock = threading.Lock()
         self.graph_max_len = min(graph_max_len, cfg.max_position_embeddings)
         self._sample_generator = torch.Generator(device="cpu")
         self._sample_generator.seed()
@@ -651,12 +652,16 @@ class LlamaEngine:
 
     # ---- CUDA graphs ---------------------------------------------------------------------------
     def _replay(self, graph: _DecodeGraph, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        graph.tokens.copy_(torch.tensor(tokens, dtype=torch.long), non_blocking=False)
-        graph.positions.copy_(torch.tensor(positions, dtype=torch.long), non_blocking=False)
-        graph.graph.replay()
+        # One replay at a time across buckets: the graphs share one memory pool, whose
+        # temporaries are only safe when replays do not interleave.
+        with self._replay_lock:
+            graph.tokens.copy_(torch.tensor(tokens, dtype=torch.long), non_blocking=False)
+            graph.positions.copy_(torch.tensor(positions, dtype=torch.long), non_blocking=False)
+            graph.graph.replay()
+            logits = graph.logits.clone()
         for index in range(self.num_layers):  # the graph skips Python, so count the heat here
             self._touch(index)
-        return graph.logits.clone()
+        return logits
 
     def capture_graphs(self, buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> dict[int, float]:
         """Capture the decode step as a CUDA graph per batch bucket; seconds per bucket.
