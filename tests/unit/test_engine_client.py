@@ -47,7 +47,8 @@ def test_our_own_worker_gives_an_identity() -> None:
 
 def test_completion_shapes() -> None:
     assert parse_completion({"choices": [{"text": "hi"}]}) == "hi"
-    for garbage in ([], {"choices": []}, {"choices": [{"text": 3}]}, {"error": "boom"}, "text"):
+    garbage_answers: list[object] = [[], {"choices": []}, {"choices": [{"text": 3}]}, {"error": "boom"}, "text"]
+    for garbage in garbage_answers:
         with pytest.raises(EngineError) as caught:
             parse_completion(garbage)
         assert caught.value.reason == "garbage" and caught.value.retryable
