@@ -24,6 +24,8 @@ Cold-start phases here: ``weights_mapped`` = the tier's share of the weights pre
 (or the engine healthy, without a model dir); ``first_layer_ready`` = the engine first
 answered its health endpoint; ``warmup_done`` and ``ready`` as in the worker.  Phases are
 first-time marks of this process; an engine restart shows in ``warmpool_engine_restarts_total``.
+``warmpool_layers_resident`` counts layers whose weights the prefetch has put in the page
+cache (the engine's own residency is not visible from outside it).
 """
 
 from __future__ import annotations
@@ -616,7 +618,8 @@ async def serve_sidecar(args: argparse.Namespace, thresholds: Thresholds) -> int
         except Exception as error:  # bad prompts file: nothing to warm with; say so and exit
             log.error("sidecar set-up failed: %s", error)
             sidecar.status.error = str(error)
-            return 1
+            exit_code = 1
+            return exit_code
         tasks += [
             asyncio.create_task(sidecar.prefetch_loop()),
             asyncio.create_task(sidecar.scrape_loop()),
