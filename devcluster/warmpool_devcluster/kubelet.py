@@ -4,7 +4,8 @@ kwok only gives a pod its loopback IP; this process does the rest a kubelet does
 materialises volumes under ``<work-dir>/pods/<ns>/<pod>/volumes/``, starts each container's
 ``command``/``args`` (resolved on our own PATH; images are never pulled), probes them
 (startup / readiness / liveness), restarts them with back-off, patches the pod's status
-subresource, and on deletion stops the processes and removes the pod.
+subresource, and on deletion stops the processes and removes the pod. Pods get their
+ServiceAccount's bound token and a way for in-cluster clients to use it (``kubelet_sa``).
 
 Run as ``python -m warmpool_devcluster.kubelet --kubeconfig PATH --work-dir DIR``; SIGTERM
 or SIGINT stops every process it started.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -37,6 +39,16 @@ from warmpool_devcluster.kubelet_proc import (
     kill_leftovers,
     pod_dir,
     resolve_command,
+)
+from warmpool_devcluster.kubelet_sa import (
+    CA_FILE,
+    TOKEN_FILE,
+    PodTokens,
+    container_sa_env,
+    inherited_env,
+    sa_kubeconfig,
+    sa_kubeconfig_path,
+    sa_volume,
 )
 from warmpool_devcluster.kubelet_spec import (
     ContainerConfigError,
@@ -196,7 +208,7 @@ class ContainerRunner:
                 await _wait_any(self.stopping, limit=CONFIG_RETRY)
                 await self.worker.refresh_refs()
                 continue
-            env = {**os.environ, **launch.env}
+            env = {**inherited_env(os.environ), **self.worker.sa_env(self.container), **launch.env}
             executable = resolve_command(launch.argv[0], env.get("PATH"))
             if executable is None:
                 self._wait_state(
@@ -359,6 +371,7 @@ class PodWorker:
         self.work_dir = kubelet.work_dir
         self.pod_dir = pod_dir(self.work_dir, self.namespace, self.name)
         self.refs = PodRefs()
+        self.tokens = PodTokens(kubelet.request_token)
         self.volume_paths: dict[str, Path] = {}
         self.written: dict[str, VolumeFiles] = {}
         self.updated = asyncio.Event()
@@ -499,7 +512,30 @@ class PodWorker:
     # ------------------------------------------------------------------ volumes
     async def refresh_refs(self) -> None:
         config_maps, secrets = referenced_objects(self.pod)
-        self.refs = await self.kubelet.fetch_refs(self.namespace, config_maps, secrets)
+        refs = await self.kubelet.fetch_refs(self.namespace, config_maps, secrets)
+        self.refs = PodRefs(refs.config_maps, refs.secrets, await self.tokens.fetch(self.pod))
+
+    def sa_env(self, container: Mapping[str, Any]) -> dict[str, str]:
+        return container_sa_env(container, self.kubelet.server, self.pod_dir, self.written)
+
+    def _write_kubeconfigs(self) -> None:
+        """(Re)write the kubeconfig of each token volume mounted at the service-account path."""
+        spec = self.pod.get("spec") or {}
+        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        for volume in {v for v in map(sa_volume, containers) if v is not None}:
+            files = self.written.get(volume) or {}
+            token = files.get(TOKEN_FILE)
+            if token is None or volume not in self.volume_paths:
+                continue
+            text = yaml.safe_dump(sa_kubeconfig(self.kubelet.server, self.volume_paths[volume], token[0],
+                                                self.namespace, CA_FILE in files))
+            path = sa_kubeconfig_path(self.pod_dir, volume)
+            if path.is_file() and path.read_text() == text:
+                continue
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o600)  # it holds the token
+            os.replace(tmp, path)
 
     async def _prepare_sandbox(self) -> None:
         """Fresh per-pod directory (a new UID under a reused name starts empty), then volumes."""
@@ -544,6 +580,7 @@ class PodWorker:
                     log.warning("%s: volume %s of an unsupported kind is an empty directory", self.key, name)
                 continue
             self._write_files(name, target, files)
+        self._write_kubeconfigs()
 
     def _write_files(self, name: str, target: Path, files: VolumeFiles) -> bool:
         """Write changed files atomically and drop vanished ones; True if anything changed."""
@@ -584,6 +621,7 @@ class PodWorker:
                         continue  # keep the last good contents, as a kubelet does
                     if files is not None and self._write_files(name, self.volume_paths[name], files):
                         log.info("%s: volume %s refreshed", self.key, name)
+                self._write_kubeconfigs()
             except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as error:
                 log.warning("%s: volume refresh failed: %s", self.key, error)
 
@@ -592,13 +630,15 @@ class Kubelet:
     """Watches pods bound to our fake nodes and keeps one PodWorker per pod UID."""
 
     def __init__(self, api: client.CoreV1Api, session: aiohttp.ClientSession, work_dir: Path,
-                 settings: Settings) -> None:
+                 settings: Settings, server: str) -> None:
         # Every call uses _preload_content=False (raw JSON dicts, status checked here), which
         # the client's typed signatures do not model: hence Any.
         self.api: Any = api
         self.session = session
         self.work_dir = work_dir
         self.settings = settings
+        #: The API server's URL (from our kubeconfig), handed to pods' in-cluster clients.
+        self.server = server
         self.workers: dict[str, PodWorker] = {}
 
     def _ours(self, pod: Mapping[str, Any]) -> bool:
@@ -647,6 +687,17 @@ class Kubelet:
         except ApiException as error:
             if error.status not in (404, 409):
                 log.warning("%s/%s: delete failed: %s %s", namespace, name, error.status, error.reason)
+
+    async def request_token(self, service_account: str, namespace: str, body: Obj) -> Obj:
+        """TokenRequest for a pod's ServiceAccount (we are in system:masters, so allowed)."""
+        response = await self.api.create_namespaced_service_account_token(
+            service_account, namespace, body, _preload_content=False, _request_timeout=30,
+        )
+        data = await response.read()
+        if response.status >= 300:
+            raise ApiException(status=response.status, reason=data.decode(errors="replace")[:300])
+        result: Obj = json.loads(data)
+        return result
 
     async def _read(self, call: Callable[..., Awaitable[Any]], name: str, namespace: str) -> Obj | None:
         response = await call(name, namespace, _preload_content=False, _request_timeout=30)
@@ -764,7 +815,8 @@ async def _amain(args: argparse.Namespace, work_dir: Path) -> int:
     settings = Settings(args.backoff_base, args.backoff_max, args.node_prefix)
     connector = aiohttp.TCPConnector(force_close=True)  # probes open a fresh connection, like a kubelet's
     async with api_client, aiohttp.ClientSession(connector=connector) as session:
-        kubelet = Kubelet(client.CoreV1Api(api_client), session, work_dir, settings)
+        kubelet = Kubelet(client.CoreV1Api(api_client), session, work_dir, settings,
+                          str(api_client.configuration.host))
         runner = asyncio.create_task(kubelet.run())
         log.info("local kubelet serving nodes %s* (work dir %s)", settings.node_prefix, work_dir)
         await stop.wait()

@@ -4,8 +4,8 @@
 configMap / secret / downwardAPI / projected volumes, and the rewriting of mount paths
 into local directories (without root there are no mount namespaces, so a container's
 ``/etc/config/x`` in its command, args, env or workingDir becomes the local directory the
-volume was materialised in).  Nothing here touches the API server: the pod's ConfigMaps
-and Secrets come in as a ``PodRefs`` snapshot.
+volume was materialised in).  Nothing here touches the API server: the pod's ConfigMaps,
+Secrets and service-account tokens come in as a ``PodRefs`` snapshot.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmpool_devcluster.kubelet_sa import token_key
 from warmpool_devcluster.kwok import NODE_CAPACITY
 
 Obj = Mapping[str, Any]
@@ -38,10 +39,13 @@ class PodRefs:
     """The ConfigMaps and Secrets a pod refers to, fetched once; None means it does not exist.
 
     Values are bytes (ConfigMap ``data`` encoded as UTF-8, ``binaryData`` and Secret data decoded).
+    ``tokens`` holds the pod's service-account tokens by ``kubelet_sa.token_key``; a missing
+    key means the token has not been issued.
     """
 
     config_maps: Mapping[str, Mapping[str, bytes] | None] = field(default_factory=dict)
     secrets: Mapping[str, Mapping[str, bytes] | None] = field(default_factory=dict)
+    tokens: Mapping[str, bytes] = field(default_factory=dict)
 
 
 def config_map_data(obj: Obj) -> dict[str, bytes]:
@@ -311,10 +315,10 @@ SKIPPED_NOTE = ".warmpool-skipped"
 def volume_files(pod: Obj, volume: Obj, refs: PodRefs) -> VolumeFiles | None:
     """The files a configMap/secret/downwardAPI/projected volume holds; None for other kinds.
 
-    Projected ``serviceAccountToken`` sources are skipped (the local processes talk to the
-    API server with their own kubeconfig, if at all); the auto-injected
-    ``kube-api-access-*`` volume tolerates a missing ``kube-root-ca.crt`` ConfigMap rather
-    than holding the pod back.
+    A projected ``serviceAccountToken`` source writes the token from ``refs.tokens``; one
+    not issued yet holds the pod back, as a failed token mount does in a kubelet. The
+    auto-injected ``kube-api-access-*`` volume tolerates a missing ``kube-root-ca.crt``
+    ConfigMap rather than holding the pod back.
     """
     spec = pod.get("spec") or {}
     containers = {c["name"]: c for c in spec.get("containers") or []}
@@ -348,6 +352,15 @@ def volume_files(pod: Obj, volume: Obj, refs: PodRefs) -> VolumeFiles | None:
                                         force_optional=lenient))
             elif "downwardAPI" in source:
                 files.update(_downward_files(pod, containers, source["downwardAPI"], mode))
+            elif "serviceAccountToken" in source:
+                sat = source["serviceAccountToken"]
+                token = refs.tokens.get(token_key(sat))
+                if token is None:
+                    raise ContainerConfigError(
+                        f"no token issued yet for service account "
+                        f"{spec.get('serviceAccountName') or 'default'!r} (see the kubelet's log)")
+                # Owner-only whatever defaultMode says: no container isolation guards it here.
+                files[str(sat.get("path") or "token")] = (token, mode & 0o600)
             else:
                 skipped.extend(sorted(source))
         if skipped:

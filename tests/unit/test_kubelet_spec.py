@@ -125,11 +125,25 @@ def test_projected_service_account_volume_is_lenient() -> None:
             {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
         ]},
     }
-    files = volume_files(_pod(), volume, PodRefs({"kube-root-ca.crt": None}, {}))
+    files = volume_files(_pod(), volume, PodRefs({"kube-root-ca.crt": None}, {}, {"|3600": b"TOKEN"}))
     assert files is not None
     assert files["namespace"] == (b"ns", 0o644)
-    assert "ca.crt" not in files and "token" not in files
-    assert b"serviceAccountToken" in files[SKIPPED_NOTE][0]
+    assert files["token"] == (b"TOKEN", 0o600)  # owner-only: nothing else isolates it locally
+    assert "ca.crt" not in files and SKIPPED_NOTE not in files
+
+
+def test_projected_token_not_issued_holds_the_pod_back() -> None:
+    volume = {"name": "kube-api-access-abcde",
+              "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}
+    with pytest.raises(ContainerConfigError, match="no token issued yet"):
+        volume_files(_pod(), volume, PodRefs({}, {}, {"|3600": b"other"}))
+
+
+def test_unsupported_projected_source_is_noted() -> None:
+    volume = {"name": "v", "projected": {"sources": [{"clusterTrustBundle": {"path": "ca"}}]}}
+    files = volume_files(_pod(), volume, PodRefs())
+    assert files is not None
+    assert b"clusterTrustBundle" in files[SKIPPED_NOTE][0]
 
 
 def test_referenced_objects() -> None:
