@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "builtin-smollm2.yaml"
 CRD_DIR = REPO / "crds"
 STEADY_REQUESTS = 5
-PROMPT = "Write one sentence about why warm caches matter."
+PROMPT = "Kubernetes is an open-source system for"
 
 
 class DemoError(RuntimeError):
@@ -139,26 +139,35 @@ def _progress_line(pod: dict[str, Any]) -> str:
     ip = pod.get("status", {}).get("podIP")
     state = _readyz(ip) if ip else {}
     layers = f"{state.get('layers_resident', '?')}/{state.get('layers_total', '?')}"
+    warmup = state.get("warmup") or {}
+    plan = warmup.get("plan") or {}
+    planned = len(plan.get("buckets") or []) * int(plan.get("prompts_per_bucket") or 0)
+    done = f"{sum((warmup.get('prefills') or {}).values())}/{planned}" if plan else "-"
     tier = state.get("effective_tier") or state.get("tier") or (state.get("warmup") or {}).get("tier") or "?"
     return (f"  {pod['metadata']['name']:<40} ip={ip or '-':<14} stage={state.get('stage', 'starting'):<16} "
-            f"tier={tier:<10} layers={layers}")
+            f"tier={tier:<10} layers={layers} prefills={done}")
 
 
 def _wait_warm(kube: Kube, name: str, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    last_report = ""
     last_print = 0.0
     while time.monotonic() < deadline:
         wm = kube.json("get", "warmmodel", name, "-n", NAMESPACE)
         status = wm.get("status", {})
         conditions = {c["type"]: c for c in status.get("conditions", [])}
-        if time.monotonic() - last_print >= 2.0:
-            ready = conditions.get("Ready", {})
-            _say(f"WarmModel {name}: warm {status.get('warmReplicas', 0)}/{wm['spec']['pool'].get('minWarm')} "
-                 f"(min), ready {status.get('readyReplicas', 0)}/{wm['spec']['pool'].get('replicas')}; "
-                 f"Ready={ready.get('status', '?')} ({ready.get('reason', '-')})")
-            for pod in _pods(kube, name):
-                print(_progress_line(pod), flush=True)
-            last_print = time.monotonic()
+        ready = conditions.get("Ready", {})
+        report = "\n".join([
+            f"WarmModel {name}: warm {status.get('warmReplicas', 0)}/{wm['spec']['pool'].get('minWarm')} (min), "
+            f"ready {status.get('readyReplicas', 0)}/{wm['spec']['pool'].get('replicas')}; "
+            f"Ready={ready.get('status', '?')} ({ready.get('reason', '-')})",
+            *(_progress_line(pod) for pod in _pods(kube, name)),
+        ])
+        # Print when something moved, and at least every 15 s so a slow load still shows life.
+        if report != last_report or time.monotonic() - last_print >= 15.0:
+            _say(f"+{time.monotonic() - started:5.1f}s " + report)
+            last_report, last_print = report, time.monotonic()
         if conditions.get("Ready", {}).get("status") == "True":
             result: dict[str, Any] = wm
             return result

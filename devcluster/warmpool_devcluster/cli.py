@@ -10,22 +10,26 @@ from warmpool_devcluster import build, cluster
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="warmpool cluster", description=__doc__)
-    parser.add_argument("--name", default="default", help="cluster name (state under ~/.cache/warmpool/clusters/NAME)")
+    # --name is accepted before or after the action (`cluster --name x down` or `cluster down --name x`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--name", default=argparse.SUPPRESS,
+                        help="cluster name (state under ~/.cache/warmpool/clusters/NAME)")
+    parser = argparse.ArgumentParser(prog="warmpool cluster", description=__doc__, parents=[common])
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("build", help="build (or find cached) every binary the cluster and tests need")
-    up = sub.add_parser("up", help="start the cluster, or confirm it is already up")
+    sub.add_parser("build", help="build (or find cached) every binary the cluster and tests need", parents=[common])
+    up = sub.add_parser("up", help="start the cluster, or confirm it is already up", parents=[common])
     up.add_argument("--nodes", type=int, default=cluster.DEFAULT_NODES, help="fake (kwok) nodes to register")
     up.add_argument("--port", type=int, default=None, help="kube-apiserver port on 127.0.0.1 (default: a free one)")
-    down = sub.add_parser("down", help="stop every process of the cluster")
+    down = sub.add_parser("down", help="stop every process of the cluster", parents=[common])
     down.add_argument("--purge", action="store_true", help="also delete its certificates and state")
-    sub.add_parser("status", help="print the cluster's health as JSON")
-    sub.add_parser("kubeconfig", help="print the path of the admin kubeconfig")
+    sub.add_parser("status", help="print the cluster's health as JSON", parents=[common])
+    sub.add_parser("kubeconfig", help="print the path of the admin kubeconfig", parents=[common])
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    args.name = getattr(args, "name", "default")
     try:
         if args.action == "build":
             for name, path in build.ensure_binaries().items():
