@@ -215,6 +215,8 @@ def _worker_args(target: Target) -> list[str]:
         args.append(f"--prompts={contract.PROMPTS_MOUNT_PATH}/{contract.CONFIGMAP_KEY_PROMPTS}")
     if warmup.kv_prefix_persistence:
         args.append(f"--kv-prefix-dir={contract.KV_PREFIX_MOUNT_PATH}")
+    if not warmup.graph_capture:
+        args.append("--no-graph-capture")
     return args + list(spec.pod.worker_args or [])
 
 

@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--control-token-file", type=Path, default=None, help="bearer token for /control/tier")
     serve.add_argument("--kv-prefix-dir", type=Path, default=None, help="persist/reload warm-prefix KV here")
     serve.add_argument(
+        "--graph-capture",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="capture CUDA graphs of the decode step after a full warm-up (CUDA only; graphs cost memory)",
+    )
+    serve.add_argument(
         "--warmup-timeout", type=float, default=600.0, help="seconds of optional warm-up before ready anyway"
     )
     serve.add_argument("--engine-factory", default=DEFAULT_ENGINE_FACTORY, help=argparse.SUPPRESS)

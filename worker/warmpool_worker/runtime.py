@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
-from warmpool_worker.engine_api import Engine, ModelLoadError
+from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError
 from warmpool_worker.guard import GuardState, TierGuard
 from warmpool_worker.heatmap import HeatMapError, layer_order, read_heatmap
 from warmpool_worker.memory import make_probe
@@ -156,6 +156,7 @@ class WorkerRuntime:
             if time.monotonic() > deadline:
                 log.warning("warm-up timeout (%.0fs) reached: ready with what is warm", args.warmup_timeout)
                 break
+        self._capture_graphs(engine)
         self.metrics.mark_phase("warmup_done")
         self.status.stage = STAGE_READY
         self.metrics.set_ready(True)
@@ -167,6 +168,18 @@ class WorkerRuntime:
             self.status.progress.describe(),
             time.time() - self.metrics.process_start,
         )
+
+    def _capture_graphs(self, engine: Engine) -> None:
+        """CUDA graphs of the decode step, only after a FULL warm-up: graphs hold memory, so a
+        truncated or paused tier (memory pressure) skips them. A no-op off CUDA."""
+        if not self.args.graph_capture or self.status.warmup_tier != Tier.FULL:
+            return
+        if not isinstance(engine, GraphCapture):
+            return
+        timings = engine.capture_graphs()
+        if timings:
+            log.info("captured CUDA graphs for decode batch buckets %s in %.3fs",
+                     sorted(timings), sum(timings.values()))
 
     def _heat_order(self, engine: Engine) -> list[int]:
         heat = None
