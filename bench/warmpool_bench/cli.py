@@ -1,0 +1,121 @@
+"""`warmpool bench coldstart | scale`: run a benchmark, write JSON + Markdown under bench/results/."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from warmpool_bench.coldstart import CACHE_STATES, VARIANTS
+
+    parser = argparse.ArgumentParser(prog="warmpool bench", description="warmpool benchmarks")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    cold = commands.add_parser("coldstart", help="cold start side by side with the baselines")
+    cold.add_argument("--sizes", type=_csv, default=["small", "synthetic"],
+                      help="models: small (SmolLM2-135M), synthetic (~1 GB random Llama), tiny (tests)")
+    cold.add_argument("--runs", type=_positive, default=3, help="fresh processes per variant and cache state")
+    cold.add_argument("--variants", type=_csv, default=list(VARIANTS), help=",".join(VARIANTS))
+    cold.add_argument("--cache", type=_csv, default=list(CACHE_STATES), help="warm,cold")
+    cold.add_argument("--dtype", default="bfloat16", help="compute dtype for every variant (default bfloat16)")
+    cold.add_argument("--buckets", default="32,128,512", help="warm-up prompt lengths (worker and floor)")
+    cold.add_argument("--prompts-per-bucket", type=_positive, default=1)
+    cold.add_argument("--decode-tokens", type=_positive, default=4)
+    cold.add_argument("--request-tokens", type=_positive, default=128, help="prompt length of the timed requests")
+    cold.add_argument("--steady", type=_positive, default=3, help="requests after the first (steady-state TTFT)")
+    cold.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per process")
+    cold.add_argument("--threads", type=int, default=1,
+                      help="OMP_NUM_THREADS for every child (0: torch's default); 1 suits a shared box")
+    cold.add_argument("--work-dir", type=Path, default=None, help="bench artefacts (pickle, KV, logs)")
+    cold.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    cold.add_argument("--name", default="coldstart", help="results file stem")
+
+    scale = commands.add_parser("scale", help="the operator with N WarmModels on the local control plane")
+    scale.add_argument("--count", type=_positive, default=200, help="the largest N")
+    scale.add_argument("--steps", type=_csv, default=None,
+                       help="Ns to measure (default: count/4, count/2, count)")
+    scale.add_argument("--timeout", type=float, default=900.0, help="seconds allowed for all Ready, per N")
+    scale.add_argument("--scrape-interval", type=float, default=10.0, help="operator scrape interval, seconds")
+    scale.add_argument("--kubeconfig", type=Path, default=None, help="an existing cluster (default: start one)")
+    scale.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    scale.add_argument("--name", default="scale", help="results file stem")
+    return parser
+
+
+def write_results(result: dict[str, Any], out: Path, name: str, markdown: str) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
+    json_path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    md_path.write_text(markdown)
+    return json_path, md_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "coldstart":
+        return _coldstart(args)
+    return _scale(args)
+
+
+def _coldstart(args: argparse.Namespace) -> int:
+    from warmpool_devcluster.build import cache_root
+    from warmpool_worker.warmup import parse_buckets
+
+    from warmpool_bench.coldstart import CACHE_STATES, VARIANTS, Settings, run_coldstart
+    from warmpool_bench.report import render_coldstart
+
+    unknown = [v for v in args.variants if v not in VARIANTS] + [c for c in args.cache if c not in CACHE_STATES]
+    if unknown:
+        print(f"warmpool bench coldstart: unknown variant or cache state {unknown}", file=sys.stderr)
+        return 2
+    settings = Settings(runs=args.runs, dtype=args.dtype, buckets=parse_buckets(args.buckets),
+                        prompts_per_bucket=args.prompts_per_bucket, decode_tokens=args.decode_tokens,
+                        request_tokens=args.request_tokens, steady=args.steady, timeout_s=args.timeout,
+                        variants=tuple(args.variants), cache_states=tuple(args.cache),
+                        threads=args.threads or None)
+    if args.work_dir is not None:
+        settings.work_dir = args.work_dir
+    result = run_coldstart(args.sizes, settings, cache_root())
+    json_path, md_path = write_results(result, args.out, args.name, render_coldstart(result))
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    failed = [(m, v, s) for m, model in result["models"].items() for v, states in model["variants"].items()
+              for s, data in states.items() if any("error" in r for r in data["runs"])]
+    if failed:
+        print(f"some runs failed: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from warmpool_bench.report import render_scale
+    from warmpool_bench.scale import run_scale
+
+    steps = [int(s) for s in args.steps] if args.steps else sorted({max(1, args.count // 4),
+                                                                    max(1, args.count // 2), args.count})
+    started = time.time()
+    result = run_scale(steps, timeout_s=args.timeout, scrape_interval=args.scrape_interval,
+                       kubeconfig=args.kubeconfig)
+    result["wall_s"] = time.time() - started
+    json_path, md_path = write_results(result, args.out, args.name, render_scale(result))
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    return 0 if not result.get("missing") else 1

@@ -1,0 +1,261 @@
+"""`warmpool bench scale`: the operator with N WarmModels on the local control plane.
+
+Each WarmModel asks for one worker pod, pinned by a nodeSelector to fake nodes of our own
+(``bench-kwok-*``) that kwok manages but the devcluster's local kubelet does not serve: kwok
+binds the pods and gives them loopback IPs, nothing runs in them, so their metrics
+endpoints are absent (a scrape is refused at once, and the pod is Unknown, never 0 % used).
+``minWarm: 0`` makes a WarmModel Ready once reconciled, which is what is timed: the
+operator's own cost per object, not a worker's start.
+
+For each N (doubling, e.g. 50/100/200): a fresh namespace and a fresh operator process
+(`warmpool operator -n NS`, scraping only 127.0.0.0/8), apply N WarmModels in one
+`kubectl apply`, then poll until all are Ready (bounded in time).  Measured: apply -> all
+Ready, reconcile latency p50/p95 and the timer pass (scrape cycle) p50/p95 from the
+operator's own histogram, operator CPU seconds (utime+stime from /proc) and RSS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from warmpool_bench.stats import growth
+
+NODE_PREFIX = "bench-kwok-"
+BENCH_LABEL = "warmpool.dev/bench"
+BENCH_NODES = 4
+PODS_PER_NODE = "250"
+HOST = "127.0.0.1"
+
+
+def warmmodel_manifest(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "warmpool.dev/v1alpha1",
+        "kind": "WarmModel",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"nodeCache": {"key": "smollm2-135m-instruct"}, "servedName": name},
+            "pool": {"replicas": 1, "minWarm": 0, "maxReplicas": 1},
+            "pod": {"nodeSelector": {BENCH_LABEL: "scale"}},
+        },
+    }
+
+
+def bench_nodes() -> list[dict[str, Any]]:
+    """kwok-managed Nodes outside the local kubelet's prefix: pods bind and get an IP, nothing runs."""
+    from warmpool_devcluster.kwok import node_manifests
+
+    nodes = node_manifests(BENCH_NODES)
+    for index, node in enumerate(nodes):
+        name = f"{NODE_PREFIX}{index}"
+        node["metadata"]["name"] = name
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+        node["metadata"]["labels"][BENCH_LABEL] = "scale"
+        for key in ("capacity", "allocatable"):
+            node["status"][key]["pods"] = PODS_PER_NODE
+    return nodes
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' histogram_quantile over cumulative (upper bound, count) pairs, +Inf last."""
+    if not buckets:
+        return None
+    buckets = sorted(buckets)
+    total = buckets[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound  # beyond the last finite bucket: its bound is all we know
+            span = count - lower_count
+            return bound if span <= 0 else lower_bound + (bound - lower_bound) * (rank - lower_count) / span
+        lower_bound, lower_count = bound, count
+    return buckets[-1][0]
+
+
+def reconcile_histograms(metrics_text: str) -> dict[str, list[tuple[float, float]]]:
+    """kind -> cumulative buckets of the operator's reconcile-duration histogram."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from warmpool.contract import LABEL_KIND, METRIC_OPERATOR_RECONCILE_SECONDS
+
+    out: dict[str, list[tuple[float, float]]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == METRIC_OPERATOR_RECONCILE_SECONDS + "_bucket":
+                kind = sample.labels.get(LABEL_KIND, "")
+                out.setdefault(kind, []).append((float(sample.labels["le"]), float(sample.value)))
+    return out
+
+
+def _proc_cpu_rss(pid: int) -> tuple[float, int, int] | None:
+    """(CPU seconds user+system, RSS bytes, peak RSS bytes) of a live process, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15 of stat)
+        rss = hwm = 0
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+        return cpu, rss, hwm
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _ready_count(cluster: Any, namespace: str) -> int:
+    proc = cluster.kubectl("get", "warmmodels", "-n", namespace, "-o", "json", check=False, timeout=60)
+    if proc.returncode != 0:
+        return 0
+    count = 0
+    for item in json.loads(proc.stdout).get("items", []):
+        for cond in (item.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "Ready" and cond.get("status") == "True":
+                count += 1
+    return count
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, work: Path) -> dict[str, Any]:
+    namespace = f"bench-scale-{count}-{os.getpid()}"
+    cluster.kubectl("create", "namespace", namespace)
+    port = _free_port()
+    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+    log_path = work / f"operator-{count}.log"
+    point: dict[str, Any] = {"count": count, "namespace": namespace}
+    with log_path.open("wb") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "warmpool", "operator", "-n", namespace, "--scrape-interval", str(scrape_interval),
+             "--scrape-network", "127.0.0.0/8", "--metrics-port", str(port), "--liveness-port", "0",
+             "--bind", HOST, "--log-level", "WARNING"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and operator.poll() is None:  # up when its /metrics answers
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=2).read()
+                    break
+                time.sleep(0.5)
+            if operator.poll() is not None:
+                point["error"] = f"operator exited {operator.returncode}"
+                return point
+            base = _proc_cpu_rss(operator.pid)
+            docs = "\n---\n".join(json.dumps(warmmodel_manifest(f"wm-{i:04d}", namespace)) for i in range(count))
+            applied = time.monotonic()
+            cluster.kubectl("apply", "-f", "-", input=docs, timeout=600)
+            point["apply_s"] = time.monotonic() - applied
+            ready = 0
+            peak_rss = 0
+            deadline = applied + timeout_s
+            while time.monotonic() < deadline:
+                ready = _ready_count(cluster, namespace)
+                sample = _proc_cpu_rss(operator.pid)
+                if sample is not None:
+                    peak_rss = max(peak_rss, sample[1])
+                if ready >= count:
+                    point["all_ready_s"] = time.monotonic() - applied
+                    break
+                time.sleep(1.0)
+            point["ready_count"] = ready
+            # two more scrape cycles at steady state, so the timer pass is measured at N
+            time.sleep(min(2 * scrape_interval, 60))
+            end = _proc_cpu_rss(operator.pid)
+            elapsed = time.monotonic() - applied
+            if base is not None and end is not None:
+                point["operator_cpu_s"] = end[0] - base[0]
+                point["operator_cpu_percent"] = 100 * (end[0] - base[0]) / elapsed
+                point["operator_rss_bytes"] = end[1]
+                point["operator_rss_peak_bytes"] = max(end[2], peak_rss)
+            with contextlib.suppress(OSError):
+                text = urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10).read().decode()
+                hists = reconcile_histograms(text)
+                point["reconcile_kinds"] = {k: v[-1][1] for k, v in hists.items() if v}
+                merged: dict[float, float] = {}
+                for kind, buckets in hists.items():
+                    for bound, value in buckets:
+                        merged[bound] = merged.get(bound, 0.0) + value
+                    point[f"reconcile_{kind}_p50_s"] = histogram_quantile(buckets, 0.5)
+                    point[f"reconcile_{kind}_p95_s"] = histogram_quantile(buckets, 0.95)
+                all_buckets = list(merged.items())
+                point["reconcile_p50_s"] = histogram_quantile(all_buckets, 0.5)
+                point["reconcile_p95_s"] = histogram_quantile(all_buckets, 0.95)
+                timer = hists.get("timer")
+                point["scrape_cycle_p50_s"] = histogram_quantile(timer, 0.5) if timer else None
+                point["scrape_cycle_p95_s"] = histogram_quantile(timer, 0.95) if timer else None
+        finally:
+            if operator.poll() is None:
+                operator.terminate()
+                try:
+                    operator.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    operator.kill()
+                    operator.wait(timeout=30)
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    return point
+
+
+def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeconfig: Path | None) -> dict[str, Any]:
+    from warmpool_devcluster.testing import start_or_attach
+
+    from warmpool_bench.coldstart import machine_info
+
+    result: dict[str, Any] = {
+        "benchmark": "scale",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_info(),
+        "settings": {"steps": steps, "timeout_s": timeout_s, "scrape_interval_s": scrape_interval},
+        "points": [],
+    }
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / "warmpool-bench" / "scale"
+    work.mkdir(parents=True, exist_ok=True)
+    cluster = start_or_attach(str(kubeconfig) if kubeconfig else None)
+    try:
+        crd = Path(__file__).resolve().parents[2] / "crds" / "warmmodels.warmpool.dev.yaml"
+        cluster.kubectl("apply", "-f", str(crd))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/warmmodels.warmpool.dev", "--timeout=60s")
+        cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(n) for n in bench_nodes()))
+        for count in steps:
+            print(f"[bench scale] N={count}", file=sys.stderr, flush=True)
+            point = measure(cluster, count, timeout_s, scrape_interval, work)
+            print(f"[bench scale] N={count}: {point}", file=sys.stderr, flush=True)
+            result["points"].append(point)
+    finally:
+        cluster.kubectl("delete", "nodes", *[f"{NODE_PREFIX}{i}" for i in range(BENCH_NODES)], "--wait=false",
+                        check=False)
+        cluster.close()
+    points = result["points"]
+    result["growth"] = {
+        key: growth({p["count"]: p.get(key) for p in points})
+        for key in ("all_ready_s", "reconcile_p95_s", "operator_cpu_s", "operator_rss_peak_bytes")
+    }
+    biggest = max(points, key=lambda p: p["count"], default=None)
+    if biggest is not None:
+        result["targets"] = {
+            f"all Ready ({biggest['count']})": f"{biggest.get('ready_count', 0)}/{biggest['count']}",
+            "p95 reconcile < 2 s": biggest.get("reconcile_p95_s"),
+            "operator RSS < 300 MB": None if biggest.get("operator_rss_peak_bytes") is None
+            else round(biggest["operator_rss_peak_bytes"] / 1e6, 1),
+        }
+    result["machine"]["loadavg_end"] = list(os.getloadavg())
+    return result
