@@ -234,6 +234,14 @@ def worker_pid(pod: dict[str, Any]) -> int:
     return int(container_id.rsplit("/", 1)[-1])
 
 
+def rss(pid: int) -> int:
+    """Resident bytes of a local process (the kubelet runs pods as local processes)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def metric(text: str, name: str, **labels: str) -> float | None:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -283,8 +291,9 @@ def test_tiny_pool_goes_ready_and_serves(env: Env, tiny_model: Path) -> None:
     # Pods carry the tier and a deletion cost; a completion through a pod IP is answered.
     def annotated_pods() -> list[dict[str, Any]] | None:
         pods = env.pods("tiny")
-        done = [p for p in pods if int((p["metadata"].get("annotations") or {}).get(
-            contract.ANNOTATION_POD_DELETION_COST, 0)) >= 1000 and contract.ANNOTATION_TIER in p["metadata"]["annotations"]]
+        notes = [p["metadata"].get("annotations") or {} for p in pods]
+        done = [p for p, n in zip(pods, notes, strict=True)
+                if int(n.get(contract.ANNOTATION_POD_DELETION_COST, 0)) >= 1000 and contract.ANNOTATION_TIER in n]
         return done if len(done) == 2 == len(pods) else None
 
     pods = env.wait(annotated_pods, 30, "pods annotated with tier and a warm deletion cost")
@@ -320,14 +329,24 @@ def test_memory_pressure_moves_tiers_with_hysteresis(env: Env, tiny_model: Path,
             return value
 
         def drive(ratio: float) -> float:
-            """Resize the ballast until the worker reports about ``ratio``."""
-            for _ in range(8):
+            """Size the ballast so worker + ballast resident memory is ``ratio`` of the capacity."""
+            for _ in range(4):
+                # The worker's own figure minus the ballast: what the worker counts for itself.
+                text = http(metrics_url)[1]
+                used = metric(text, contract.METRIC_MEMORY_USED_BYTES)
+                assert used is not None
+                own = max(0, int(used) - rss(ballast.pid))
+                want = max(0, int(ratio * capacity) - own)
+                target.write_text(str(want))
+                deadline = time.monotonic() + 15
+                while abs(rss(ballast.pid) - want) > 12 * 2**20 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(0.5)  # a guard reading or two
                 now = level()
-                if abs(now - ratio) < 0.015:
+                print(f"drive {ratio}: ballast {rss(ballast.pid) >> 20} MiB (want {want >> 20}), "
+                      f"worker {own >> 20} MiB, level {now:.3f}")
+                if abs(now - ratio) < 0.02:
                     return now
-                current = int(target.read_text())
-                target.write_text(str(max(0, current + int((ratio - now) * capacity))))
-                time.sleep(0.8)
             return level()
 
         def annotated() -> str:
@@ -377,17 +396,19 @@ def test_memory_pressure_moves_tiers_with_hysteresis(env: Env, tiny_model: Path,
 BALLAST = """
 import sys, time
 path = sys.argv[1]
-held = b""
+CHUNK = 4 * 1024 * 1024  # resize in small steps, so the level never dips or spikes while moving
+held = []
 deadline = time.monotonic() + 600
 while time.monotonic() < deadline:
     try:
-        want = int(open(path).read().strip() or 0)
+        want = int(open(path).read().strip() or 0) // CHUNK
     except (OSError, ValueError):
         want = len(held)
-    if want != len(held):
-        held = b""
-        held = b"\\x01" * want
-    time.sleep(0.1)
+    while len(held) < want:
+        held.append(b"\\x01" * CHUNK)
+    while len(held) > want:
+        held.pop()
+    time.sleep(0.05)
 """
 
 
