@@ -1,0 +1,81 @@
+{{/*
+Names and labels, after `helm create`'s helpers.  Every object of the chart takes its
+labels from here so that `kubectl get all -l app.kubernetes.io/instance=<release>` finds
+all of them.
+*/}}
+
+{{/* The chart's name, shortened to a DNS label. */}}
+{{- define "warmpool.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The fully qualified app name, e.g. "warmpool" for release "warmpool", "prod-warmpool" for
+release "prod".  Truncated to 63 characters because some fields are limited to a DNS label.
+*/}}
+{{- define "warmpool.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "warmpool-0.1.0", for the helm.sh/chart label. */}}
+{{- define "warmpool.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The labels every object carries. */}}
+{{- define "warmpool.labels" -}}
+helm.sh/chart: {{ include "warmpool.chart" . }}
+{{ include "warmpool.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: warmpool
+{{- end }}
+
+{{/*
+The operator pod's selector labels.  Immutable in a Deployment once created: never add a
+value-dependent label here.
+*/}}
+{{- define "warmpool.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "warmpool.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "warmpool.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "warmpool.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image: digest wins over tag; the tag defaults to the chart's appVersion. */}}
+{{- define "warmpool.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The namespaces the operator watches when not cluster-wide, as a list (JSON, for fromJsonArray):
+watch.namespaces, or the release's namespace when that list is empty.
+*/}}
+{{- define "warmpool.watchNamespaces" -}}
+{{- if .Values.watch.namespaces }}
+{{- .Values.watch.namespaces | uniq | toJson }}
+{{- else }}
+{{- list .Release.Namespace | toJson }}
+{{- end }}
+{{- end }}
