@@ -192,14 +192,13 @@ def _env(items: list[EnvVar] | None) -> list[Obj]:
 
 
 def _worker_args(target: Target) -> list[str]:
+    """The worker's arguments: shared warm-up/gating flags, then the mode's own, then the user's."""
     spec = target.spec
     gating = spec.gating
     warmup = spec.warmup
     args = [
-        f"--model={contract.MODEL_MOUNT_PATH}",
         f"--host=$({contract.ENV_POD_IP})",
         f"--port={spec.pod.port}",
-        f"--model-name={spec.model.served_name or target.name}",
         f"--heat-map={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_HEATMAP}",
         f"--buckets={','.join(str(b) for b in warmup.buckets)}",
         f"--truncate-at={gating.truncate_at_percent}",
@@ -213,10 +212,24 @@ def _worker_args(target: Target) -> list[str]:
         args.append(f"--prompts={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_PROMPTS}")
     elif warmup.prompts_config_map_ref is not None:
         args.append(f"--prompts={contract.PROMPTS_MOUNT_PATH}/{contract.CONFIGMAP_KEY_PROMPTS}")
-    if warmup.kv_prefix_persistence:
-        args.append(f"--kv-prefix-dir={contract.KV_PREFIX_MOUNT_PATH}")
-    if not warmup.graph_capture:
-        args.append("--no-graph-capture")
+    if spec.engine.kind == "sidecar":
+        # The sidecar prefetches the weights the engine reads and warms the engine over HTTP
+        # on the pod's shared loopback.
+        args += [
+            f"--engine-url=http://127.0.0.1:{spec.engine.port}",
+            f"--health-path={spec.engine.health_path}",
+            f"--model-dir={contract.MODEL_MOUNT_PATH}",
+        ]
+        if spec.model.served_name:
+            args.append(f"--served-model-name={spec.model.served_name}")
+    else:
+        args += [
+            f"--model={contract.MODEL_MOUNT_PATH}",
+            f"--model-name={spec.model.served_name or target.name}",
+            "--graph-capture" if warmup.graph_capture else "--no-graph-capture",
+        ]
+        if warmup.kv_prefix_persistence:
+            args.append(f"--kv-prefix-dir={contract.KV_PREFIX_MOUNT_PATH}")
     return args + list(spec.pod.worker_args or [])
 
 
@@ -357,11 +370,6 @@ def build_pod_template(target: Target) -> Obj:
             engine["resources"] = pod.resources.model_dump(by_alias=True, exclude_none=True)
             worker.pop("resources", None)
         worker["command"] = ["warmpool", "worker", "sidecar"]
-        worker["args"] = [
-            *_worker_args(target),
-            f"--engine-url=http://127.0.0.1:{spec.engine.port}",
-            f"--engine-health-path={spec.engine.health_path}",
-        ]
         containers = [worker, engine]
 
     annotations = {

@@ -151,3 +151,32 @@ def test_builders_do_not_mutate_or_depend_on_call_order() -> None:
     builders.build_deployment(t)
     builders.build_service(t)
     assert t.spec.model_dump() == before
+
+
+def _expand(args: list[str], t: Target) -> list[str]:
+    return [a.replace(f"$({contract.ENV_POD_IP})", "127.0.0.1") for a in args]
+
+
+def test_builtin_args_parse_with_the_workers_own_parser() -> None:
+    from warmpool_worker.cli import build_parser
+
+    t = target(warmup={"prompts": ["x"], "graphCapture": False, "kvPrefixPersistence": True})
+    c = worker(builders.build_deployment(t))
+    parsed = build_parser().parse_args(["serve", *_expand(c["args"], t)])
+    assert parsed.graph_capture is False and str(parsed.kv_prefix_dir) == contract.KV_PREFIX_MOUNT_PATH
+    assert parsed.buckets == (32, 128, 512) and parsed.host == "127.0.0.1"
+
+
+def test_sidecar_pod_has_engine_and_warmpool_sidecar() -> None:
+    from warmpool_worker.cli import build_parser
+
+    t = target(engine={"kind": "sidecar", "image": "vllm/vllm-openai:v0.6.0", "args": ["--model=/warmpool/model"]},
+               pod={"resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}})
+    dep = builders.build_deployment(t)
+    containers = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+    engine, side = containers[contract.ENGINE_CONTAINER], containers[contract.WORKER_CONTAINER]
+    assert engine["image"] == "vllm/vllm-openai:v0.6.0" and engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "resources" not in side  # the accelerator belongs to the engine
+    assert side["command"] == ["warmpool", "worker", "sidecar"]
+    parsed = build_parser().parse_args(["sidecar", *_expand(side["args"], t)])
+    assert parsed.engine_url == "http://127.0.0.1:8000" and str(parsed.model_dir) == contract.MODEL_MOUNT_PATH
