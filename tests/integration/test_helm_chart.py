@@ -1,0 +1,527 @@
+"""The Helm chart, offline: lint, render with several value sets, validate every rendered
+object with kubeconform (strict) against the Kubernetes 1.34 schemas of the running API
+server and our CRD's schema, refuse bad values with the schema's message, and keep the
+chart's conventions (every value commented, every RBAC rule commented, strict schema).
+
+kubeconform's schemas are generated from the API server's /openapi/v2 (below): GitHub, where
+kubeconform would download them from, is not reachable here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from warmpool_devcluster import build
+from warmpool_devcluster.testing import ClusterHandle
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "warmpool"
+CRD_FILE = REPO / "crds" / "warmmodels.warmpool.dev.yaml"
+#: Kinds whose schemas no offline source has (the Prometheus Operator's CRDs are not part of
+#: this repository or the cluster): kubeconform skips them; test_monitors checks them.
+MONITOR_KINDS = ("ServiceMonitor", "PodMonitor")
+
+Obj = dict[str, Any]
+
+
+def _bin(name: str) -> str:
+    return str(build.ensure_binaries([name])[name])
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([_bin("helm"), *args], capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def render(tmp_path: Path, values: Mapping[str, Any] | None = None, namespace: str = "warmpool-system") -> str:
+    args = ["template", "wp", str(CHART), "--namespace", namespace]
+    if values is not None:
+        path = tmp_path / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
+        path.write_text(yaml.safe_dump(dict(values)))
+        args += ["-f", str(path)]
+    return helm(*args).stdout
+
+
+def objects(manifest: str) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(manifest) if doc]
+
+
+def by_kind(objs: Sequence[Obj], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def schema_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kubeconform's schemas: every built-in kind of the running 1.34 API server, and WarmModel."""
+    out = tmp_path_factory.mktemp("kubeconform-schemas")
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    assert (version["major"], version["minor"].rstrip("+")) == ("1", "34"), version
+    openapi = json.loads(cluster.kubectl("get", "--raw", "/openapi/v2", timeout=60).stdout)
+    assert write_kubernetes_schemas(openapi, out) > 100
+    write_crd_schemas(yaml.safe_load(CRD_FILE.read_text()), out)
+    return out
+
+
+def kubeconform(schema_dir: Path, manifest: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_bin("kubeconform"), "-strict", "-summary", "-output", "text", "-kubernetes-version", "1.34.0",
+         "-schema-location", str(schema_dir / LOCATION_TEMPLATE), "-skip", ",".join(MONITOR_KINDS), *extra, "-"],
+        input=manifest, capture_output=True, text=True, timeout=120,
+    )
+
+
+def assert_valid(schema_dir: Path, manifest: str) -> None:
+    proc = kubeconform(schema_dir, manifest)
+    assert proc.returncode == 0, f"kubeconform:\n{proc.stdout}\n{proc.stderr}"
+    assert "Invalid: 0, Errors: 0" in proc.stdout, proc.stdout
+
+
+# --------------------------------------------------------------------------- offline schemas
+
+# Offline JSON schemas for kubeconform, from the running API server and from our CRD.
+#
+# kubeconform normally downloads its schemas (yannh/kubernetes-json-schema, made by
+# openapi2jsonschema) from GitHub, which this machine cannot reach.  The same files can be
+# made locally: the API server publishes every built-in kind's schema at ``/openapi/v2``,
+# and our CRD carries its own ``openAPIV3Schema``.  These functions write one standalone file
+# per kind, in the layout kubeconform's ``-schema-location`` template names:
+#
+#     <dir>/{{ .ResourceKind }}{{ .KindSuffix }}.json     e.g. deployment-apps-v1.json,
+#                                                               configmap-v1.json,
+#                                                               warmmodel-warmpool-v1alpha1.json
+#
+# "strict" the way ``openapi2jsonschema --strict`` makes it: every object schema that lists
+# its properties refuses others (``additionalProperties: false``), so a misspelt field in a
+# rendered manifest fails validation.  Kubernetes' "int-or-string" and Quantity types, which
+# the OpenAPI document types as strings, accept numbers too (``port: 8080``, ``cpu: 1``).
+
+Schema = dict[str, Any]
+
+#: kubeconform's template for the files written here (pass with -schema-location).
+LOCATION_TEMPLATE = "{{ .ResourceKind }}{{ .KindSuffix }}.json"
+
+_INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
+_QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
+
+
+def file_name(group: str, version: str, kind: str) -> str:
+    """The file kubeconform looks for (see schemaPath in kubeconform's pkg/registry)."""
+    suffix = f"-{group.split('.')[0].lower()}-{version.lower()}" if group else f"-{version.lower()}"
+    return f"{kind.lower()}{suffix}.json"
+
+
+def _strict(schema: Any) -> Any:
+    """A copy of ``schema`` in which every object with properties refuses unknown ones.
+
+    Walks schema positions only (a property may be *named* "oneOf" or "properties", as in
+    the CRD kind's own JSONSchemaProps), so keywords are never confused with field names.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ("properties", "patternProperties", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _strict(sub) for name, sub in out[key].items()}
+    for key in ("additionalProperties", "not"):
+        if isinstance(out.get(key), dict):
+            out[key] = _strict(out[key])
+    if isinstance(out.get("items"), dict):
+        out["items"] = _strict(out["items"])
+    elif isinstance(out.get("items"), list):
+        out["items"] = [_strict(sub) for sub in out["items"]]
+    for key in ("allOf", "anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_strict(sub) for sub in out[key]]
+    if out.pop("x-kubernetes-int-or-string", False):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "string"}, {"type": "integer"}]
+    preserve = bool(out.get("x-kubernetes-preserve-unknown-fields"))
+    if "properties" in out and "additionalProperties" not in out and not preserve:
+        out["additionalProperties"] = False
+    return out
+
+
+def _refs(node: Any) -> Iterable[str]:
+    if isinstance(node, dict):
+        ref = node.get("$ref")  # a field named "$ref" (JSONSchemaProps) holds a dict: skipped
+        if isinstance(ref, str) and ref.startswith("#/definitions/"):
+            yield ref.removeprefix("#/definitions/")
+        for value in node.values():
+            yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def _closure(definitions: Mapping[str, Schema], root: str) -> dict[str, Schema]:
+    """``root`` and every definition it reaches through $ref."""
+    seen: dict[str, Schema] = {}
+    todo = [root]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in definitions:
+            continue
+        seen[name] = definitions[name]
+        todo.extend(_refs(definitions[name]))
+    return seen
+
+
+def write_kubernetes_schemas(openapi_v2: Mapping[str, Any], out_dir: Path) -> int:
+    """One strict standalone schema per built-in kind; returns how many were written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    definitions: dict[str, Schema] = copy.deepcopy(dict(openapi_v2["definitions"]))
+    definitions[_INT_OR_STRING] = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
+    definitions[_QUANTITY] = {"oneOf": [{"type": "string"}, {"type": "number"}]}
+    written = 0
+    for name, schema in definitions.items():
+        gvks = schema.get("x-kubernetes-group-version-kind") or []
+        if len(gvks) != 1:  # shared types (DeleteOptions, WatchEvent) are no manifest's kind
+            continue
+        gvk = gvks[0]
+        reached = _closure(definitions, name)
+        standalone: Schema = _strict(reached.pop(name))
+        standalone["definitions"] = {key: _strict(value) for key, value in reached.items()}
+        standalone["$schema"] = "http://json-schema.org/schema#"
+        path = out_dir / file_name(str(gvk.get("group", "")), str(gvk["version"]), str(gvk["kind"]))
+        path.write_text(json.dumps(standalone))
+        written += 1
+    return written
+
+
+def write_crd_schemas(crd: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """One strict schema per served version of a CustomResourceDefinition."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = crd["spec"]
+    paths: list[Path] = []
+    for version in spec["versions"]:
+        schema: Schema = _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+        # The CRD's schema leaves the envelope loose; a manifest's envelope is fixed.
+        props = schema.setdefault("properties", {})
+        props["apiVersion"] = {"type": "string", "enum": [f"{spec['group']}/{version['name']}"]}
+        props["kind"] = {"type": "string", "enum": [spec["names"]["kind"]]}
+        props["metadata"] = {"type": "object"}
+        schema["$schema"] = "http://json-schema.org/schema#"
+        path = out_dir / file_name(spec["group"], version["name"], spec["names"]["kind"])
+        path.write_text(json.dumps(schema))
+        paths.append(path)
+    return paths
+
+
+# --------------------------------------------------------------------------- lint and render
+
+#: Value sets that between them switch every template branch on and off.
+VALUE_SETS: dict[str, Obj] = {
+    "defaults": {},
+    "cluster-wide, everything on": {
+        "watch": {"allNamespaces": True},
+        "crds": {"install": True, "keep": False},
+        "metrics": {
+            "service": {"enabled": True},
+            "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+            "podMonitor": {"enabled": True, "interval": "10s", "labels": {"release": "prom"}},
+        },
+        "dashboard": {"enabled": True, "namespace": "monitoring", "labels": {"grafana_dashboard": "1"}},
+        "operator": {"scrapeNetworks": ["10.0.0.0/8", "fd00::/8"], "logLevel": "DEBUG",
+                     "extraEnv": [{"name": "A", "value": "b"},
+                                  {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]},
+    },
+    "namespaced, bring your own": {
+        "watch": {"allNamespaces": False, "namespaces": ["team-a", "team-b", "team-c"]},
+        "crds": {"install": False, "keep": True},
+        "image": {"repository": "registry.example/warmpool/operator", "digest": "sha256:" + "a" * 64,
+                  "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "serviceAccount": {"create": False, "name": "preexisting"},
+        "resources": {"requests": {"cpu": 1, "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["system"]}]}]}}},
+        "priorityClassName": "system-cluster-critical",
+        "podAnnotations": {"example.com/team": "ml"},
+        "podLabels": {"team": "ml"},
+        "metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": False},
+                    "podMonitor": {"enabled": True}},
+    },
+    "no RBAC, renamed": {"rbac": {"create": False}, "fullnameOverride": "wpop", "dashboard": {"enabled": True}},
+}
+
+
+def test_helm_lint() -> None:
+    for values in ({}, VALUE_SETS["cluster-wide, everything on"]):
+        args = ["lint", "--strict", str(CHART)]
+        for key, value in _flatten(values):
+            args += ["--set-json", f"{key}={json.dumps(value)}"]
+        proc = helm(*args)
+        assert "0 chart(s) failed" in proc.stdout, proc.stdout
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in values.items():
+        if isinstance(value, dict) and value and key not in ("labels", "nodeSelector", "affinity", "resources"):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_rendered_objects_are_valid(name: str, schema_dir: Path, tmp_path: Path) -> None:
+    manifest = render(tmp_path, VALUE_SETS[name])
+    assert_valid(schema_dir, manifest)
+    objs = objects(manifest)
+    for obj in objs:  # the standard labels on every object, from _helpers.tpl
+        labels = obj["metadata"].get("labels") or {}
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                    "app.kubernetes.io/managed-by", "helm.sh/chart"):
+            assert key in labels, f"{obj['kind']}/{obj['metadata']['name']} lacks label {key}"
+    (deployment,) = by_kind(objs, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["warmpool", "operator"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    _assert_restricted(pod)
+
+
+def _assert_restricted(pod: Mapping[str, Any]) -> None:
+    """Pod Security "restricted" as the admission plugin checks it (the install test proves it)."""
+    pod_sc = pod["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["seccompProfile"]["type"] == "RuntimeDefault"
+    for container in pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert sc["readOnlyRootFilesystem"] is True
+    assert all(set(v) & {"emptyDir", "secret", "configMap", "projected"} for v in pod.get("volumes", []))
+
+
+def test_kubeconform_schemas_are_strict(schema_dir: Path) -> None:
+    """The negative control: a misspelt field and a wrong type are caught, so 'valid' means something."""
+    bad = yaml.safe_dump_all([
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+         "spec": {"replicaz": 1, "selector": {"matchLabels": {"a": "b"}},
+                  "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c"}]}}}},
+        {"apiVersion": "warmpool.dev/v1alpha1", "kind": "WarmModel", "metadata": {"name": "y"},
+         "spec": {"model": {"hostPath": {"path": "/m"}}, "pool": {"replicas": "three"}}},
+    ])
+    proc = kubeconform(schema_dir, bad)
+    assert proc.returncode != 0
+    assert "replicaz" in proc.stdout, proc.stdout
+    assert "Invalid: 2" in proc.stdout, proc.stdout
+
+
+def test_examples_match_the_crd_schema(schema_dir: Path) -> None:
+    manifest = "\n---\n".join(p.read_text() for p in sorted((REPO / "examples").glob("*.yaml")))
+    assert_valid(schema_dir, manifest)
+
+
+def test_rbac_by_scope(tmp_path: Path) -> None:
+    namespaced = objects(render(tmp_path, VALUE_SETS["namespaced, bring your own"]))
+    roles = by_kind(namespaced, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b", "team-c"]
+    assert sorted(b["metadata"]["namespace"] for b in by_kind(namespaced, "RoleBinding")) == [
+        "team-a", "team-b", "team-c"]
+    for binding in by_kind(namespaced, "RoleBinding") + by_kind(namespaced, "ClusterRoleBinding"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "preexisting",
+                                        "namespace": "warmpool-system"}]
+    (discovery,) = by_kind(namespaced, "ClusterRole")
+    assert {r for rule in discovery["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
+                                                                              "namespaces"}
+    args = by_kind(namespaced, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == [
+        "--namespace=team-a", "--namespace=team-b", "--namespace=team-c"]
+    assert not by_kind(namespaced, "ServiceAccount")
+
+    default = objects(render(tmp_path, {}, namespace="ops"))
+    assert [r["metadata"]["namespace"] for r in by_kind(default, "Role")] == ["ops"]
+
+    wide = objects(render(tmp_path, VALUE_SETS["cluster-wide, everything on"]))
+    assert not by_kind(wide, "Role") and not by_kind(wide, "RoleBinding")
+    cluster_roles = {r["metadata"]["name"]: r for r in by_kind(wide, "ClusterRole")}
+    assert set(cluster_roles) == {"wp-warmpool", "wp-warmpool-discovery"}
+    # Cluster-wide kopf never lists namespaces: no rule for them.
+    assert {r for rule in cluster_roles["wp-warmpool-discovery"]["rules"] for r in rule["resources"]} == {
+        "customresourcedefinitions"}
+    args = by_kind(wide, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
+
+    assert not [o for o in objects(render(tmp_path, {"rbac": {"create": False}}))
+                if o["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")]
+
+
+def test_rbac_grants_no_deletes_no_secret_listing(tmp_path: Path) -> None:
+    for name in ("defaults", "cluster-wide, everything on"):
+        for role in [o for o in objects(render(tmp_path, VALUE_SETS[name])) if o["kind"] in ("Role", "ClusterRole")]:
+            for rule in role["rules"]:
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+                assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+                if "secrets" in rule["resources"]:
+                    assert not {"list", "watch"} & set(rule["verbs"]), rule
+
+
+def test_every_rbac_rule_is_commented() -> None:
+    """Each rule in rbac.yaml has a comment right above it saying who needs it, [kopf] or [warmpool]."""
+    lines = (CHART / "templates" / "rbac.yaml").read_text().splitlines()
+    rules = [i for i, line in enumerate(lines) if line.lstrip().startswith("- apiGroups:")]
+    assert len(rules) >= 10
+    for i in rules:
+        j = i - 1
+        while lines[j].strip().startswith("{{"):  # template control lines between comment and rule
+            j -= 1
+        above = lines[j].strip()
+        assert above.startswith("#"), f"rbac.yaml line {i + 1}: rule without a comment"
+        block = [lines[k] for k in range(j, 0, -1) if lines[k].strip().startswith("#")]
+        assert any("[kopf]" in c or "[warmpool]" in c for c in block), f"rbac.yaml line {i + 1}: whose need?"
+
+
+def test_chart_crd_is_the_repositorys_crd(tmp_path: Path) -> None:
+    """files/crds/ links to crds/ (Helm reads nothing outside the chart; `helm package` stores
+    the linked content), and the template renders that CRD unchanged."""
+    link = CHART / "files" / "crds" / CRD_FILE.name
+    assert link.resolve() == CRD_FILE.resolve(), "files/crds/ must link to the generated crds/ file"
+    (crd,) = by_kind(objects(render(tmp_path, {})), "CustomResourceDefinition")
+    source = yaml.safe_load(CRD_FILE.read_text())
+    assert json.loads(json.dumps(crd["spec"])) == json.loads(json.dumps(source["spec"]))
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    (crd,) = by_kind(objects(render(tmp_path, {"crds": {"install": True, "keep": False}})), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+    assert not by_kind(objects(render(tmp_path, {"crds": {"install": False, "keep": True}})),
+                       "CustomResourceDefinition")
+
+
+def test_monitors_and_dashboard(tmp_path: Path) -> None:
+    objs = objects(render(tmp_path, VALUE_SETS["cluster-wide, everything on"]))
+    (service_monitor,) = by_kind(objs, "ServiceMonitor")
+    assert service_monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert service_monitor["metadata"]["labels"]["release"] == "prom"
+    (service,) = by_kind(objs, "Service")
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service_monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    (pod_monitor,) = by_kind(objs, "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    # The labels the operator puts on worker pods, and the port it names.
+    from warmpool import contract
+
+    assert pod_monitor["spec"]["selector"]["matchLabels"] == {
+        contract.LABEL_COMPONENT: contract.COMPONENT_WORKER, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["path"] == contract.PATH_METRICS
+
+    (dashboard_cm,) = [o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    assert dashboard_cm["metadata"]["namespace"] == "monitoring"
+    dashboard = json.loads(dashboard_cm["data"]["warmpool.json"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in (contract.METRIC_PHASE_DURATION, contract.METRIC_TIER, contract.METRIC_MEMORY_USED_RATIO,
+                   contract.METRIC_TTFT, contract.METRIC_OPERATOR_WARM_PODS, contract.METRIC_OPERATOR_RECONCILE_ERRORS):
+        assert metric in exprs, f"dashboard lacks {metric}"
+    for word in re.findall(r"warmpool_[a-z_]+", exprs):  # no invented metric names
+        base = re.sub(r"_(bucket|count|sum)$", "", word)
+        assert base in vars(contract).values(), f"dashboard uses {word}, which warmpool/contract.py does not name"
+
+
+# --------------------------------------------------------------------------- bad values
+
+BAD_VALUES: dict[str, tuple[Obj, str]] = {
+    "typo at the top": ({"imgae": {"tag": "x"}}, "imgae"),
+    "typo nested": ({"operator": {"scrapeIntervall": 5}}, "scrapeIntervall"),
+    "typo two levels down": ({"probes": {"liveness": {"periodSecond": 5}}}, "periodSecond"),
+    "wrong type": ({"operator": {"scrapeInterval": "fast"}}, "want number"),
+    "wrong type bool": ({"watch": {"allNamespaces": "yes"}}, "want boolean"),
+    "not in enum": ({"operator": {"logLevel": "VERBOSE"}}, "logLevel"),
+    "bad namespace name": ({"watch": {"namespaces": ["Team_A"]}}, "namespaces"),
+    "port out of range": ({"operator": {"metricsPort": 70000}}, "metricsPort"),
+    "bad digest": ({"image": {"digest": "latest"}}, "digest"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_VALUES))
+def test_bad_values_fail_with_the_schemas_message(name: str, tmp_path: Path) -> None:
+    values, needle = BAD_VALUES[name]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(values))
+    proc = helm("template", "wp", str(CHART), "-f", str(path), check=False)
+    assert proc.returncode != 0, proc.stdout[:500]
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert needle in proc.stderr, proc.stderr
+
+
+def test_servicemonitor_needs_the_service(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}))
+    proc = helm("template", "wp", str(CHART), "-f", str(path), check=False)
+    assert proc.returncode != 0 and "metrics.service.enabled" in proc.stderr
+
+
+# --------------------------------------------------------------------------- conventions
+
+
+def _schema_keys(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for key, sub in (schema.get("properties") or {}).items():
+        yield prefix + key, sub
+        yield from _schema_keys(sub, f"{prefix}{key}.")
+
+
+def test_values_schema_refuses_unknown_keys_at_every_level() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node: Mapping[str, Any], where: str) -> None:
+        if "properties" in node:
+            assert node.get("additionalProperties") is False, f"{where or '<root>'} accepts unknown keys"
+        for key, sub in (node.get("properties") or {}).items():
+            walk(sub, f"{where}.{key}".lstrip("."))
+        items = node.get("items")
+        if isinstance(items, dict):
+            walk(items, f"{where}[]")
+
+    walk(schema, "")
+
+
+def test_every_value_is_commented_and_in_the_schema() -> None:
+    """Each key of values.yaml the schema declares has a comment above it; none is undeclared."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    declared = {key for key, _ in _schema_keys(schema)}
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    stack: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    for i, line in enumerate(lines):
+        match = re.match(r"^(\s*)([A-Za-z0-9_.\-/]+):(\s|$)", line)
+        if not match or line.lstrip().startswith("#"):
+            continue
+        indent = len(match.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([*(k for _, k in stack), match.group(2)])
+        stack.append((indent, match.group(2)))
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        if parent and parent not in declared:
+            continue
+        if parent in declared and path not in declared:
+            # A free-form map's entries (resources.requests.cpu, dashboard.labels.*) are data.
+            parent_schema = dict(_schema_keys(schema))[parent]
+            assert "properties" not in parent_schema, f"values.yaml: {path} is not in values.schema.json"
+            continue
+        assert path in declared, f"values.yaml: {path} is not in values.schema.json"
+        assert lines[i - 1].strip().startswith("#"), f"values.yaml line {i + 1}: {path} has no comment"
+        seen.add(path)
+    # Left out of values.yaml: Helm's `global`, and the optional fields of a value whose
+    # default is empty (affinity: {} has nodeAffinity, podAffinity, ...).
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in declared - seen - {"global"}:
+        node: Any = defaults
+        for part in path.split(".")[:-1]:
+            node = node[part]
+        assert node == {}, f"schema key {path} is missing from values.yaml"
