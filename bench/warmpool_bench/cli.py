@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     cold.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     cold.add_argument("--name", default="coldstart", help="results file stem")
 
+    render = commands.add_parser("render", help="re-render the Markdown of a results JSON")
+    render.add_argument("json", type=Path, help="bench/results/<name>.json (the .md is written beside it)")
+
     scale = commands.add_parser("scale", help="the operator with N WarmModels on the local control plane")
     scale.add_argument("--count", type=_positive, default=200, help="the largest N")
     scale.add_argument("--steps", type=_csv, default=None,
@@ -72,7 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "coldstart":
         return _coldstart(args)
+    if args.command == "render":
+        return _render(args.json)
     return _scale(args)
+
+
+def _render(path: Path) -> int:
+    from warmpool_bench.report import render_coldstart, render_scale
+
+    result = json.loads(path.read_text())
+    renderer = render_coldstart if result.get("benchmark") == "coldstart" else render_scale
+    path.with_suffix(".md").write_text(renderer(result))
+    print(path.with_suffix(".md").read_text())
+    return 0
 
 
 def _coldstart(args: argparse.Namespace) -> int:

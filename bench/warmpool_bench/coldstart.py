@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -113,9 +114,13 @@ def prepare_model(size: str, cache_root: Path, work_dir: Path) -> BenchModel:
     if size == "small":
         from warmpool_worker.model_fetch import default_model_dir
 
-        model_dir = default_model_dir()
-        if not (model_dir / "model.safetensors").is_file():
-            raise SystemExit(f"{model_dir}: the small real model is missing: run `warmpool model fetch` first")
+        source = default_model_dir()
+        if not (source / "model.safetensors").is_file():
+            raise SystemExit(f"{source}: the small real model is missing: run `warmpool model fetch` first")
+        # A private copy: other processes (tests, a demo) may hold the shared cache's files
+        # mapped, and mapped pages cannot be evicted, so "cold" would silently be warm.
+        model_dir = work_dir / size / "model"
+        _copy_if_changed(source, model_dir)
     elif size in ("synthetic", "tiny"):
         shape = SYNTHETIC_SHAPE if size == "synthetic" else TINY_SHAPE
         model_dir = cache_root / "models" / (SYNTHETIC_DIR if size == "synthetic" else "bench-tiny-llama")
@@ -130,6 +135,17 @@ def prepare_model(size: str, cache_root: Path, work_dir: Path) -> BenchModel:
     model.work.mkdir(parents=True, exist_ok=True)
     _make_pickle(model)
     return model
+
+
+def _copy_if_changed(source: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if not path.is_file():
+            continue
+        target = dest / path.name
+        if not target.is_file() or target.stat().st_size != path.stat().st_size \
+                or target.stat().st_mtime_ns < path.stat().st_mtime_ns:
+            shutil.copyfile(path, target)
 
 
 def _make_pickle(model: BenchModel) -> None:

@@ -34,6 +34,10 @@ def fmt(value: float | None, unit: str = "", digits: int = 2) -> str:
     return f"{value:.{digits}f}{unit}"
 
 
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
 def fmt_mib(value: float | None) -> str:
     return "-" if value is None else f"{value / 2**20:.0f}"
 
@@ -41,8 +45,8 @@ def fmt_mib(value: float | None) -> str:
 def coldstart_table(model: Mapping[str, Any], states: Sequence[str]) -> list[str]:
     lines = [
         "| variant | cache | ready s | first token s | weights usable s | load s | first ÷ steady TTFT "
-        "| steady TTFT ms | peak RSS MiB | runs ok |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| steady TTFT ms | peak RSS MiB | cached before | runs ok |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for variant, per_state in model["variants"].items():
         for state in states:
@@ -58,7 +62,7 @@ def coldstart_table(model: Mapping[str, Any], states: Sequence[str]) -> list[str
                 f"| {VARIANT_LABELS.get(variant, variant)} | {state} | {fmt(ready)} | {fmt(med.get('first_token_s'))} "
                 f"| {fmt(med.get('usable_s'))} | {fmt(med.get('load_s') if variant != 'floor' else med.get('read_s'))} "
                 f"| {fmt(ratio(med.get('first_ttft_s'), steady))} | {fmt(steady_ms, digits=0)} "
-                f"| {fmt_mib(med.get('peak_rss_bytes'))} | {ok}/{len(runs)} |"
+                f"| {fmt_mib(med.get('peak_rss_bytes'))} | {fmt_pct(med.get('resident_before'))} | {ok}/{len(runs)} |"
             )
     return lines
 

@@ -163,8 +163,11 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
             base = _proc_cpu_rss(operator.pid)
             docs = "\n---\n".join(json.dumps(warmmodel_manifest(f"wm-{i:04d}", namespace)) for i in range(count))
             applied = time.monotonic()
-            cluster.kubectl("apply", "-f", "-", input=docs, timeout=600)
+            done = cluster.kubectl("apply", "-f", "-", input=docs, timeout=600, check=False)
             point["apply_s"] = time.monotonic() - applied
+            if done.returncode != 0:
+                point["error"] = f"kubectl apply failed: {done.stderr[-1000:]}"
+                return point
             ready = 0
             peak_rss = 0
             deadline = applied + timeout_s
@@ -211,7 +214,8 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                 except subprocess.TimeoutExpired:
                     operator.kill()
                     operator.wait(timeout=30)
-            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            # waited for (bounded), so the next N does not share the control plane with this teardown
+            cluster.kubectl("delete", "namespace", namespace, "--timeout=300s", check=False, timeout=330)
     return point
 
 
