@@ -1,0 +1,247 @@
+"""`helm install` into the local cluster: the operator runs through the local kubelet as its
+ServiceAccount, its RBAC is enough (a WarmModel goes warm, no 403 in its log) and no more
+(`kubectl auth can-i` refuses what it was not given), and `helm uninstall` removes it all.
+
+The release namespace enforces Pod Security "restricted", so the API server itself checks
+the operator pod.  The WarmModel lives in a second watched namespace without that label:
+its weights come from a hostPath (the local cluster has no PersistentVolumes), and
+"restricted" forbids hostPath volumes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from warmpool_devcluster import build
+from warmpool_devcluster.testing import ClusterHandle
+
+from warmpool import contract
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "warmpool"
+CRD_NAME = contract.CRD_NAME
+
+
+def helm(
+    cluster: ClusterHandle, *args: str, check: bool = True, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    binary = str(build.ensure_binaries(["helm"])["helm"])
+    proc = subprocess.run([binary, "--kubeconfig", str(cluster.kubeconfig), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def can_i(cluster: ClusterHandle, sa: str, verb: str, resource: str, namespace: str | None,
+          subresource: str | None = None) -> bool:
+    args = ["auth", "can-i", verb, resource, f"--as={sa}"]
+    args += ["-n", namespace] if namespace else []
+    args += [f"--subresource={subresource}"] if subresource else []
+    answer = cluster.kubectl(*args, check=False).stdout.strip()
+    assert answer in ("yes", "no"), answer
+    return answer == "yes"
+
+
+def wait_for(what: str, probe: Any, timeout: float, interval: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def adopt_existing_crd(cluster: ClusterHandle, release: str, namespace: str) -> None:
+    """A CRD applied earlier with kubectl (other tests do) is handed to this release the way
+    Helm adopts existing objects: its ownership label and annotations (docs/runbooks/upgrading.md)."""
+    if cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0:
+        return
+    cluster.kubectl("label", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    cluster.kubectl("annotate", "crd", CRD_NAME, f"meta.helm.sh/release-name={release}",
+                    f"meta.helm.sh/release-namespace={namespace}", "--overwrite")
+
+
+def sa_kubeconfig(cluster: ClusterHandle, account: str, namespace: str, tmp_path: Path) -> Path:
+    """A kubeconfig with nothing but the ServiceAccount's token (no admin client certificate)."""
+    admin = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
+    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration=10m").stdout.strip()
+    entry = admin["clusters"][0]
+    config = {
+        "apiVersion": "v1", "kind": "Config", "clusters": [entry],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": account, "context": {"cluster": entry["name"], "user": account}}],
+        "current-context": account,
+    }
+    path = tmp_path / "sa.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture()
+def models_namespace(cluster: ClusterHandle) -> Iterator[str]:
+    name = f"t-helm-models-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def warm_model_manifest(name: str, model_dir: Path) -> str:
+    return yaml.safe_dump({
+        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+        "kind": contract.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"hostPath": {"path": str(model_dir)}},
+            "pool": {"replicas": 1, "minWarm": 1, "maxReplicas": 2},
+            "warmup": {"buckets": [8, 16], "timeoutSeconds": 120},
+        },
+    })
+
+
+def operator_log(cluster: ClusterHandle, namespace: str, pod: str) -> str:
+    log_dir = cluster.pod_log_dir(namespace, pod)
+    if log_dir is None:
+        return ""
+    return "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("*.log")))
+
+
+def test_install_run_rbac_warm_uninstall(
+    cluster: ClusterHandle, namespace: str, models_namespace: str, tmp_path: Path
+) -> None:
+    from warmpool_worker.testing_models import make_tiny_llama
+
+    release = f"wp{uuid.uuid4().hex[:6]}"
+    fullname = f"{release}-warmpool"
+    sa = f"system:serviceaccount:{namespace}:{fullname}"
+    cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    adopt_existing_crd(cluster, release, namespace)
+
+    values = {
+        "watch": {"namespaces": [namespace, models_namespace]},
+        # Loopback pod IPs only (the local cluster); fast ticks keep the test short.
+        "operator": {"scrapeNetworks": ["127.0.0.0/8"], "scrapeInterval": 2, "logLevel": "INFO"},
+        "probes": {"readiness": {"initialDelaySeconds": 1, "periodSeconds": 2, "timeoutSeconds": 5,
+                                 "failureThreshold": 3}},
+    }
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    installed = False
+    try:
+        helm(cluster, "install", release, str(CHART), "-n", namespace, "-f", str(values_file),
+             "--wait", "--timeout", "180s")
+        installed = True
+
+        # --- the operator pod runs, Ready, as its ServiceAccount, under "restricted"
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l",
+                                          f"app.kubernetes.io/instance={release}", "-o", "json").stdout)["items"]
+        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+        pod = pods[0]
+        assert pod["spec"]["serviceAccountName"] == fullname
+        assert pod["status"]["phase"] == "Running"
+
+        # --- RBAC: enough ...
+        allowed = [
+            ("list", "warmmodels.warmpool.dev", models_namespace, None),
+            ("watch", "warmmodels.warmpool.dev", namespace, None),
+            ("patch", "warmmodels.warmpool.dev", models_namespace, None),
+            ("patch", "warmmodels.warmpool.dev", models_namespace, "status"),
+            ("create", "deployments.apps", models_namespace, None),
+            ("update", "deployments.apps", models_namespace, None),
+            ("update", "services", models_namespace, None),
+            ("create", "poddisruptionbudgets.policy", models_namespace, None),
+            ("patch", "configmaps", models_namespace, None),
+            ("get", "secrets", models_namespace, None),
+            ("list", "pods", models_namespace, None),
+            ("patch", "pods", models_namespace, None),
+            ("create", "events", models_namespace, None),
+            ("watch", "customresourcedefinitions.apiextensions.k8s.io", None, None),
+        ]
+        # ... and no more.
+        refused = [
+            ("list", "secrets", models_namespace, None),  # only its own Secrets, by name
+            ("watch", "secrets", models_namespace, None),
+            ("delete", "deployments.apps", models_namespace, None),  # owner references do that
+            ("delete", "pods", models_namespace, None),
+            ("create", "pods", models_namespace, None),
+            ("create", "pods", models_namespace, "exec"),
+            ("delete", "warmmodels.warmpool.dev", models_namespace, None),
+            ("list", "warmmodels.warmpool.dev", "default", None),  # not a watched namespace
+            ("get", "secrets", "kube-system", None),
+            ("create", "deployments.apps", "default", None),
+            ("list", "nodes", None, None),
+            ("create", "clusterroles.rbac.authorization.k8s.io", None, None),
+            ("create", "rolebindings.rbac.authorization.k8s.io", models_namespace, None),
+            ("delete", "customresourcedefinitions.apiextensions.k8s.io", None, None),
+            ("update", "customresourcedefinitions.apiextensions.k8s.io", None, None),
+        ]
+        wrong = [f"not allowed: {a}" for a in allowed if not can_i(cluster, sa, *a)]
+        wrong += [f"not refused: {r}" for r in refused if can_i(cluster, sa, *r)]
+        assert not wrong, wrong
+        # What the API server says to the ServiceAccount itself, not just what can-i predicts.
+        sa_config = sa_kubeconfig(cluster, fullname, namespace, tmp_path)
+        forbidden = cluster.kubectl("--kubeconfig", str(sa_config), "get", "secrets", "-n", models_namespace,
+                                    check=False)
+        assert forbidden.returncode != 0 and "Forbidden" in forbidden.stderr, forbidden.stderr
+        listed = cluster.kubectl("--kubeconfig", str(sa_config), "get", "wm", "-n", models_namespace)
+        assert listed.returncode == 0
+
+        # --- a WarmModel applied afterwards goes warm
+        model_dir = make_tiny_llama(tmp_path / "tiny-llama")
+        cluster.kubectl("apply", "-n", models_namespace, "-f", "-", input=warm_model_manifest("tiny", model_dir))
+
+        def warm() -> dict[str, Any] | None:
+            status = json.loads(cluster.kubectl("get", "wm", "tiny", "-n", models_namespace, "-o", "json").stdout
+                                ).get("status") or {}
+            ready = {c["type"]: c for c in status.get("conditions") or []}.get(contract.CONDITION_READY) or {}
+            return status if ready.get("status") == "True" and status.get("warmReplicas", 0) >= 1 else None
+
+        try:
+            status = wait_for("WarmModel tiny to be Ready with a warm replica", warm, timeout=240)
+        except AssertionError:
+            print(cluster.kubectl("get", "wm,pods,events", "-n", models_namespace, check=False).stdout)
+            print(operator_log(cluster, namespace, pod["metadata"]["name"])[-5000:])
+            raise
+        assert status["observedGeneration"] >= 1
+        worker_pods = json.loads(cluster.kubectl("get", "pods", "-n", models_namespace, "-l",
+                                                 f"{contract.LABEL_MODEL}=tiny", "-o", "json").stdout)["items"]
+        assert any((p["metadata"].get("annotations") or {}).get(contract.ANNOTATION_TIER) == "full"
+                   for p in worker_pods), "the operator did not annotate the worker pod's tier"
+        log = operator_log(cluster, namespace, pod["metadata"]["name"])
+        assert "403" not in log and "Forbidden" not in log, "the operator hit a permission it lacks:\n" + "\n".join(
+            line for line in log.splitlines() if "403" in line or "Forbidden" in line)[:3000]
+
+        # The WarmModel goes before the operator: its finalizer is the operator's to remove.
+        cluster.kubectl("delete", "wm", "tiny", "-n", models_namespace, "--timeout=120s")
+    finally:
+        if installed:
+            helm(cluster, "uninstall", release, "-n", namespace, "--wait", "--timeout", "120s")
+
+    # --- helm uninstall removed everything it installed (the CRD stays by design: crds.keep)
+    selector = f"app.kubernetes.io/instance={release}"
+    for ns in (namespace, models_namespace):
+        left = cluster.kubectl("get", "deployments,services,serviceaccounts,configmaps,roles,rolebindings",
+                               "-n", ns, "-l", selector, "-o", "name").stdout.split()
+        assert not left, f"left behind in {ns}: {left}"
+    left = cluster.kubectl("get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name").stdout.split()
+    assert not left, f"left behind: {left}"
+    wait_for("the operator pod to go", lambda: not cluster.kubectl(
+        "get", "pods", "-n", namespace, "-l", selector, "-o", "name").stdout.strip(), timeout=60)
+    crd = json.loads(cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
+    assert crd["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep"
+    assert release not in helm(cluster, "list", "-n", namespace, "-q").stdout
