@@ -21,6 +21,9 @@ import pytest
 import yaml
 from warmpool_devcluster import build
 from warmpool_devcluster.testing import ClusterHandle
+from warmpool_operator import status
+
+from warmpool import contract
 
 pytestmark = pytest.mark.integration
 
@@ -414,8 +417,6 @@ def test_monitors_and_dashboard(tmp_path: Path) -> None:
     (pod_monitor,) = by_kind(objs, "PodMonitor")
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     # The labels the operator puts on worker pods, and the port it names.
-    from warmpool import contract
-
     assert pod_monitor["spec"]["selector"]["matchLabels"] == {
         contract.LABEL_COMPONENT: contract.COMPONENT_WORKER, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
@@ -525,3 +526,34 @@ def test_every_value_is_commented_and_in_the_schema() -> None:
         for part in path.split(".")[:-1]:
             node = node[part]
         assert node == {}, f"schema key {path} is missing from values.yaml"
+
+
+# --------------------------------------------------------------------------- runbooks
+
+RUNBOOKS = REPO / "docs" / "runbooks"
+
+
+def test_runbooks_use_real_names() -> None:
+    """Metric names, condition reasons and annotations in the runbooks are the code's own."""
+    names = {v for v in vars(contract).values() if isinstance(v, str)}
+    reasons = {v for k, v in vars(status).items() if k.startswith("REASON_") and isinstance(v, str)}
+    pages = {p.name: p.read_text() for p in RUNBOOKS.glob("*.md")}
+    assert {"pool-not-warming.md", "tier-stuck-paused.md", "weights-corrupt-or-missing.md", "operator-down.md",
+            "scaling.md", "upgrading.md"} <= set(pages)
+    for page, text in pages.items():
+        for metric in re.findall(r"(?<![/\w])warmpool_[a-z_]+", text):
+            if metric.endswith("_"):  # a prefix in a grep pattern
+                continue
+            base = re.sub(r"_(bucket|count|sum)$", "", metric)
+            assert base in names, f"{page}: metric {metric} is not in warmpool/contract.py"
+        for annotation in re.findall(r"\bwarmpool\.dev/[a-z-]+(?![0-9a-z-])", text):
+            assert annotation in names, f"{page}: {annotation} is not a name from warmpool/contract.py"
+    # The reasons table covers every reason the operator writes, and nothing else.
+    table = pages["README.md"][pages["README.md"].index("| `Ready` |"):]
+    mentioned = set(re.findall(r"`([A-Z][A-Za-z]+)`", table)) - set(contract.CONDITION_TYPES)
+    assert mentioned == reasons, (mentioned - reasons, reasons - mentioned)
+    for page, text in pages.items():
+        for word in re.findall(r"reason `([A-Z][A-Za-z]+)`", text):
+            assert word in reasons, f"{page}: reason {word} is not one the operator writes"
+    # The events reason the operator posts on tier transitions.
+    assert 'reason="TierChanged"' in (REPO / "operator" / "warmpool_operator" / "handlers.py").read_text()
