@@ -309,8 +309,13 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
         "--root-ca-file", str(pki / "ca.crt"),
         "--cluster-signing-cert-file", str(pki / "ca.crt"), "--cluster-signing-key-file", str(pki / "ca.key"),
         "--allocate-node-cidrs=false",
-        # No cloud, no real kubelets to evict from: keep only what a warm pool needs.
-        "--controllers", "*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+        # No cloud and no node IPAM (a node podCIDR would override kwok's loopback range).
+        # No node-lifecycle controller: the fake nodes cannot fail, and on a loaded machine a late
+        # kwok heartbeat made it mark every pod NotReady (and would taint and evict them) while
+        # the local kubelet, the only source of truth for containers, saw them healthy.
+        "--controllers", ",".join(["*", "-node-ipam-controller", "-cloud-node-lifecycle-controller",
+                                   "-node-lifecycle-controller", "-service-lb-controller",
+                                   "-node-route-controller"]),
         "--v", "1",
     ], root)
     state.pids["kube-scheduler"] = _spawn("kube-scheduler", [

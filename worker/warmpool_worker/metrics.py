@@ -26,7 +26,9 @@ from prometheus_client import (
 
 from warmpool.contract import (
     LABEL_BUCKET,
+    LABEL_DIGEST,
     LABEL_LAYER,
+    LABEL_LAYERS,
     LABEL_PHASE,
     LABEL_SOURCE,
     LABEL_TIER,
@@ -38,6 +40,7 @@ from warmpool.contract import (
     METRIC_MEMORY_CAPACITY_BYTES,
     METRIC_MEMORY_USED_BYTES,
     METRIC_MEMORY_USED_RATIO,
+    METRIC_MODEL_INFO,
     METRIC_PHASE_DURATION,
     METRIC_PHASE_TIMESTAMP,
     METRIC_READY,
@@ -130,6 +133,12 @@ class WorkerMetrics:
         self.layer_heat = Gauge(
             METRIC_LAYER_HEAT, "Per-layer heat (decayed access counts)", [LABEL_LAYER], registry=r
         )
+        self.model_info = Gauge(
+            METRIC_MODEL_INFO,
+            "1 for the checkpoint this worker mapped (digest, decoder layers): keys the operator's heat map",
+            [LABEL_DIGEST, LABEL_LAYERS],
+            registry=r,
+        )
         self.ready = Gauge(METRIC_READY, "1 when warm and serving", registry=r)
         self.ready.set(0)
         self.directive_active.set(0)
@@ -173,6 +182,10 @@ class WorkerMetrics:
         self._set_tier(self.warmup_tier, tier)
 
     # -- layers, warm-up, heat, requests -----------------------------------------------
+    def set_model(self, digest: str, layers: int) -> None:
+        self.model_info.clear()
+        self.model_info.labels(digest, str(layers)).set(1)
+
     def set_layers(self, resident: int, total: int) -> None:
         self.layers_resident.set(resident)
         self.layers_total.set(total)

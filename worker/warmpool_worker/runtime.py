@@ -135,6 +135,7 @@ class WorkerRuntime:
         )
         self.status.model_name = engine.model_name
         self.status.engine = engine
+        self.metrics.set_model(engine.model_digest, engine.num_layers)
         self.status.stage = STAGE_LOADING
         self.metrics.set_layers(engine.layers_resident(), engine.num_layers)
         self.order = self._heat_order(engine)

@@ -1,0 +1,41 @@
+"""The worker's metrics carry what the operator needs to learn heat: one end-to-end parse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from warmpool_operator import heat
+from warmpool_operator.scrape import parse_metrics
+from warmpool_worker.heatmap import read_heatmap
+from warmpool_worker.metrics import WorkerMetrics
+
+pytestmark = pytest.mark.unit
+
+
+def test_worker_metrics_feed_the_operators_heat_map(tmp_path: Path) -> None:
+    metrics = WorkerMetrics(process_start=0.0)
+    metrics.set_model("sha256:abc", 4)
+    metrics.set_heat({0: 1.0, 1: 5.0, 2: 0.5, 3: 2.0})
+    sample = parse_metrics(metrics.render().decode())
+    assert sample.digest == "sha256:abc"
+    assert sample.num_layers == 4
+    aggregated = heat.aggregate([sample])
+    assert aggregated is not None
+    digest, layers, per_layer = aggregated
+    assert (digest, layers) == ("sha256:abc", 4)
+    assert heat.heat_order(per_layer)[0] == 1  # the hottest layer loads first
+    # What the operator writes into the ConfigMap is what a new worker reads back.
+    path = tmp_path / "heatmap.json"
+    path.write_text(heat.render(digest, layers, per_layer, now=1000.0))
+    heat_map = read_heatmap(path)
+    assert heat_map.model_digest == "sha256:abc"
+    assert max(heat_map.heat, key=lambda layer: heat_map.heat[layer]) == 1
+
+
+def test_a_new_model_replaces_the_old_info_series() -> None:
+    metrics = WorkerMetrics(process_start=0.0)
+    metrics.set_model("sha256:old", 4)
+    metrics.set_model("sha256:new", 6)
+    sample = parse_metrics(metrics.render().decode())
+    assert (sample.digest, sample.num_layers) == ("sha256:new", 6)
