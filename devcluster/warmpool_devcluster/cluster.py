@@ -310,12 +310,14 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
         "--cluster-signing-cert-file", str(pki / "ca.crt"), "--cluster-signing-key-file", str(pki / "ca.key"),
         "--allocate-node-cidrs=false",
         # No cloud and no node IPAM (a node podCIDR would override kwok's loopback range).
-        # No node-lifecycle controller: the fake nodes cannot fail, and on a loaded machine a late
-        # kwok heartbeat made it mark every pod NotReady (and would taint and evict them) while
-        # the local kubelet, the only source of truth for containers, saw them healthy.
         "--controllers", ",".join(["*", "-node-ipam-controller", "-cloud-node-lifecycle-controller",
-                                   "-node-lifecycle-controller", "-service-lb-controller",
-                                   "-node-route-controller"]),
+                                   "-service-lb-controller", "-node-route-controller"]),
+        # The node-lifecycle controller stays: it lifts the node.kubernetes.io/not-ready taint the
+        # API server puts on every new node (without it nothing schedules on a fresh cluster).
+        # But the fake nodes cannot fail, and on a loaded machine a late kwok heartbeat made it
+        # mark every pod NotReady (and taint and evict them) while the local kubelet, the only
+        # source of truth for containers, saw them healthy: give heartbeats an hour.
+        "--node-monitor-grace-period", "1h",
         "--v", "1",
     ], root)
     state.pids["kube-scheduler"] = _spawn("kube-scheduler", [
