@@ -490,7 +490,14 @@ def test_against_llama_cpp_server(sidecars: list[SidecarProcess], tmp_path: Path
         )
     try:
         started = time.monotonic()
-        body = sidecar.wait_ready(timeout=240)
+        try:
+            wait_for("the llama.cpp engine warm", lambda: sidecar.readyz()[0] == 200, 240, server, log_path)
+        except AssertionError:
+            if server.returncode == -signal.SIGILL:
+                pytest.fail("llama.cpp died of SIGILL: it was built for instructions this CPU lacks; reinstall "
+                            "with CMAKE_ARGS=-DGGML_NATIVE=OFF (see pyproject's engine-test extra)")
+            raise
+        body = sidecar.wait_ready(timeout=10)
         print(f"llama.cpp: ready (warm) {time.monotonic() - started:.1f}s after the server started; "
               f"warm-up {body['warmup']['seconds']}s")
         assert body["engine"]["model"] == "smollm2"
