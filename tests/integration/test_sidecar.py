@@ -145,6 +145,7 @@ class FakeEngine:
         self.crash_after: int | None = None  # completions before the "process" dies
         self.reject_longer_than: int | None = None  # prompt characters: 400 above this
         self.kv_metric: str | None = "vllm:gpu_cache_usage_perc"
+        self.kv_value = 0.25
         self.completions = 0
         self.start_time = 0.0
         self._loop = asyncio.new_event_loop()
@@ -169,7 +170,7 @@ class FakeEngine:
     async def metrics(self, _request: web.Request) -> web.Response:
         lines = [f"process_start_time_seconds {self.start_time}"]
         if self.kv_metric is not None:
-            lines.append(f'{self.kv_metric}{{model_name="fake"}} 0.25')
+            lines.append(f'{self.kv_metric}{{model_name="fake"}} {self.kv_value}')
         return web.Response(text="\n".join(lines) + "\n")
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
@@ -377,6 +378,23 @@ def test_operator_directive_truncates_the_warmup(
     assert body["warmup"]["tier"] == "truncated" and body["warmup"]["prefills"] == {"8": 1}
     assert engine.completions == 1
     assert sidecar.metric("warmpool_directive_active") == 1
+
+
+def test_tier_from_the_engine_kv_cache(engine: FakeEngine, sidecars: list[SidecarProcess], tmp_path: Path) -> None:
+    engine.kv_metric = "vllm:kv_cache_usage_perc"
+    engine.kv_value = 0.95
+    engine.start()
+    sidecar = SidecarProcess(engine.url, tmp_path, *BUCKETS, "--memory-source", "engine-kv")
+    sidecars.append(sidecar)
+    body = sidecar.wait_ready()
+    assert body["tier"] == "paused" and engine.completions == 0
+    assert sidecar.metric("warmpool_accelerator_memory_used_ratio", source="engine_kv") == 0.95
+    assert sidecar.metric("warmpool_accelerator_memory_used_bytes", source="engine_kv") is None  # not bytes
+    engine.kv_value = 0.10  # room again: the warm-up is topped up without dropping readiness
+    wait_for("the top-up", lambda: engine.completions == 6, 30, sidecar.proc, sidecar.log_path)
+    status, body = sidecar.readyz()
+    assert status == 200 and body["tier"] == "full"
+    wait_for("the warm-up tier", lambda: sidecar.readyz()[1]["warmup"]["tier"] == "full", 10)
 
 
 def _tiny_model(tmp_path: Path, shards: int = 2) -> Path:

@@ -176,6 +176,9 @@ def _add_sidecar_parser(commands: Any) -> None:
     sc.add_argument("--hysteresis", type=_percent, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}")
     sc.add_argument("--hot-layer-percent", type=_percent, default=DEFAULT_HOT_LAYER_PERCENT,
                     help="share of layers prefetched when truncated")
+    sc.add_argument("--memory-source", choices=("device", "engine-kv"), default="device",
+                    help="tier from the device's memory (probe chain) or the engine's KV-cache usage "
+                    "(vLLM pre-allocates the GPU, so device-wide readings sit near 90%%)")
     sc.add_argument("--memory-capacity-bytes", type=_positive_int, default=None,
                     help="measure against this capacity (used = this process tree + --memory-account-pid)")
     sc.add_argument("--memory-account-pid", type=_positive_int, action="append", default=[],

@@ -48,7 +48,7 @@ from prometheus_client import Counter, Gauge
 from warmpool_worker.engine_client import EngineClient, EngineError, EngineScrape, EngineUnavailable
 from warmpool_worker.guard import GuardState, TierGuard
 from warmpool_worker.heatmap import HeatMapError, layer_order, read_heatmap
-from warmpool_worker.memory import make_probe
+from warmpool_worker.memory import MemoryProbe, MemoryReading, make_probe
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
 from warmpool_worker.prefetch import Prefetcher, PrefetchReport, PrefetchStopped, WeightMap, map_weights, plan_prefetch
 from warmpool_worker.server import WorkerServer, WorkerStatus, json_errors
@@ -179,6 +179,30 @@ class SidecarMetrics(WorkerMetrics):
             self.prefetch_resident.set(report.resident_after)
 
 
+#: Scale of the engine-KV "reading": the guard's probe speaks bytes, the engine gives a ratio.
+ENGINE_KV_SCALE = 1_000_000
+ENGINE_KV_SOURCE = "engine_kv"
+
+
+class EngineKvProbe:
+    """The tier from the engine's own KV-cache usage (``--memory-source engine-kv``).
+
+    vLLM pre-allocates most of the GPU (``--gpu-memory-utilization``, 0.9 by default) at
+    start, so a device-wide NVML reading beside it sits near 90 % and would hold the
+    sidecar at ``paused`` for good.  What a warm-up competes with there is KV-cache room,
+    which vLLM exports.  No figure (not exported, engine down) -> None: Unknown, never 0.
+    """
+
+    def __init__(self, engine: EngineState) -> None:
+        self.engine = engine
+
+    def read(self) -> MemoryReading | None:
+        ratio = self.engine.kv_cache_usage
+        if ratio is None:
+            return None
+        return MemoryReading(round(ratio * ENGINE_KV_SCALE), ENGINE_KV_SCALE, ENGINE_KV_SOURCE)
+
+
 class Sidecar:
     def __init__(self, args: argparse.Namespace, thresholds: Thresholds) -> None:
         self.args = args
@@ -192,7 +216,11 @@ class Sidecar:
             probe_timeout=args.probe_timeout,
             api_key=_read_secret(args.api_key_file),
         )
-        probe = make_probe(args.device, args.memory_capacity_bytes, args.memory_account_pid)
+        probe: MemoryProbe = (
+            EngineKvProbe(self.engine)
+            if args.memory_source == "engine-kv"
+            else make_probe(args.device, args.memory_capacity_bytes, args.memory_account_pid)
+        )
         self.guard = TierGuard(probe, thresholds, on_update=self._on_guard_update)
         self.stop = asyncio.Event()
         self.prompts: list[str] = []
@@ -213,6 +241,9 @@ class Sidecar:
         reading = state.reading
         if reading is None:
             self.metrics.set_memory(None, None, None)
+        elif reading.source == ENGINE_KV_SOURCE:
+            self.metrics.set_memory(None, None, None)  # a ratio, not bytes: only the ratio series
+            self.metrics.memory_ratio.labels(reading.source).set(reading.ratio)
         else:
             self.metrics.set_memory(reading.used_bytes, reading.capacity_bytes, reading.source)
         self.metrics.set_tier(state.effective, state.local, state.directive is not None)
@@ -494,6 +525,7 @@ class Sidecar:
             self.engine.model = self.args.served_model_name or info.model_id
             self.engine.max_context = self.args.max_context or info.max_context or self._config_context()
             self._apply_scrape(await self.client.scrape(self.args.engine_metrics_path))
+            await asyncio.to_thread(self.guard.tick)  # decide on this figure, not the last tick's
             incarnation = self.engine.identity
             # a new engine process has cold caches: warm-up starts from nothing
             self.status.progress = WarmupProgress()
