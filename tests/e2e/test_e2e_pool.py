@@ -1,0 +1,213 @@
+"""A pool's life: scale up and down (the coldest pod goes first), a worker killed (its pod
+restarts and warms again), memory pressure across 70/90 % (tiers and warm-up depth follow).
+
+Tiny random Llama checkpoints: they load and warm in seconds, so the story is about the
+operator and the pods, not the model.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from warmpool import contract
+from warmpool.e2e_support import (
+    GiB,
+    World,
+    ballast,
+    deletion_cost,
+    http,
+    metric,
+    pod_ready,
+    restarts,
+    rss,
+    tiny_model,
+    warmmodel,
+)
+
+WARM_COST = 1000  # the operator's deletion cost of a verified-warm pod is at least this
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+def test_scale_up_down_coldest_first_and_worker_restart(world: World) -> None:
+    model = tiny_model()
+    world.apply(warmmodel("pool", model, replicas=1, min_warm=1, max_replicas=4))
+    world.wait_ready("pool", warm=1, timeout=120)
+
+    # -- scale up through the scale subresource (as `kubectl scale`, an HPA or KEDA would);
+    # the pool never stops being Ready while the new pods warm.
+    world.kubectl("scale", f"{contract.PLURAL}/pool", "--replicas=3")
+    readiness: list[str] = []
+
+    def three_warm() -> bool:
+        wm = world.wm("pool")
+        conds = {c["type"]: c for c in wm["status"]["conditions"]}
+        readiness.append(conds[contract.CONDITION_READY]["status"])
+        return bool(wm["status"].get("warmReplicas") == 3)
+
+    world.wait(three_warm, 180, "three warm pods after scaling to 3")
+    assert set(readiness) == {"True"}, f"the pool dropped out of Ready while scaling up: {readiness}"
+    assert world.get("deployment", "pool")["spec"]["replicas"] == 3
+
+    def costs_warm() -> list[dict[str, Any]] | None:
+        pods = world.pods("pool")
+        return pods if len(pods) == 3 and all((deletion_cost(p) or 0) >= WARM_COST for p in pods) else None
+
+    pods = world.wait(costs_warm, 30, "every warm pod's deletion cost >= 1000")
+
+    # -- scale down: the coldest pod goes first.  Freeze the *oldest* pod's worker (the one
+    # the ReplicaSet would keep on its own, as the longest Ready): its warmth can no longer be
+    # verified, the operator drops its deletion cost, and the scale-down takes it while the
+    # kubelet still reports it Ready.
+    if world.local:
+        oldest = min(pods, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
+        frozen_name = oldest["metadata"]["name"]
+        pid = world.worker_pid(oldest)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            def frozen_cold() -> dict[str, Any] | None:
+                by_name = {p["metadata"]["name"]: p for p in world.pods("pool")}
+                pod = by_name[frozen_name]
+                return pod if (deletion_cost(pod) or 0) < WARM_COST else None
+
+            cold = world.wait(frozen_cold, 20, f"the operator marking frozen pod {frozen_name} cold", every=0.2)
+            still_ready = pod_ready(cold)
+            others = [p for p in world.pods("pool") if p["metadata"]["name"] != frozen_name]
+            assert all((deletion_cost(p) or 0) >= WARM_COST for p in others)
+            world.kubectl("scale", f"{contract.PLURAL}/pool", "--replicas=2")
+            world.wait(lambda: frozen_name not in {p["metadata"]["name"] for p in world.pods("pool")}, 30,
+                       f"the cold pod {frozen_name} removed first")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        print(f"\nscale-down removed the coldest pod {frozen_name} (Ready by the kubelet then: {still_ready}, "
+              f"deletion cost {deletion_cost(cold)} vs >= {WARM_COST} for the others)")
+        kept = {p["metadata"]["name"] for p in others}
+        world.wait(lambda: {p["metadata"]["name"] for p in world.pods("pool")} == kept, 60,
+                   "exactly the two warm pods kept")
+    else:
+        world.kubectl("scale", f"{contract.PLURAL}/pool", "--replicas=2")
+        world.wait(lambda: len(world.pods("pool")) == 2, 60, "two pods after scaling to 2")
+    world.wait_ready("pool", warm=2, timeout=60)
+    world.wait(lambda: world.wm("pool")["status"]["replicas"] == 2, 60, "status.replicas 2 (the removed pod gone)")
+    assert all(world.verified_warm(p) for p in world.pods("pool"))
+
+    # -- a worker killed: its pod restarts the container, drops out of Ready, warms again.
+    def started_at(pod: dict[str, Any]) -> float | None:
+        text = http(world.base(pod) + contract.PATH_METRICS, timeout=5)[1]
+        return metric(text, contract.METRIC_PHASE_TIMESTAMP, phase="process_start")
+
+    if not world.local:
+        pytest.skip("killing a worker process needs the local cluster's kubelet (processes on this host)")
+    victim = world.pods("pool")[0]
+    victim_name = victim["metadata"]["name"]
+    before_restarts = restarts(victim)
+    before_start = started_at(victim)
+    os.kill(world.worker_pid(victim), signal.SIGKILL)
+    seen_unready = False
+    seen_pool_ready: set[str] = set()
+
+    def back_warm() -> dict[str, Any] | None:
+        nonlocal seen_unready
+        pod = world.get("pod", victim_name)
+        if not pod_ready(pod):
+            seen_unready = True
+        conds = {c["type"]: c for c in world.wm("pool")["status"]["conditions"]}
+        seen_pool_ready.add(conds[contract.CONDITION_READY]["status"])
+        return pod if seen_unready and restarts(pod) > before_restarts and world.verified_warm(pod) else None
+
+    pod = world.wait(back_warm, 120, f"killed worker of {victim_name} restarted and warm again", every=0.3)
+    assert pod["metadata"]["uid"] == victim["metadata"]["uid"], "the pod restarts in place, it is not replaced"
+    after_start = started_at(pod)
+    assert before_start is not None and after_start is not None and after_start > before_start
+    assert seen_pool_ready == {"True"}, "minWarm 1 held by the other pod: the pool stays Ready"
+    world.wait_ready("pool", warm=2, timeout=60)
+    print(f"worker of {victim_name} killed: restarts {before_restarts} -> {restarts(pod)}, warm again")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+def test_memory_pressure_moves_tiers_and_warmup_depth(world: World, tmp_path: Path) -> None:
+    if not world.local:
+        pytest.skip("drives memory with a ballast process the worker counts: local cluster only")
+    model = tiny_model()
+    capacity = 2 * GiB
+    with ballast(tmp_path / "ballast-bytes") as held:
+        control = tmp_path / "ballast-bytes"
+
+        held_bytes = 0
+
+        def hold(nbytes: int) -> None:
+            nonlocal held_bytes
+            held_bytes = max(0, nbytes)
+            control.write_text(str(held_bytes))
+            deadline = time.monotonic() + 20
+            while abs(rss(held.pid) - held_bytes) > 16 * 2**20 and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+        # The pressure is there before the pod starts: the ballast alone holds 80 % of the
+        # configured capacity, so the worker's first warm-up plan is already truncated.
+        hold(int(0.80 * capacity))
+        world.apply(warmmodel("gated", model, worker_args=[
+            "--guard-interval=0.2", f"--memory-capacity-bytes={capacity}", f"--memory-account-pid={held.pid}"]))
+        world.wait_ready("gated", warm=1, timeout=120)
+        pod = world.pods("gated")[0]
+        metrics_url = world.base(pod) + contract.PATH_METRICS
+
+        def level() -> float:
+            value = metric(http(metrics_url, timeout=5)[1], contract.METRIC_MEMORY_USED_RATIO)
+            assert value is not None
+            return value
+
+        def drive(ratio: float) -> float:
+            """Resize the ballast until the worker's own reading is ``ratio`` (what it counts, not RSS)."""
+            for _ in range(6):
+                now = level()
+                if abs(now - ratio) < 0.02:
+                    return now
+                hold(held_bytes + int((ratio - now) * capacity))
+                time.sleep(0.6)  # a guard reading or two
+            return level()
+
+        reached = drive(0.80)
+
+        def tier_is(tier: str) -> bool:
+            annotated = (world.get("pod", pod["metadata"]["name"])["metadata"].get("annotations") or {}).get(
+                contract.ANNOTATION_TIER)
+            return annotated == tier and metric(http(metrics_url)[1], contract.METRIC_TIER, tier=tier) == 1
+
+        world.wait(lambda: tier_is("truncated"), 30, f"tier truncated at {reached:.2f}")
+        _, body = world.readyz(pod)
+        plan = body["warmup"]["plan"]
+        print(f"\nat {reached:.0%}: warm-up plan {plan}, prefills {body['warmup']['prefills']}")
+        assert plan["tier"] == "truncated", body
+        assert plan["buckets"] == [8], "a truncated warm-up runs only the shortest bucket"
+        assert plan["forced_layers"] < body["layers_total"], "a truncated warm-up forces only the hottest layers"
+        assert set(body["warmup"]["prefills"]) <= {"8"}, body
+        gated = world.condition("gated", contract.CONDITION_WARMUP_GATED)
+        assert gated["status"] == "True" and gated["reason"] == "MemoryPressure", gated
+
+        reached = drive(0.95)
+        world.wait(lambda: tier_is("paused"), 30, f"tier paused at {reached:.2f}")
+        assert world.wm("gated")["status"]["tierCounts"]["paused"] == 1
+        code, _ = http(world.base(pod) + "/v1/completions", {"model": "gated", "prompt": "hi", "max_tokens": 2})
+        assert code == 200, "a paused tier gates optional warm-up, never serving"
+
+        reached = drive(0.30)
+        world.wait(lambda: tier_is("full"), 30, f"tier full at {reached:.2f}")
+
+        def topped_up() -> dict[str, Any] | None:
+            _, now = world.readyz(pod)
+            warmup = now["warmup"]
+            done = warmup["tier"] == "full" and {"8", "16", "32"} <= set(warmup["prefills"])
+            return now if done else None
+
+        body = world.wait(topped_up, 60, "the worker's warm-up topped up to the full plan")
+        print(f"back at {reached:.0%}: warm-up {body['warmup']}")
+        assert body["layers_resident"] == body["layers_total"]
+        assert world.condition("gated", contract.CONDITION_WARMUP_GATED)["reason"] == "FullWarmup"

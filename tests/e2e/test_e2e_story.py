@@ -1,0 +1,78 @@
+"""The main story, as `make demo` tells it: the real small model goes warm and serves.
+
+The builtin-engine example (SmolLM2-135M-Instruct) is applied as a user would, the
+operator brings its pool to Ready with warmReplicas == minWarm, a completion through a
+warm pod answers, and the cold start is told in figures: the phase table (first-request
+TTFT beside steady-state TTFT) and the PNG waterfall, both from warmpool.timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from warmpool import contract, demo
+from warmpool.e2e_support import World
+from warmpool.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
+
+STEADY_REQUESTS = 5
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(720)
+def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_path: Path) -> None:
+    from warmpool_worker.model_fetch import ensure_model
+
+    model_dir = ensure_model()  # cached after the first fetch (`make model`)
+    body = yaml.safe_load(demo._manifest(model_dir))
+    body["metadata"].pop("namespace", None)
+    # One pod: the story is the same as the example's two, at half the CPU of a CI runner.
+    body["spec"]["pool"]["replicas"] = 1
+    name = body["metadata"]["name"]
+    served = body["spec"]["model"]["servedName"]
+
+    started = time.monotonic()
+    world.apply(body)
+    wm = world.wait_ready(name, warm=1, timeout=540)
+    took = time.monotonic() - started
+    status = wm["status"]
+    print(f"\n{name}: applied -> Ready in {took:.1f}s; {status.get('tierSummary')}; "
+          f"cold start {status.get('coldStart')}")
+    assert status["warmReplicas"] == wm["spec"]["pool"]["minWarm"] == 1
+    assert status["observedGeneration"] == wm["metadata"]["generation"]
+    ready = {c["type"]: c for c in status["conditions"]}[contract.CONDITION_READY]
+    assert ready["reason"] == "MinWarmReached", ready
+
+    pods = world.pods(name)
+    assert len(pods) == 1
+    pod = pods[0]
+    assert world.verified_warm(pod), "the operator's warm pod must be warm by the worker's own account"
+    _, readyz = world.readyz(pod)
+    assert readyz["layers_resident"] == readyz["layers_total"] > 0, readyz
+
+    # The first request a user sends, then the steady state: warm means the first is not slow.
+    base = world.base(pod)
+    line = PodTimeline(pod=pod["metadata"]["name"], phases=scrape_phases(base))
+    line.first_ttft_s = measure_ttft(base, served, demo.PROMPT)
+    steady = sorted(measure_ttft(base, served, demo.PROMPT) for _ in range(STEADY_REQUESTS))
+    line.steady_ttft_s = steady[len(steady) // 2]
+    answer = world.complete(pod, served, demo.PROMPT, max_tokens=16, timeout=120)
+    print(f"completion from the warm pod: {answer!r}")
+    assert answer.strip(), "the real model answered with nothing"
+
+    table = phase_table([line])
+    print("cold start (seconds since the worker process started):\n" + table)
+    assert set(contract.PHASES[1:]) <= set(line.phases), line.phases
+    ordered = [line.phases[p] for p in contract.PHASES[1:]]
+    assert ordered == sorted(ordered), f"phases out of order: {line.phases}"
+    assert line.first_ttft_s <= 3 * line.steady_ttft_s + 1.5, (
+        f"first request {line.first_ttft_s:.3f}s vs steady {line.steady_ttft_s:.3f}s: the pod was not warm")
+
+    out = Path(os.environ.get("WARMPOOL_E2E_OUTPUT", tmp_path))
+    png = render_waterfall([line], out / "e2e-coldstart-timeline.png", f"warmpool e2e cold start: {name}")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    print(f"timeline chart: {png}")
