@@ -310,6 +310,7 @@ async def observe_pods(
             terminating=bool(meta.get("deletionTimestamp")),
             sample=sample,
             decision=decision,
+            failure=st.pod_failure(pod),
         )
         observations.append(obs)
         state.cold.record(uid, sample)

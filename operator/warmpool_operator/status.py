@@ -36,6 +36,14 @@ REASON_MEMORY_PRESSURE = "MemoryPressure"
 REASON_FULL_WARMUP = "FullWarmup"
 REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
 REASON_NO_PODS = "NoPods"
+REASON_ROLLOUT_STALLED = "RolloutStalled"
+REASON_PODS_FAILING = "PodsFailing"
+
+#: Container waiting reasons that mean "this will not come up by itself soon".
+FAILING_WAITING_REASONS = frozenset({
+    "CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerError",
+    "CreateContainerConfigError", "RunContainerError", "CommandNotRunnable",
+})
 
 #: Cold starts remembered per WarmModel for p50/p95.
 COLD_START_WINDOW = 100
@@ -49,6 +57,8 @@ class PodObservation:
     terminating: bool
     sample: Sample | None
     decision: Decision | None
+    #: Why the pod is failing (crash-looping, image not pulled...), None when it is not.
+    failure: str | None = None
 
     @property
     def warm(self) -> bool:
@@ -96,6 +106,26 @@ def percentile(sorted_values: Sequence[float], pct: float) -> float:
     """Nearest-rank percentile of already sorted values (non-empty)."""
     rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
     return float(sorted_values[min(rank, len(sorted_values)) - 1])
+
+
+def pod_failure(pod: Mapping[str, Any]) -> str | None:
+    """A short account of why a pod that is not Ready is failing, from its container statuses:
+    a container waiting for a failing reason, or one that exited non-zero and was restarted."""
+    status = pod.get("status") or {}
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        if container.get("ready"):
+            continue
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        last = (container.get("lastState") or {}).get("terminated") or {}
+        restarts = int(container.get("restartCount") or 0)
+        exit_code = last.get("exitCode")
+        if waiting.get("reason") in FAILING_WAITING_REASONS or (restarts > 0 and exit_code not in (None, 0)):
+            reason = waiting.get("reason") or last.get("reason") or "Restarting"
+            detail = f"exit code {exit_code}, " if exit_code is not None else ""
+            message = str(waiting.get("message") or last.get("message") or "").strip().splitlines()
+            tail = f": {message[-1][:200]}" if message else ""
+            return f"container {container.get('name')} {reason} ({detail}{restarts} restarts){tail}"
+    return None
 
 
 def _condition(
@@ -189,9 +219,22 @@ def compute_status(
         dep_gen_seen = int(dep_status.get("observedGeneration") or 0) >= int(
             ((deployment or {}).get("metadata") or {}).get("generation") or 0
         )
-        if deployment is None:
+        failing = sorted(f"{p.name}: {p.failure}" for p in pods if p.failure and not p.ready)
+        rolling = deployment is not None and (not dep_gen_seen or updated < want or total > want)
+        if failing:
+            # A pod that crash-loops will not come up by itself: say so instead of "rolling out".
+            conditions.append(
+                cond(
+                    contract.CONDITION_PROGRESSING,
+                    "False",
+                    REASON_ROLLOUT_STALLED if rolling else REASON_PODS_FAILING,
+                    ("rollout stalled: " if rolling else "")
+                    + f"{len(failing)} pod(s) failing ({'; '.join(failing)}); {warm} warm pod(s) keep serving",
+                )
+            )
+        elif deployment is None:
             conditions.append(cond(contract.CONDITION_PROGRESSING, "True", REASON_RECONCILING, "creating children"))
-        elif not dep_gen_seen or updated < want or total > want:
+        elif rolling:
             conditions.append(
                 cond(
                     contract.CONDITION_PROGRESSING,
