@@ -94,6 +94,12 @@ class BenchModel:
         return sorted(self.model_dir.glob("*.safetensors"))
 
     @property
+    def label(self) -> str:
+        if self.model_dir.name == "model":  # the private copy of the small real model
+            return f"{self.model_dir.parent.name}: SmolLM2-135M-Instruct (private copy)"
+        return f"{self.name}: {self.model_dir.name}"
+
+    @property
     def pickle(self) -> Path:
         return self.work / "weights.pt"
 
@@ -425,6 +431,7 @@ def bench_model(model: BenchModel, settings: Settings,
         for v, states in runs.items()
     }
     return {
+        "label": model.label,
         "model_dir": str(model.model_dir),
         "weight_bytes": model.weight_bytes,
         "files": [f.name for f in model.files],

@@ -97,7 +97,8 @@ def render_coldstart(result: Mapping[str, Any]) -> str:
     for name, model in result["models"].items():
         out += [
             "",
-            f"## {name}: {model['model_dir'].rsplit('/', 1)[-1]} ({model['weight_bytes'] / 1e9:.2f} GB of weights)",
+            f"## {model.get('label') or name + ': ' + model['model_dir'].rsplit('/', 1)[-1]} "
+            f"({model['weight_bytes'] / 1e9:.2f} GB of weights)",
             "",
             *coldstart_table(model, states),
             "",
