@@ -42,5 +42,10 @@ unit: venv
 test: venv lint binaries model
 	$(VENV)/bin/pytest
 
+# The end-to-end suite alone (tests/e2e): the local cluster, or the one in WARMPOOL_KUBECONFIG.
+.PHONY: e2e
+e2e: venv
+	$(VENV)/bin/pytest -m e2e tests/e2e
+
 clean:
 	rm -rf $(VENV) build *.egg-info
