@@ -344,6 +344,9 @@ def build_pod_template(target: Target) -> Obj:
         "env": env,
         "volumeMounts": mounts,
         "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
+        # A worker that fails to load exits with a clear error on stderr; this puts its tail in the
+        # pod status, so the RolloutStalled condition and `kubectl describe` show why.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         **_probes(spec),
     }
     if pod.image_pull_policy:
