@@ -49,3 +49,12 @@ e2e: venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# An engine no one on this project wrote, for the sidecar's tests (tests/integration/test_sidecar.py):
+# llama.cpp's OpenAI-compatible server from PyPI, compiled at install (about 11 min on 2 cores;
+# once per venv: skipped while importable).  GGML_NATIVE=OFF: a -march=native build died of
+# SIGILL on this machine kind.  No pip cache: a wheel cached from another build could be native.
+.PHONY: engine-test
+engine-test: venv
+	@$(PY) -c "import llama_cpp.server" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(PY) -m pip install --progress-bar off --no-cache-dir -e '.[engine-test]'
