@@ -572,6 +572,7 @@ class Sidecar:
     async def watch(self, incarnation: float | None) -> str | None:
         """While ready: probe health; top up on a relaxed tier.  Why the engine was lost, or None on stop."""
         failures = 0
+        next_top_up = 0.0  # after a failed top-up, leave a failing engine alone for a while
         while not await self._sleep(self.args.poll_interval):
             if await self.client.health():
                 failures = 0
@@ -586,13 +587,15 @@ class Sidecar:
             if incarnation is None and identity is not None:
                 incarnation = identity
             plan = self._plan(self.guard.state.effective)
-            if not self.status.progress.remaining(plan).buckets or all(
-                b in self.status.skipped for b in self.status.progress.remaining(plan).buckets
-            ):
+            remaining = self.status.progress.remaining(plan).buckets
+            if time.monotonic() < next_top_up or all(b in self.status.skipped for b in remaining):
                 continue
             log.info("tier %s: topping up the warm-up", plan.tier.value)
-            if await self.warm(None) == "lost":
+            outcome = await self.warm(None)
+            if outcome == "lost":
                 return "engine stopped answering during a warm-up top-up"
+            if outcome == "failed":  # still ready on what is warm; try again later
+                next_top_up = time.monotonic() + RETRY_WARMUP_MAX_S
         return None
 
     def _config_context(self) -> int | None:
