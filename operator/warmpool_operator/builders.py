@@ -219,6 +219,10 @@ def _worker_args(target: Target) -> list[str]:
             f"--engine-url=http://127.0.0.1:{spec.engine.port}",
             f"--health-path={spec.engine.health_path}",
             f"--model-dir={contract.MODEL_MOUNT_PATH}",
+            # vLLM pre-allocates ~90 % of the GPU at start, so a device-wide reading beside it would
+            # hold the pod paused for good; the engine's KV-cache use is the pressure that matters.
+            # An engine that exports no such gauge reads Unknown (full warm-up), never 0 % used.
+            "--memory-source=engine-kv",
         ]
         if spec.model.served_name:
             args.append(f"--served-model-name={spec.model.served_name}")

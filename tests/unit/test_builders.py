@@ -180,3 +180,4 @@ def test_sidecar_pod_has_engine_and_warmpool_sidecar() -> None:
     assert side["command"] == ["warmpool", "worker", "sidecar"]
     parsed = build_parser().parse_args(["sidecar", *_expand(side["args"], t)])
     assert parsed.engine_url == "http://127.0.0.1:8000" and str(parsed.model_dir) == contract.MODEL_MOUNT_PATH
+    assert parsed.memory_source == "engine-kv"  # not the device reading vLLM's pre-allocation fills
