@@ -37,9 +37,9 @@ lint: venv
 unit: venv
 	$(VENV)/bin/pytest -m unit
 
-# Every test: lint and types first (cheap), then the binaries and the model (cached),
-# then the whole suite against the real local control plane.
-test: venv lint binaries model
+# Every test: lint and types first (cheap), then the binaries, the model and the external
+# engine (all cached after the first run), then the whole suite against the real local control plane.
+test: venv lint binaries model engine-test
 	$(VENV)/bin/pytest
 
 # The end-to-end suite alone (tests/e2e): the local cluster, or the one in WARMPOOL_KUBECONFIG.
@@ -53,8 +53,8 @@ clean:
 # An engine no one on this project wrote, for the sidecar's tests (tests/integration/test_sidecar.py):
 # llama.cpp's OpenAI-compatible server from PyPI, compiled at install (about 11 min on 2 cores;
 # once per venv: skipped while importable).  GGML_NATIVE=OFF: a -march=native build died of
-# SIGILL on this machine kind.  No pip cache: a wheel cached from another build could be native.
+# SIGILL on this machine kind (pip caches the portable wheel it builds here, so a rerun is quick).
 .PHONY: engine-test
 engine-test: venv
 	@$(PY) -c "import llama_cpp.server" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-		$(PY) -m pip install --progress-bar off --no-cache-dir -e '.[engine-test]'
+		$(PY) -m pip install --progress-bar off -e '.[engine-test]'
