@@ -6,19 +6,17 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aiohttp import web
 from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError
 from warmpool_worker.guard import GuardState, TierGuard
 from warmpool_worker.heatmap import HeatMapError, layer_order, read_heatmap
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
-from warmpool_worker.server import WorkerServer, WorkerStatus
+from warmpool_worker.server import WorkerServer, WorkerStatus, cancel_tasks, start_site, stop_on_signals
 from warmpool_worker.warmup import (
     PromptsError,
     WarmupPlan,
@@ -242,24 +240,14 @@ async def serve(args: argparse.Namespace, thresholds: Thresholds) -> int:
     server = WorkerServer(
         runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, args.control_token_file
     )
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    try:
-        await site.start()
-    except OSError as error:
-        log.error("cannot bind %s:%s: %s", args.host, args.port, error)
-        await runner.cleanup()
+    started = await start_site(server.app(), args.host, args.port, log)
+    if started is None:
         return 1
-    sockets = [s.getsockname() for s in getattr(site._server, "sockets", [])]  # the real port when --port 0
+    runner, sockets = started
     log.info(
         "listening on %s (model %s, device %s)", sockets or f"{args.host}:{args.port}", args.model, device
     )
-
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, runtime.stop.set)
+    stop_on_signals(runtime.stop)
 
     guard_task = asyncio.create_task(runtime.guard.run(runtime.stop, args.guard_interval))
     await asyncio.to_thread(runtime.guard.wait_first_tick, 10.0)
@@ -287,11 +275,7 @@ async def serve(args: argparse.Namespace, thresholds: Thresholds) -> int:
             startup.cancel()  # the thread finishes its current step; we exit without waiting
     finally:
         runtime.stop.set()
-        for task in (guard_task, background):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await cancel_tasks((guard_task, background))
         await runner.cleanup()
     log.info("worker stopped (exit %d)", exit_code)
     return exit_code

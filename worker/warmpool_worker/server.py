@@ -22,10 +22,11 @@ import contextlib
 import hmac
 import json
 import logging
+import signal
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,16 +64,30 @@ ENGINE_THREADS = 4
 
 
 @dataclass
-class WorkerStatus:
-    """What the worker is doing; written by the start-up sequence, read by the handlers."""
+class WarmupStatus:
+    """The warm-up state the built-in worker and the sidecar both publish on /readyz."""
 
-    model_name: str
     stage: str = STAGE_STARTING
-    engine: Engine | None = None
     error: str | None = None
     plan: WarmupPlan | None = None
     warmup_tier: Tier | None = None
     progress: WarmupProgress = field(default_factory=WarmupProgress)
+
+    def describe_warmup(self) -> dict[str, Any]:
+        """The ``warmup`` part of the /readyz body: the plan, the tier it ran at, its progress."""
+        return {
+            "plan": None if self.plan is None else self.plan.describe(),
+            "tier": None if self.warmup_tier is None else self.warmup_tier.value,
+            **self.progress.describe(),
+        }
+
+
+@dataclass
+class WorkerStatus(WarmupStatus):
+    """What the worker is doing; written by the start-up sequence, read by the handlers."""
+
+    model_name: str = field(kw_only=True)
+    engine: Engine | None = None
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -222,11 +237,7 @@ class WorkerServer:
             "model": status.model_name,
             "layers_resident": engine.layers_resident() if engine is not None else 0,
             "layers_total": engine.num_layers if engine is not None else None,
-            "warmup": {
-                "plan": None if status.plan is None else status.plan.describe(),
-                "tier": None if status.warmup_tier is None else status.warmup_tier.value,
-                **status.progress.describe(),
-            },
+            "warmup": status.describe_warmup(),
             "error": status.error,
         }
         body.update(self.guard.state.describe())
@@ -468,3 +479,42 @@ class WorkerServer:
             )
         state = self.guard.set_directive(Tier(raw_tier), float(ttl))
         return web.json_response(state.describe())
+
+
+# -- serving: the start-up and stop shared by the built-in worker and the sidecar ---------------
+
+
+async def start_site(
+    app: web.Application, host: str, port: int, logger: logging.Logger
+) -> tuple[web.AppRunner, list[Any]] | None:
+    """Serve ``app`` on host:port: the runner and the bound addresses (the real port for port 0).
+
+    None when the address cannot be bound: said in ``logger``, the runner cleaned up.
+    """
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as error:
+        logger.error("cannot bind %s:%s: %s", host, port, error)
+        await runner.cleanup()
+        return None
+    return runner, [s.getsockname() for s in getattr(site._server, "sockets", [])]
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set ``stop`` (the graceful way out), where the loop supports it."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+
+
+async def cancel_tasks(tasks: Iterable[asyncio.Task[None] | None]) -> None:
+    """Cancel each background task and wait for it to end, whatever it raises."""
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

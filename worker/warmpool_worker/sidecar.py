@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -51,7 +50,15 @@ from warmpool_worker.heatmap import HeatMapError, layer_order, read_heatmap
 from warmpool_worker.memory import MemoryProbe, MemoryReading, make_probe
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
 from warmpool_worker.prefetch import Prefetcher, PrefetchReport, PrefetchStopped, WeightMap, map_weights, plan_prefetch
-from warmpool_worker.server import WorkerServer, WorkerStatus, json_errors
+from warmpool_worker.server import (
+    WarmupStatus,
+    WorkerServer,
+    WorkerStatus,
+    cancel_tasks,
+    json_errors,
+    start_site,
+    stop_on_signals,
+)
 from warmpool_worker.warmup import (
     DEFAULT_CHARS_PER_TOKEN,
     WarmupPlan,
@@ -78,7 +85,6 @@ from warmpool.contract import (
     PATH_METRICS,
     PATH_READYZ,
     STAGE_READY,
-    STAGE_STARTING,
     STAGE_WAITING_ENGINE,
     STAGE_WARMING,
     Tier,
@@ -122,16 +128,11 @@ class EngineState:
 
 
 @dataclass
-class SidecarStatus:
-    stage: str = STAGE_STARTING
+class SidecarStatus(WarmupStatus):
     ready: bool = False
-    plan: WarmupPlan | None = None
-    warmup_tier: Tier | None = None
-    progress: WarmupProgress = field(default_factory=WarmupProgress)
     skipped: dict[int, str] = field(default_factory=dict)  # bucket -> why the engine refused it
     errors: list[str] = field(default_factory=list)  # recent warm-up errors, newest last
     warmup_seconds: float | None = None
-    error: str | None = None
 
     def note_error(self, message: str) -> None:
         self.errors = [*self.errors, message][-RECENT_ERRORS:]
@@ -265,12 +266,10 @@ class Sidecar:
             "mode": "sidecar",
             "engine": self.engine.describe(),
             "warmup": {
-                "plan": None if status.plan is None else status.plan.describe(),
-                "tier": None if status.warmup_tier is None else status.warmup_tier.value,
+                **status.describe_warmup(),
                 "seconds": None if status.warmup_seconds is None else round(status.warmup_seconds, 3),
                 "skipped_buckets": {str(b): why for b, why in sorted(status.skipped.items())},
                 "recent_errors": list(status.errors),
-                **status.progress.describe(),
             },
             "prefetch": None if self.prefetcher is None else self.prefetcher.report.describe(),
             "layers_total": None if self.weights is None else self.weights.num_layers,
@@ -630,20 +629,12 @@ def _checkpoint_digest(model_dir: Path) -> str | None:
 
 async def serve_sidecar(args: argparse.Namespace, thresholds: Thresholds) -> int:
     sidecar = Sidecar(args, thresholds)
-    runner = web.AppRunner(sidecar.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    try:
-        await site.start()
-    except OSError as error:
-        log.error("cannot bind %s:%s: %s", args.host, args.port, error)
-        await runner.cleanup()
+    started = await start_site(sidecar.app(), args.host, args.port, log)
+    if started is None:
         return 1
+    runner, _ = started
     log.info("sidecar listening on %s:%s for engine %s", args.host, args.port, args.engine_url)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, sidecar.stop.set)
+    stop_on_signals(sidecar.stop)
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(sidecar.guard.run(sidecar.stop, args.guard_interval))]
     exit_code = 0
     try:
@@ -664,10 +655,7 @@ async def serve_sidecar(args: argparse.Namespace, thresholds: Thresholds) -> int
     finally:
         sidecar.stop.set()
         sidecar._prefetch_stop.set()
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_tasks(tasks)
         await sidecar.client.close()
         await runner.cleanup()
         log.info("sidecar stopped (exit %d)", exit_code)
