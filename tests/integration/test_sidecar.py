@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,29 +29,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+from warmpool_worker.testing_procs import HOST, REPO, free_port, subprocess_env
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-HOST = "127.0.0.1"
 FAST = ["--poll-interval", "0.2", "--lost-after", "2", "--retries", "1", "--retry-backoff", "0.1",
         "--probe-timeout", "1", "--request-timeout", "20", "--guard-interval", "0.2"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "worker"), str(REPO / "operator"), str(REPO / "devcluster"), env.get("PYTHONPATH", "")]
-    )
-    env.pop("POD_IP", None)
-    return env
 
 
 def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
@@ -88,13 +69,13 @@ def _tail(log: Path | None) -> str:
 # -- the sidecar under test --------------------------------------------------------------
 class SidecarProcess:
     def __init__(self, engine_url: str, tmp: Path, *extra: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://{HOST}:{self.port}"
         self.log_path = tmp / f"sidecar-{self.port}.log"
         command = [sys.executable, "-m", "warmpool", "worker", "sidecar", "--engine-url", engine_url,
                    "--host", HOST, "--port", str(self.port), "--device", "cpu", *FAST, *extra]
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(command, env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            self.proc = subprocess.Popen(command, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         wait_for("the sidecar to bind", lambda: _get(self.base + "/livez")[0] == 200, 60, self.proc, self.log_path)
 
     def readyz(self) -> tuple[int, dict[str, Any]]:
@@ -138,7 +119,7 @@ class FakeEngine:
     """OpenAI-compatible enough for the sidecar; faults switched from the test thread."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.mode = "ok"  # ok | 500 | garbage
         self.delay = 0.0
@@ -426,7 +407,7 @@ def test_against_the_builtin_worker_as_engine(sidecars: list[SidecarProcess], tm
     shards = sorted(model.glob("*.safetensors"))
     evict(shards)
     before = resident_bytes(file_ranges(shards))
-    port = _free_port()
+    port = free_port()
     url = f"http://{HOST}:{port}"
     sidecar = SidecarProcess(url, tmp_path, "--model-dir", str(model), "--health-path", "/readyz",
                              "--buckets", "8,16,32", "--prompts-per-bucket", "1", "--decode-tokens", "2")
@@ -446,7 +427,7 @@ def test_against_the_builtin_worker_as_engine(sidecars: list[SidecarProcess], tm
             [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model), "--host", HOST,
              "--port", str(port), "--device", "cpu", "--buckets", "16", "--prompts-per-bucket", "1",
              "--decode-tokens", "1"],
-            env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )
 
     worker = start_worker()
@@ -488,7 +469,7 @@ def test_against_llama_cpp_server(sidecars: list[SidecarProcess], tmp_path: Path
     # the sidecar prefetches the very file the engine will load, from a cold page cache
     evict([gguf])
     before = resident_bytes(file_ranges([gguf]))
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "llama.log"
     sidecar = SidecarProcess(
         f"http://{HOST}:{port}", tmp_path, "--model-dir", str(gguf.parent), "--health-path", "/v1/models",
@@ -504,7 +485,7 @@ def test_against_llama_cpp_server(sidecars: list[SidecarProcess], tmp_path: Path
         server = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", HOST, "--port", str(port),
              "--n_ctx", "1024", "--n_threads", "2", "--model_alias", "smollm2"],
-            env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+            env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
         )
     try:
         started = time.monotonic()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,41 +19,24 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from warmpool_worker.memory import rss_bytes
+from warmpool_worker.testing_procs import HOST, REPO, free_port, subprocess_env
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-HOST = "127.0.0.1"
 GIB = 1024**3
 # small buckets and one short decode: the point is the control flow, on 2 shared cores
 FAST = ["--buckets", "16,32,64", "--prompts-per-bucket", "1", "--decode-tokens", "2", "--guard-interval", "0.2"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "worker"), str(REPO / "operator"), str(REPO / "devcluster"), env.get("PYTHONPATH", "")]
-    )
-    env.pop("POD_IP", None)
-    return env
-
-
 class Worker:
     def __init__(self, model: Path, *extra: str, log_path: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://{HOST}:{self.port}"
         self.log_path = log_path
         self.log = log_path.open("wb")
         command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model)]
         command += ["--host", HOST, "--port", str(self.port), "--device", "cpu", *extra]
-        self.proc = subprocess.Popen(command, env=_env(), stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(command, env=subprocess_env(), stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
 
     def request(
         self,
