@@ -206,6 +206,15 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                 timer = hists.get("timer")
                 point["scrape_cycle_p50_s"] = histogram_quantile(timer, 0.5) if timer else None
                 point["scrape_cycle_p95_s"] = histogram_quantile(timer, 0.95) if timer else None
+            # Teardown while the operator runs: it owns a finalizer on each WarmModel.
+            deleting = time.monotonic()
+            cluster.kubectl("delete", "warmmodels", "--all", "-n", namespace, "--wait=false", check=False)
+            while time.monotonic() - deleting < timeout_s:
+                left = cluster.kubectl("get", "warmmodels", "-n", namespace, "-o", "name", check=False)
+                if left.returncode == 0 and not left.stdout.strip():
+                    point["all_deleted_s"] = time.monotonic() - deleting
+                    break
+                time.sleep(1.0)
         finally:
             if operator.poll() is None:
                 operator.terminate()
@@ -214,8 +223,22 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                 except subprocess.TimeoutExpired:
                     operator.kill()
                     operator.wait(timeout=30)
-            # waited for (bounded), so the next N does not share the control plane with this teardown
-            cluster.kubectl("delete", "namespace", namespace, "--timeout=300s", check=False, timeout=330)
+            # No kubelet serves the bench nodes, so nothing would ever confirm a pod's termination:
+            # force them (nothing runs there), then wait for the namespace (bounded), so the next N
+            # does not share the control plane with this teardown.
+            # Left behind only if the operator died: drop its finalizer, or the namespace never goes.
+            left = cluster.kubectl("get", "warmmodels", "-n", namespace, "-o", "name", check=False)
+            for ref in left.stdout.split()[: count + 1] if left.returncode == 0 else []:
+                cluster.kubectl("patch", ref, "-n", namespace, "--type=merge", "-p",
+                                '{"metadata":{"finalizers":null}}', check=False)
+            # A terminating namespace admits no new pods, so the forced deletions converge.
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            for _ in range(60):
+                cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0",
+                                check=False, timeout=120)
+                if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+                    break
+                time.sleep(5)
     return point
 
 
@@ -233,6 +256,7 @@ def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeco
     }
     work = Path(os.environ.get("TMPDIR", "/tmp")) / "warmpool-bench" / "scale"
     work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("WARMPOOL_TEST_CLUSTER", f"bench-scale-{os.getpid()}")  # our own cluster's name
     cluster = start_or_attach(str(kubeconfig) if kubeconfig else None)
     try:
         crd = Path(__file__).resolve().parents[2] / "crds" / "warmmodels.warmpool.dev.yaml"

@@ -127,6 +127,6 @@ def test_render_scale_table_and_missing_note() -> None:
         "missing": "the operator is not installed",
     }
     text = render_scale(result)
-    assert "| 50 | 10.00 | 50/50 | 0.050 | 0.400 | - | - | - | 100 |" in text
+    assert "| 50 | 10.00 | 50/50 | 0.050 | 0.400 | - | - | - | - | 100 | - |" in text
     assert "**Not measured:** the operator is not installed" in text
     assert "| all_ready_s | 2.00 |" in text
