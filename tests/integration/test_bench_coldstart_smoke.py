@@ -45,7 +45,8 @@ def test_coldstart_tiny_one_run(tmp_path: Path) -> None:
                 assert 0 < med["import_s"] < med["floor_s"]
             else:
                 assert 0 < med["usable_s"] <= med["ready_s"] + 1e-6 < med["first_token_s"] + 1e-6
-                assert med["load_s"] > 0
+                # the worker logs its load time to 10 ms: a tiny model can read 0.00
+                assert med["load_s"] >= 0
     runs = {v: model["variants"][v]["cold"]["runs"][0] for v in VARIANTS}
     assert runs["warmpool_truncated"]["tier"] == "truncated"
     assert runs["warmpool_full"]["tier"] in ("full", "unknown")
@@ -53,6 +54,8 @@ def test_coldstart_tiny_one_run(tmp_path: Path) -> None:
     assert runs["warmpool_truncated"]["layers_forced"] < runs["warmpool_full"]["layers_forced"]
     for state in CACHE_STATES:
         ratios = model["ratios"][state]
-        for key in ("usable_speedup_vs_transformers", "ready_over_floor", "load_bandwidth_fraction",
+        for key in ("usable_speedup_vs_transformers", "ready_over_floor",
                     "first_over_steady.warmpool_full", "first_over_steady.transformers"):
             assert ratios[key] is not None and ratios[key] > 0, (state, key)
+        # None when the tiny model's load logged as 0.00 s (no ratio is better than a division by 0)
+        assert ratios["load_bandwidth_fraction"] is None or ratios["load_bandwidth_fraction"] > 0
