@@ -1,5 +1,8 @@
 """Helpers of the end-to-end suite (`tests/e2e/`): one user story on a real cluster.
 
+The operator's and the CRD's integration tests (`tests/integration/`) use the same CRD
+install, operator subprocess, World and waits, so that each is written once.
+
 The suite runs unchanged against the local development cluster or any cluster given by
 ``WARMPOOL_KUBECONFIG`` (a kind cluster with the Helm chart installed, say):
 
@@ -66,6 +69,25 @@ def operator_installed() -> bool:
     return os.environ.get(ENV_OPERATOR, "").strip().lower() == "installed"
 
 
+def install_crd(cluster: ClusterLike, *, field_manager: str, apply: bool = True,
+                discovery: tuple[str, ...] = ("get", contract.PLURAL, "-A")) -> str:
+    """Install (or update) the WarmModel CRD and wait until it serves; its name.
+
+    Server-side apply: idempotent when other test modules install the same CRD; ``apply=False``
+    when someone else (the chart) owns it.  Established is not yet discoverable: wait until
+    ``kubectl <discovery>`` answers too (``explain`` also needs the published OpenAPI).
+    """
+    if apply:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={field_manager}",
+                        "-f", str(CRD_PATH))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=60s")
+    deadline = time.monotonic() + 60
+    while cluster.kubectl(*discovery, check=False).returncode != 0:
+        assert time.monotonic() < deadline, "the WarmModel API never showed up in discovery"
+        time.sleep(0.5)
+    return contract.CRD_NAME
+
+
 def model_root() -> Path:
     root = Path(os.environ.get(ENV_MODEL_ROOT, Path.home() / ".cache" / "warmpool" / "models" / "e2e"))
     root.mkdir(parents=True, exist_ok=True)
@@ -121,11 +143,13 @@ def warmmodel(name: str, model: Path, *, revision: str = "r1", replicas: int = 1
 class Operator:
     """The operator under test: a local subprocess, or the one installed in the cluster."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, log_path: Path) -> None:
+    def __init__(self, cluster: ClusterLike, namespace: str, log_path: Path, *,
+                 installed: bool | None = None, heat_write_interval: float = 5) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.log_path = log_path
-        self.installed = operator_installed()
+        self.installed = operator_installed() if installed is None else installed
+        self.heat_write_interval = heat_write_interval
         self.installed_namespace = os.environ.get(ENV_OPERATOR_NAMESPACE, "warmpool-system")
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -139,7 +163,8 @@ class Operator:
             log.flush()
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "warmpool", "operator", "--namespace", self.namespace,
-                 "--scrape-interval", "1", "--scrape-timeout", "1", "--heat-write-interval", "5",
+                 "--scrape-interval", "1", "--scrape-timeout", "1",
+                 "--heat-write-interval", f"{self.heat_write_interval:g}",
                  "--metrics-port", "0", "--liveness-port", "0", "--scrape-network", "127.0.0.0/8"],
                 env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -246,10 +271,13 @@ class PodHTTP:
 class World:
     """One test's namespace, operator and pod HTTP, with kubectl helpers and bounded waits."""
 
-    def __init__(self, cluster: ClusterLike, namespace: str, operator: Operator) -> None:
+    def __init__(self, cluster: ClusterLike, namespace: str, operator: Operator, *,
+                 diagnose_timeouts: bool = False) -> None:
         self.cluster = cluster
         self.ns = namespace
         self.operator = operator
+        #: a timed-out wait carries dump() (for suites without a hook that prints it on failure)
+        self.diagnose_timeouts = diagnose_timeouts
         self.local = cluster.work_dir is not None
         self.pod_http = PodHTTP(cluster, namespace, direct=self.local)
 
@@ -335,7 +363,9 @@ class World:
             except (AssertionError, KeyError, IndexError, StopIteration, ValueError) as error:
                 last_error = error
             time.sleep(every)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error!r})")
+        diagnostics = f"\n{self.dump()}" if self.diagnose_timeouts else ""
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error!r})"
+                             f"{diagnostics}")
 
     def wait_ready(self, name: str, warm: int, timeout: float) -> dict[str, Any]:
         """The WarmModel Ready with at least ``warm`` verified-warm pods, for its current generation."""

@@ -8,7 +8,6 @@ WARMPOOL_E2E_OPERATOR=installed when the chart's operator already runs there).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
 from warmpool import contract
-from warmpool.e2e_support import CRD_PATH, Operator, World, operator_installed
+from warmpool.e2e_support import Operator, World, install_crd, operator_installed
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -30,15 +29,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture(scope="session")
 def crd(cluster: ClusterHandle) -> str:
-    if not operator_installed():  # the chart owns the CRD when it installed the operator
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=warmpool-e2e",
-                        "-f", str(CRD_PATH))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=60s")
-    deadline = time.monotonic() + 60
-    while cluster.kubectl("get", contract.PLURAL, "-A", check=False).returncode != 0:
-        assert time.monotonic() < deadline, "the WarmModel API never showed up in discovery"
-        time.sleep(0.5)
-    return contract.CRD_NAME
+    # the chart owns the CRD when it installed the operator
+    return install_crd(cluster, field_manager="warmpool-e2e", apply=not operator_installed())
 
 
 @pytest.fixture()

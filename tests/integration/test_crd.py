@@ -10,7 +10,6 @@ succeed, applying the second must fail (immutable fields).
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +21,11 @@ from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator import api
 
 from warmpool import contract
+from warmpool.e2e_support import install_crd
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = ROOT / "crds" / f"{contract.CRD_NAME}.yaml"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 CATALOGUE = sorted((ROOT / "tests" / "data" / "bad-warmmodels").glob("*.yaml"))
 
@@ -48,19 +47,9 @@ def _get(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def crd(cluster: ClusterHandle) -> str:
-    """Install (or update) the CRD and wait until it serves."""
-    # Server-side apply: idempotent when other test modules install the same CRD.
-    cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "--field-manager=warmpool-tests", "-f", str(CRD_PATH)
-    )
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=60s")
-    # Established is not yet discoverable: wait until kubectl's discovery (and the published
-    # OpenAPI that `kubectl explain` reads) know the short name too.
-    deadline = time.monotonic() + 60
-    while cluster.kubectl("explain", contract.SHORT_NAME, check=False).returncode != 0:
-        assert time.monotonic() < deadline, "the WarmModel API never showed up in discovery"
-        time.sleep(0.5)
-    return contract.CRD_NAME
+    """Install (or update) the CRD and wait until kubectl's discovery (and the published
+    OpenAPI that `kubectl explain` reads) know the short name too."""
+    return install_crd(cluster, field_manager="warmpool-tests", discovery=("explain", contract.SHORT_NAME))
 
 
 @pytest.fixture(scope="module")

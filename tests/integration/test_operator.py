@@ -12,41 +12,24 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import yaml
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_worker.model_fetch import default_model_dir
 
 from warmpool import contract
-
-ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = ROOT / "crds" / f"{contract.CRD_NAME}.yaml"
-T = TypeVar("T")
-GiB = 1024**3
-
+from warmpool.e2e_support import GiB, Operator, World, ballast, http, install_crd, metric, rss
 
 # --------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
 def crd(cluster: ClusterHandle) -> str:
-    cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "--field-manager=warmpool-tests", "-f", str(CRD_PATH)
-    )
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=60s")
-    deadline = time.monotonic() + 60
-    while cluster.kubectl("get", contract.PLURAL, "-A", check=False).returncode != 0:
-        assert time.monotonic() < deadline, "the WarmModel API never showed up in discovery"
-        time.sleep(0.5)
-    return contract.CRD_NAME
+    return install_crd(cluster, field_manager="warmpool-tests")
 
 
 @pytest.fixture(scope="module")
@@ -56,143 +39,18 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=4)
 
 
-class Operator:
-    """The operator as a subprocess of this test, with its log in a file."""
-
-    def __init__(self, cluster: ClusterHandle, namespace: str, log_path: Path) -> None:
-        self.cluster = cluster
-        self.namespace = namespace
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        log = self.log_path.open("ab")
-        log.write(f"\n===== operator start #{self.starts} =====\n".encode())
-        log.flush()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "warmpool", "operator",
-                "--namespace", self.namespace,
-                "--scrape-interval", "1",
-                "--scrape-timeout", "1",
-                "--heat-write-interval", "2",
-                "--metrics-port", "0",
-                "--liveness-port", "0",
-                "--scrape-network", "127.0.0.0/8",
-            ],
-            env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, as a crash or an OOM kill would leave it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-class Env:
-    """Helpers bound to one test's cluster, namespace and operator."""
-
-    def __init__(self, cluster: ClusterHandle, namespace: str, operator: Operator) -> None:
-        self.cluster = cluster
-        self.ns = namespace
-        self.operator = operator
-
-    # -- kubectl
-    def get(self, *what: str) -> Any:
-        out = self.cluster.kubectl("-n", self.ns, "get", *what, "-o", "json").stdout
-        return json.loads(out)
-
-    def maybe(self, *what: str) -> Any | None:
-        proc = self.cluster.kubectl("-n", self.ns, "get", *what, "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-    def apply(self, obj: dict[str, Any]) -> None:
-        self.cluster.kubectl("-n", self.ns, "apply", "-f", "-", input=yaml.safe_dump(obj))
-
-    def pods(self, name: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.get("pods", "-l", f"{contract.LABEL_MODEL}={name}")["items"]
-        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-    def wm(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = self.get(contract.PLURAL, name)
-        return obj
-
-    def condition(self, name: str, type_: str) -> dict[str, Any]:
-        for c in (self.wm(name).get("status") or {}).get("conditions") or []:
-            if c["type"] == type_:
-                return dict(c)
-        return {}
-
-    # -- diagnostics
-    def dump(self) -> str:
-        parts = ["----- operator log (tail) -----", "\n".join(self.operator.log().splitlines()[-150:])]
-        wms = self.cluster.kubectl("-n", self.ns, "get", contract.PLURAL, "-o", "yaml", check=False)
-        parts += ["----- WarmModels -----", wms.stdout[-6000:]]
-        pods = self.cluster.kubectl("-n", self.ns, "get", "pods", "-o", "wide", check=False)
-        parts += ["----- pods -----", pods.stdout]
-        for pod in (self.maybe("pods") or {}).get("items", []):
-            name = pod["metadata"]["name"]
-            directory = self.cluster.pod_log_dir(self.ns, name)
-            if directory is None or not directory.exists():
-                continue
-            for path in sorted(directory.rglob("*.log")):
-                tail = "\n".join(path.read_text(errors="replace").splitlines()[-40:])
-                parts += [f"----- {name}: {path.name} -----", tail]
-        return "\n".join(parts)
-
-    def wait(self, check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
-        deadline = time.monotonic() + timeout
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                value = check()
-                if value:
-                    return value
-            except (AssertionError, KeyError, IndexError, json.JSONDecodeError) as error:
-                last_error = error
-            time.sleep(every)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})\n"
-                             f"{self.dump()}")
-
-    def wait_ready(self, name: str, warm: int, timeout: float = 120) -> dict[str, Any]:
-        def ready() -> dict[str, Any] | None:
-            wm = self.wm(name)
-            status = wm.get("status") or {}
-            conds = {c["type"]: c for c in status.get("conditions") or []}
-            ok = conds.get("Ready", {}).get("status") == "True" and status.get("warmReplicas", 0) >= warm
-            return wm if ok else None
-
-        return self.wait(ready, timeout, f"WarmModel {name} Ready with {warm} warm pods")
-
-
 @pytest.fixture()
-def env(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> Iterator[Env]:
-    operator = Operator(cluster, namespace, tmp_path / "operator.log")
+def env(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> Iterator[World]:
+    # the operator is always this test's subprocess here; a timed-out wait carries the diagnostics
+    operator = Operator(cluster, namespace, tmp_path / "operator.log", installed=False, heat_write_interval=2)
     operator.start()
-    e = Env(cluster, namespace, operator)
+    e = World(cluster, namespace, operator, diagnose_timeouts=True)
     try:
         yield e
     finally:
         # Delete WarmModels while the operator still runs: its finalizer (timers need one)
         # is removed by it, and the garbage collector then takes every child and pod.
-        if operator.proc is None or operator.proc.poll() is not None:
+        if not operator.running():
             operator.start()
         cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
         leftovers = cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout
@@ -200,6 +58,7 @@ def env(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> Ite
             cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p",
                             '{"metadata":{"finalizers":null}}', check=False)
         operator.stop()
+        e.close()
 
 
 def warmmodel(name: str, model: Path, **spec: Any) -> dict[str, Any]:
@@ -214,59 +73,17 @@ def warmmodel(name: str, model: Path, **spec: Any) -> dict[str, Any]:
             "metadata": {"name": name}, "spec": body}
 
 
-def http(url: str, body: dict[str, Any] | None = None, timeout: float = 30) -> tuple[int, str]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
 def pod_url(pod: dict[str, Any], path: str, port: int = contract.DEFAULT_WORKER_PORT) -> str:
     ip = pod["status"]["podIP"]
     assert ip.startswith("127."), f"tests only talk to loopback, got pod IP {ip}"
     return f"http://{ip}:{port}{path}"
 
 
-def worker_pid(pod: dict[str, Any]) -> int:
-    container_id = pod["status"]["containerStatuses"][0]["containerID"]
-    return int(container_id.rsplit("/", 1)[-1])
-
-
-def rss(pid: int) -> int:
-    """Resident bytes of a local process (the kubelet runs pods as local processes)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def metric(text: str, name: str, **labels: str) -> float | None:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return None
-
-
-def children(env: Env, name: str) -> dict[str, list[str]]:
-    selector = f"{contract.LABEL_MODEL}={name}"
-    found: dict[str, list[str]] = {}
-    for kind in ("deployments", "replicasets", "services", "configmaps", "secrets", "poddisruptionbudgets"):
-        items = env.get(kind, "-l", selector)["items"]
-        found[kind] = sorted(i["metadata"]["name"] for i in items)
-    return found
-
-
 # --------------------------------------------------------------------------- tests
 
 
 @pytest.mark.integration
-def test_tiny_pool_goes_ready_and_serves(env: Env, tiny_model: Path) -> None:
+def test_tiny_pool_goes_ready_and_serves(env: World, tiny_model: Path) -> None:
     started = time.monotonic()
     env.apply(warmmodel("tiny", tiny_model, pool={"replicas": 2, "minWarm": 2, "maxReplicas": 3}))
     wm = env.wait_ready("tiny", warm=2, timeout=150)
@@ -282,7 +99,7 @@ def test_tiny_pool_goes_ready_and_serves(env: Env, tiny_model: Path) -> None:
     env.wait(lambda: (env.wm("tiny")["status"].get("coldStart") or {}).get("p50Seconds"), 30, "cold-start figures")
 
     # Children: one of each, owned by the WarmModel.
-    kids = children(env, "tiny")
+    kids = env.children("tiny")
     assert kids["deployments"] == ["tiny"] and kids["services"] == ["tiny"]
     assert kids["configmaps"] == ["tiny-warmup"] and kids["secrets"] == ["tiny-control"]
     assert kids["poddisruptionbudgets"] == ["tiny"] and len(kids["replicasets"]) == 1
@@ -305,21 +122,19 @@ def test_tiny_pool_goes_ready_and_serves(env: Env, tiny_model: Path) -> None:
 
     # Deletion leaves nothing behind (owner references + garbage collector).
     env.cluster.kubectl("-n", env.ns, "delete", contract.PLURAL, "tiny", "--timeout=60s")
-    env.wait(lambda: not any(children(env, "tiny").values()) and not env.pods("tiny"), 60, "children gone")
+    env.wait(lambda: not any(env.children("tiny").values()) and not env.pods("tiny"), 60, "children gone")
 
 
 @pytest.mark.integration
-def test_memory_pressure_moves_tiers_with_hysteresis(env: Env, tiny_model: Path, tmp_path: Path) -> None:
+def test_memory_pressure_moves_tiers_with_hysteresis(env: World, tiny_model: Path, tmp_path: Path) -> None:
     # A ballast process whose real resident memory the worker counts against a configured
     # capacity (--memory-account-pid): the test moves the level across 70/90 % for real.
     target = tmp_path / "ballast-bytes"
-    target.write_text("0")
-    ballast = subprocess.Popen([sys.executable, "-c", BALLAST, str(target)])
     capacity = 2 * GiB
-    try:
+    with ballast(target, lifetime_s=600) as hog:
         env.apply(warmmodel("gated", tiny_model, pod={"workerArgs": [
             "--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2", "--guard-interval=0.2",
-            f"--memory-capacity-bytes={capacity}", f"--memory-account-pid={ballast.pid}"]}))
+            f"--memory-capacity-bytes={capacity}", f"--memory-account-pid={hog.pid}"]}))
         env.wait_ready("gated", warm=1, timeout=120)
         pod = env.pods("gated")[0]
         metrics_url = pod_url(pod, contract.PATH_METRICS)
@@ -336,15 +151,15 @@ def test_memory_pressure_moves_tiers_with_hysteresis(env: Env, tiny_model: Path,
                 text = http(metrics_url)[1]
                 used = metric(text, contract.METRIC_MEMORY_USED_BYTES)
                 assert used is not None
-                own = max(0, int(used) - rss(ballast.pid))
+                own = max(0, int(used) - rss(hog.pid))
                 want = max(0, int(ratio * capacity) - own)
                 target.write_text(str(want))
                 deadline = time.monotonic() + 15
-                while abs(rss(ballast.pid) - want) > 12 * 2**20 and time.monotonic() < deadline:
+                while abs(rss(hog.pid) - want) > 12 * 2**20 and time.monotonic() < deadline:
                     time.sleep(0.1)
                 time.sleep(0.5)  # a guard reading or two
                 now = level()
-                print(f"drive {ratio}: ballast {rss(ballast.pid) >> 20} MiB (want {want >> 20}), "
+                print(f"drive {ratio}: ballast {rss(hog.pid) >> 20} MiB (want {want >> 20}), "
                       f"worker {own >> 20} MiB, level {now:.3f}")
                 if abs(now - ratio) < 0.02:
                     return now
@@ -389,39 +204,17 @@ def test_memory_pressure_moves_tiers_with_hysteresis(env: Env, tiny_model: Path,
                                      "-o", "json").stdout
         messages = [e["message"] for e in json.loads(events)["items"]]
         assert any("-> paused" in m for m in messages), messages
-    finally:
-        ballast.kill()
-        ballast.wait(timeout=10)
-
-
-BALLAST = """
-import sys, time
-path = sys.argv[1]
-CHUNK = 4 * 1024 * 1024  # resize in small steps, so the level never dips or spikes while moving
-held = []
-deadline = time.monotonic() + 600
-while time.monotonic() < deadline:
-    try:
-        want = int(open(path).read().strip() or 0) // CHUNK
-    except (OSError, ValueError):
-        want = len(held)
-    while len(held) < want:
-        held.append(b"\\x01" * CHUNK)
-    while len(held) > want:
-        held.pop()
-    time.sleep(0.05)
-"""
 
 
 @pytest.mark.integration
-def test_operator_killed_mid_reconcile_converges_without_duplicates(env: Env, tiny_model: Path) -> None:
+def test_operator_killed_mid_reconcile_converges_without_duplicates(env: World, tiny_model: Path) -> None:
     env.apply(warmmodel("crashy", tiny_model))
     env.wait(lambda: env.maybe("deployment", "crashy") or env.maybe("configmap", "crashy-warmup"), 30,
              "the first child")
     env.operator.kill()
     env.operator.start()
     env.wait_ready("crashy", warm=1, timeout=120)
-    kids = children(env, "crashy")
+    kids = env.children("crashy")
     assert kids == {"deployments": ["crashy"], "replicasets": kids["replicasets"], "services": ["crashy"],
                     "configmaps": ["crashy-warmup"], "secrets": ["crashy-control"],
                     "poddisruptionbudgets": ["crashy"]}
@@ -436,12 +229,12 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(env: Env, ti
 
 
 @pytest.mark.integration
-def test_metrics_down_is_unknown_and_others_unaffected(env: Env, tiny_model: Path) -> None:
+def test_metrics_down_is_unknown_and_others_unaffected(env: World, tiny_model: Path) -> None:
     env.apply(warmmodel("flaky", tiny_model, pool={"replicas": 2, "minWarm": 1, "maxReplicas": 2}))
     env.wait_ready("flaky", warm=2, timeout=150)
     pods = env.pods("flaky")
     frozen, healthy = pods[0], pods[1]
-    pid = worker_pid(frozen)
+    pid = env.worker_pid(frozen)
     os.kill(pid, signal.SIGSTOP)  # the worker's /metrics stops answering (connect hangs)
     try:
         env.wait(lambda: env.condition("flaky", "WarmupGated").get("status") == "Unknown", 20,
@@ -465,7 +258,7 @@ def test_metrics_down_is_unknown_and_others_unaffected(env: Env, tiny_model: Pat
 
 
 @pytest.mark.integration
-def test_invalid_but_admitted_spec_is_degraded_without_retry_loop(env: Env, tiny_model: Path) -> None:
+def test_invalid_but_admitted_spec_is_degraded_without_retry_loop(env: World, tiny_model: Path) -> None:
     # The schema admits this, but the API server refuses a pod template whose requests
     # exceed its limits: no retry can fix it until the WarmModel changes.
     bad = warmmodel("bad", tiny_model, pod={"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}})
@@ -493,7 +286,7 @@ SMOLLM2 = default_model_dir()
 # unchanged against an external cluster the way the e2e suite must.
 @pytest.mark.integration
 @pytest.mark.skipif(not (SMOLLM2 / "model.safetensors").exists(), reason="run `warmpool model fetch` first")
-def test_small_real_model_goes_ready_and_answers(env: Env) -> None:
+def test_small_real_model_goes_ready_and_answers(env: World) -> None:
     started = time.monotonic()
     env.apply(warmmodel("smollm2", SMOLLM2, warmup={"buckets": [32], "timeoutSeconds": 300}))
     wm = env.wait_ready("smollm2", warm=1, timeout=300)
