@@ -23,7 +23,7 @@ from warmpool_worker.warmup import (
     WarmupStopped,
     execute_plan,
     load_prompts,
-    plan_warmup,
+    plan_from_args,
 )
 
 from warmpool.contract import STAGE_FAILED, STAGE_LOADING, STAGE_READY, STAGE_WARMING, Tier
@@ -61,15 +61,7 @@ class WorkerRuntime:
 
     # -- planning and running warm-up --------------------------------------------------
     def plan(self, tier: Tier, engine: Engine) -> WarmupPlan:
-        return plan_warmup(
-            tier,
-            layer_order=self.order,
-            buckets=self.args.buckets,
-            hot_layer_percent=self.args.hot_layer_percent,
-            prompts_per_bucket=self.args.prompts_per_bucket,
-            decode_tokens=self.args.decode_tokens,
-            max_context=engine.max_context,
-        )
+        return plan_from_args(tier, self.args, self.order, engine.max_context)
 
     def _on_layer(self, resident: int, total: int, index: int) -> None:
         self.metrics.mark_phase("first_layer_ready")

@@ -64,7 +64,7 @@ from warmpool_worker.warmup import (
     WarmupPlan,
     WarmupProgress,
     load_prompts,
-    plan_warmup,
+    plan_from_args,
     sized_prompt_text,
     sized_prompt_tokens,
 )
@@ -429,15 +429,7 @@ class Sidecar:
         return True
 
     def _plan(self, tier: Tier) -> WarmupPlan:
-        return plan_warmup(
-            tier,
-            layer_order=self.order,
-            buckets=self.args.buckets,
-            hot_layer_percent=self.args.hot_layer_percent,
-            prompts_per_bucket=self.args.prompts_per_bucket,
-            decode_tokens=self.args.decode_tokens,
-            max_context=self.engine.max_context,
-        )
+        return plan_from_args(tier, self.args, self.order, self.engine.max_context)
 
     def _count_error(self, error: EngineError) -> None:
         self.metrics.warmup_errors.labels(error.reason).inc()

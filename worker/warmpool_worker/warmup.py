@@ -26,6 +26,7 @@ Depth by tier:
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -214,6 +215,22 @@ class WarmupProgress:
 
 
 # -- sizing prompts to a bucket ----------------------------------------------------------
+
+def plan_from_args(
+    tier: Tier, args: argparse.Namespace, layer_order: Sequence[int], max_context: int | None
+) -> WarmupPlan:
+    """The plan for this tier from the command line both `serve` and `sidecar` share
+    (--buckets, --hot-layer-percent, --prompts-per-bucket, --decode-tokens)."""
+    return plan_warmup(
+        tier,
+        layer_order=layer_order,
+        buckets=args.buckets,
+        hot_layer_percent=args.hot_layer_percent,
+        prompts_per_bucket=args.prompts_per_bucket,
+        decode_tokens=args.decode_tokens,
+        max_context=max_context,
+    )
+
 def _rotated(prompts: Sequence[str], variant: int) -> list[str]:
     if not prompts:
         raise ValueError("no prompts to size")
