@@ -20,8 +20,10 @@ is padded up to the nearest bucket).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import math
+import mmap
 import os
 import struct
 import threading
@@ -58,6 +60,40 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8)
 DEFAULT_HEAT_HALF_LIFE_S = 300.0
 PREFIX_KV_FORMAT = "warmpool-prefix-kv"
 PREFIX_KV_VERSION = "1"
+#: madvise(2) advice values (Linux).  POPULATE_READ (5.14+) maps every page of a range
+#: in one call -- far cheaper than a fault per page -- and is what "loading" a zero-copy
+#: layer means on CPU; WILLNEED starts readahead of a range without waiting for it.
+_MADV_WILLNEED = 3
+_MADV_POPULATE_READ = 22
+_PAGE = mmap.PAGESIZE
+_libc: Any = None
+
+
+def _madvise(tensor: torch.Tensor, advice: int) -> bool:
+    """madvise over the pages holding this (contiguous, CPU) tensor's bytes; False if refused."""
+    global _libc
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0 or os.name != "posix" or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return False
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        _libc.madvise.restype = ctypes.c_int
+    start = tensor.data_ptr()
+    aligned = start - start % _PAGE
+    return bool(_libc.madvise(aligned, start + nbytes - aligned, advice) == 0)
+
+
+def _fault_in(tensor: torch.Tensor) -> None:
+    """Map every page of a view of the file now, in order, so first use pays no page faults."""
+    if _madvise(tensor, _MADV_POPULATE_READ):
+        return
+    # Older kernels: read one byte per page, front to back (the fault path reads ahead).
+    flat = tensor.reshape(-1).view(torch.uint8)
+    if flat.numel():
+        _ = int(flat[::_PAGE].sum()) + int(flat[-1])
+
+
 #: Pinned staging buffer size: big enough to keep the copy engine busy, small enough that
 #: two of them cost nothing next to the weights (large tensors are copied in chunks).
 STAGING_BYTES = 64 * 1024 * 1024
@@ -291,18 +327,31 @@ class LlamaEngine:
             if self._stager is None:
                 self._stager = _PinnedStager(self._device)
             return self._stager.to_device(tensor, self.dtype)
-        # CPU: copy out of the mmap into private memory (this is the disk read); the
-        # page-cache copy stays reclaimable by the kernel.
-        return tensor.to(self.dtype) if tensor.dtype != self.dtype else tensor.clone()
+        if tensor.dtype == self.dtype:
+            # CPU, same dtype: use the weights where they lie, in the file's mapping (no
+            # copy, no second resident copy).  safetensors maps the file copy-on-write
+            # (MAP_PRIVATE), so the tensor is writable and a stray in-place op could never
+            # reach the file -- but nothing here writes to a weight.  Loading = mapping
+            # every page now, sequentially, instead of a fault per page in the first request.
+            _fault_in(tensor)
+            return tensor
+        # CPU, another dtype: convert in one pass into a preallocated tensor.
+        out = torch.empty(tensor.shape, dtype=self.dtype)
+        out.copy_(tensor)
+        return out
 
     def _load_named(self, parts: Sequence[tuple[str, str]]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         with torch.inference_mode():
-            for key, name in parts:
-                if name in self.checkpoint.tensors:
-                    tensor = self._materialise(self.checkpoint.get_tensor(name))
-                    out[key] = tensor
-                    self.bytes_loaded += tensor.numel() * tensor.element_size()
+            sources = [(key, self.checkpoint.get_tensor(name)) for key, name in parts
+                       if name in self.checkpoint.tensors]
+            if self._device.type == "cpu":
+                for _, source in sources:  # start reading the whole layer ahead (cold cache)
+                    _madvise(source, _MADV_WILLNEED)
+            for key, source in sources:
+                tensor = self._materialise(source)
+                out[key] = tensor
+                self.bytes_loaded += tensor.numel() * tensor.element_size()
             if self._stager is not None:
                 self._stager.finish()
         return out
