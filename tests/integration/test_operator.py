@@ -299,3 +299,26 @@ def test_small_real_model_goes_ready_and_answers(env: World) -> None:
     answer = json.loads(text)["choices"][0]["text"]
     print(f"smollm2 answered: {answer!r}")
     assert answer.strip()
+
+
+@pytest.mark.integration
+def test_a_conflicting_status_write_is_corrected_not_believed(env: World, tiny_model: Path) -> None:
+    """Another writer overwrites the status (as a stale controller or a hand `kubectl patch` would).
+
+    The operator writes status with merge patches that carry no resourceVersion, so a racing
+    writer cannot make it fail with 409; what matters is that it never derives a decision from
+    the status it finds there: the next pass restores the truth from the live pods.
+    """
+    env.apply(warmmodel("contested", tiny_model))
+    env.wait_ready("contested", warm=1, timeout=120)
+    generation = env.wm("contested")["metadata"]["generation"]
+    lie = {"status": {"warmReplicas": 0, "readyReplicas": 0, "observedGeneration": generation, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "ForeignWriter", "message": "written by someone else",
+         "lastTransitionTime": "2020-01-01T00:00:00Z", "observedGeneration": generation},
+    ]}}
+    env.cluster.kubectl("-n", env.ns, "patch", "warmmodel", "contested", "--subresource=status", "--type=merge",
+                        "-p", json.dumps(lie))
+    env.wait(lambda: env.condition("contested", "Ready").get("reason") == "MinWarmReached"
+             and env.wm("contested")["status"].get("warmReplicas") == 1, 30, "the truth restored")
+    conditions = {c["type"] for c in env.wm("contested")["status"]["conditions"]}
+    assert conditions >= {"Ready", "Progressing", "Degraded", "WarmupGated"}, conditions

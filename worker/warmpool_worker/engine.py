@@ -10,7 +10,11 @@ this module never imports (its import alone costs seconds of cold start).
 Loading: `load_engine` validates the checkpoint and maps it (headers only).  Embeddings,
 final norm and head are materialised first, then decoder layers in the order given to
 `load_layers`; a layer a request needs before the loader got to it is loaded right there,
-under the same lock, so a request never sees a missing weight.
+under the same lock, so a request never sees a missing weight.  On CPU, in the checkpoint's
+own dtype, a weight is the file's mapping itself (zero copy): "loading" a layer faults its pages
+in, in order, so the first request pays no random faults.  Other dtypes convert in one pass.
+Serving workers therefore need their weight files left intact: replace a model by rename
+(what `warmpool model fetch` does), never by rewriting a file in place.
 
 GPU path (only when ``torch.cuda.is_available()`` and the device is CUDA): host-to-device
 copies go through two pinned staging buffers on a side stream, and `capture_graphs`
