@@ -30,12 +30,13 @@ class PodTimeline:
     steady_ttft_s: float | None = None
 
 
-def parse_phase_durations(metrics_text: str) -> dict[str, float]:
-    """{phase: seconds since process start} from a worker's /metrics text."""
+def parse_phase_metric(metrics_text: str, metric: str = METRIC_PHASE_DURATION) -> dict[str, float]:
+    """{phase: value} of one phase-labelled series from a worker's /metrics text (by default the
+    seconds since process start; METRIC_PHASE_TIMESTAMP gives the Unix times)."""
     phases: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
-            if sample.name == METRIC_PHASE_DURATION and LABEL_PHASE in sample.labels:
+            if sample.name == metric and LABEL_PHASE in sample.labels:
                 phases[sample.labels[LABEL_PHASE]] = float(sample.value)
     return phases
 
@@ -48,7 +49,7 @@ def scrape_phases(base_url: str, timeout: float = SCRAPE_TIMEOUT_S) -> dict[str,
     except (urllib.error.URLError, OSError):
         return {}
     try:
-        return parse_phase_durations(text)
+        return parse_phase_metric(text)
     except ValueError:
         return {}
 

@@ -258,16 +258,10 @@ def _http(url: str, body: object | None = None, timeout: float = 600.0) -> tuple
 
 
 def _phase_timestamps(metrics_text: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
+    from warmpool.contract import METRIC_PHASE_TIMESTAMP
+    from warmpool.timeline import parse_phase_metric
 
-    from warmpool.contract import LABEL_PHASE, METRIC_PHASE_TIMESTAMP
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name == METRIC_PHASE_TIMESTAMP and LABEL_PHASE in sample.labels:
-                out[sample.labels[LABEL_PHASE]] = float(sample.value)
-    return out
+    return parse_phase_metric(metrics_text, METRIC_PHASE_TIMESTAMP)
 
 
 def _vm_hwm_bytes(pid: int) -> int | None:
