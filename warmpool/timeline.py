@@ -83,7 +83,7 @@ def render_waterfall(timelines: Sequence[PodTimeline], path: Path, title: str) -
     import matplotlib.pyplot as plt
 
     colours = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"]
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * max(1, len(timelines))))
+    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.7 * max(1, len(timelines))))
     for row, line in enumerate(timelines):
         previous = 0.0
         for index, phase in enumerate(PHASES[1:]):
@@ -100,7 +100,8 @@ def render_waterfall(timelines: Sequence[PodTimeline], path: Path, title: str) -
     ax.invert_yaxis()
     ax.set_xlabel("seconds since worker process start")
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize="small")
+    # Below the axes, so the legend never hides a bar.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize="small", frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
