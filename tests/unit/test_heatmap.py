@@ -15,6 +15,7 @@ from warmpool_worker.heatmap import (
     hot_layers,
     layer_order,
     read_heatmap,
+    usable_heat,
     write_heatmap,
 )
 
@@ -115,3 +116,15 @@ def test_from_engine_drops_garbage() -> None:
     heat_map = heatmap_from_engine("d", {0: 1.0, 1: math.inf, 7: 2.0, 2: -1.0}, 3)
     assert heat_map.heat == {0: 1.0}
     assert heat_map.updated_at is not None
+
+
+def test_usable_heat_applies_only_to_its_own_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "heat.json"
+    write_heatmap(path, HeatMap(model_digest="sha256:a", num_layers=3, heat={0: 1.0, 2: 9.0}))
+    assert usable_heat(path, "sha256:a", 3) == {0: 1.0, 2: 9.0}
+    assert usable_heat(path, "sha256:b", 3) is None  # another checkpoint's heat
+    assert usable_heat(path, "sha256:a", 4) is None  # same digest, other shape: stale
+    assert usable_heat(path, None, 3) is None  # no digest to check it against
+    assert usable_heat(None, "sha256:a", 3) is None
+    path.write_text("{not json")
+    assert usable_heat(path, "sha256:a", 3) is None  # garbage costs the order, never the start

@@ -21,6 +21,7 @@ both fall back to the default order with a logged reason.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from warmpool.contract import HEATMAP_FORMAT
+
+log = logging.getLogger(__name__)
 
 
 class HeatMapError(ValueError):
@@ -146,6 +149,29 @@ def default_layer_order(num_layers: int) -> list[int]:
     arrive (from the background load) before the forward pass reaches it.
     """
     return list(range(num_layers))
+
+
+def usable_heat(path: Path | None, digest: str | None, num_layers: int) -> dict[int, float] | None:
+    """The heat in the map at `path` if it applies to this checkpoint, else None (and why, logged).
+
+    Shared by the built-in worker and the sidecar: a missing, unreadable or stale map only
+    costs the load order, never the start.
+    """
+    if path is None:
+        return None
+    if digest is None:
+        log.warning("heat map ignored: the model directory is not a checkpoint the built-in reader accepts")
+        return None
+    try:
+        heat_map = read_heatmap(path)
+    except HeatMapError as error:
+        log.warning("heat map ignored: %s", error)
+        return None
+    mismatch = heat_map.applies_to(digest, num_layers)
+    if mismatch is not None:
+        log.warning("heat map ignored: %s", mismatch)
+        return None
+    return dict(heat_map.heat)
 
 
 def layer_order(heat: Mapping[int, float] | None, num_layers: int) -> list[int]:

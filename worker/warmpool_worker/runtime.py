@@ -13,7 +13,7 @@ from pathlib import Path
 
 from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError
 from warmpool_worker.guard import GuardState, TierGuard
-from warmpool_worker.heatmap import HeatMapError, layer_order, read_heatmap
+from warmpool_worker.heatmap import layer_order, usable_heat
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
 from warmpool_worker.server import WorkerServer, WorkerStatus, cancel_tasks, start_site, stop_on_signals
@@ -173,17 +173,7 @@ class WorkerRuntime:
                      sorted(timings), sum(timings.values()))
 
     def _heat_order(self, engine: Engine) -> list[int]:
-        heat = None
-        if self.args.heat_map is not None:
-            try:
-                heat_map = read_heatmap(self.args.heat_map)
-                mismatch = heat_map.applies_to(engine.model_digest, engine.num_layers)
-                if mismatch is None:
-                    heat = heat_map.heat
-                else:
-                    log.warning("heat map ignored: %s", mismatch)
-            except HeatMapError as error:
-                log.warning("heat map ignored: %s", error)
+        heat = usable_heat(self.args.heat_map, engine.model_digest, engine.num_layers)
         order = layer_order(heat, engine.num_layers)
         log.info("layer load order (%s): %s", "heat map" if heat else "default: forward", order)
         return order

@@ -46,7 +46,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from warmpool_worker.engine_client import EngineClient, EngineError, EngineScrape, EngineUnavailable
 from warmpool_worker.guard import GuardState, TierGuard
-from warmpool_worker.heatmap import HeatMapError, layer_order, read_heatmap
+from warmpool_worker.heatmap import layer_order, usable_heat
 from warmpool_worker.memory import MemoryProbe, MemoryReading, make_probe
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
 from warmpool_worker.prefetch import Prefetcher, PrefetchReport, PrefetchStopped, WeightMap, map_weights, plan_prefetch
@@ -323,23 +323,9 @@ class Sidecar:
         self.metrics.set_prefetch(self.prefetcher.report, len(self.weights.errors))
 
     def _heat_order(self, model_dir: Path, num_layers: int) -> list[int]:
-        heat = None
-        if self.args.heat_map is not None:
-            try:
-                heat_map = read_heatmap(self.args.heat_map)
-                digest = _checkpoint_digest(model_dir)
-                mismatch = (
-                    heat_map.applies_to(digest, num_layers)
-                    if digest is not None
-                    else "the model directory is not a checkpoint the built-in reader accepts (no digest)"
-                )
-                if mismatch is None:
-                    heat = heat_map.heat
-                else:
-                    log.warning("heat map ignored: %s", mismatch)
-            except HeatMapError as error:
-                log.warning("heat map ignored: %s", error)
-        return layer_order(heat, num_layers)
+        # The digest costs a read of every header: only worth it when there is a map to check.
+        digest = _checkpoint_digest(model_dir) if self.args.heat_map is not None else None
+        return layer_order(usable_heat(self.args.heat_map, digest, num_layers), num_layers)
 
     def prompt_for(self, bucket: int, variant: int) -> str:
         if self._encode is not None and self._decode is not None:
