@@ -126,21 +126,31 @@ async def disconnect(**_: Any) -> None:
 # --------------------------------------------------------------------------- children
 
 
+async def get_or_create(kube: Kube, kind: Kind, desired: Obj) -> tuple[Obj, bool]:
+    """(the object, True) when we created it; (what is there, False) when it exists already,
+    including when another writer created it between our read and our create (409)."""
+    meta = desired["metadata"]
+    actual = await kube.get(kind, meta["namespace"], meta["name"])
+    if actual is not None:
+        return actual, False
+    try:
+        return await kube.create(desired), True
+    except KubeError as error:
+        if error.status != 409:
+            raise
+        actual = await kube.get(kind, meta["namespace"], meta["name"])
+        if actual is None:
+            raise
+    return actual, False
+
+
 async def ensure(kube: Kube, desired: Obj, owner: Mapping[str, Any]) -> Obj:
     """Create the child, or replace it when its hash (or replica count) differs from desired."""
     kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]
     meta = desired["metadata"]
-    kind = kind_of(desired)
-    actual = await kube.get(kind, meta["namespace"], meta["name"])
-    if actual is None:
-        try:
-            return await kube.create(desired)
-        except KubeError as error:
-            if error.status != 409:
-                raise
-            actual = await kube.get(kind, meta["namespace"], meta["name"])
-            if actual is None:
-                raise
+    actual, created = await get_or_create(kube, kind_of(desired), desired)
+    if created:
+        return actual
     have = ((actual.get("metadata") or {}).get("annotations") or {}).get(contract.ANNOTATION_SPEC_HASH)
     want = meta["annotations"][contract.ANNOTATION_SPEC_HASH]
     owner_uid = owner["metadata"]["uid"]
@@ -191,16 +201,9 @@ async def ensure_configmap(kube: Kube, target: Target, owner: Mapping[str, Any])
     desired = builders.build_configmap(target)
     kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]
     name = desired["metadata"]["name"]
-    actual = await kube.get(CONFIGMAPS, target.namespace, name)
-    if actual is None:
-        try:
-            return await kube.create(desired)
-        except KubeError as error:
-            if error.status != 409:
-                raise
-            actual = await kube.get(CONFIGMAPS, target.namespace, name)
-            if actual is None:
-                raise
+    actual, created = await get_or_create(kube, CONFIGMAPS, desired)
+    if created:
+        return actual
     data = actual.get("data") or {}
     want = desired["data"].get(contract.CONFIGMAP_KEY_PROMPTS)
     refs = (actual.get("metadata") or {}).get("ownerReferences") or []
