@@ -249,6 +249,18 @@ def up(name: str = "default", nodes: int = DEFAULT_NODES, apiserver_port: int | 
         raise
 
 
+def _component_identity_flags(kubeconfig: Path, port: int) -> list[str]:
+    """What controller-manager and scheduler share: their own identity for every API call, a
+    loopback-only secure port, and no leader election (one replica of each)."""
+    return [
+        "--kubeconfig", str(kubeconfig),
+        "--authentication-kubeconfig", str(kubeconfig),
+        "--authorization-kubeconfig", str(kubeconfig),
+        "--bind-address", "127.0.0.1", "--secure-port", str(port),
+        "--leader-elect=false",
+    ]
+
+
 def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
     started = time.monotonic()
     binaries = build.ensure_binaries(["etcd", "kube-apiserver", "kube-controller-manager",
@@ -300,11 +312,8 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
 
     state.pids["kube-controller-manager"] = _spawn("kube-controller-manager", [
         str(binaries["kube-controller-manager"]),
-        "--kubeconfig", str(root / "controller-manager.kubeconfig"),
-        "--authentication-kubeconfig", str(root / "controller-manager.kubeconfig"),
-        "--authorization-kubeconfig", str(root / "controller-manager.kubeconfig"),
-        "--bind-address", "127.0.0.1", "--secure-port", str(ports["controller-manager"]),
-        "--leader-elect=false", "--use-service-account-credentials=true",
+        *_component_identity_flags(root / "controller-manager.kubeconfig", ports["controller-manager"]),
+        "--use-service-account-credentials=true",
         "--service-account-private-key-file", str(pki / "sa.key"),
         "--root-ca-file", str(pki / "ca.crt"),
         "--cluster-signing-cert-file", str(pki / "ca.crt"), "--cluster-signing-key-file", str(pki / "ca.key"),
@@ -322,11 +331,8 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
     ], root)
     state.pids["kube-scheduler"] = _spawn("kube-scheduler", [
         str(binaries["kube-scheduler"]),
-        "--kubeconfig", str(root / "scheduler.kubeconfig"),
-        "--authentication-kubeconfig", str(root / "scheduler.kubeconfig"),
-        "--authorization-kubeconfig", str(root / "scheduler.kubeconfig"),
-        "--bind-address", "127.0.0.1", "--secure-port", str(ports["scheduler"]),
-        "--leader-elect=false", "--v", "1",
+        *_component_identity_flags(root / "scheduler.kubeconfig", ports["scheduler"]),
+        "--v", "1",
     ], root)
     state.pids["kwok"] = _spawn("kwok", kwok.kwok_command(
         binaries["kwok"], root / "kubelet.kubeconfig", state.pod_cidr, root / "kwok"), root)
