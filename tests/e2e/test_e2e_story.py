@@ -69,8 +69,16 @@ def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_
     assert set(contract.PHASES[1:]) <= set(line.phases), line.phases
     ordered = [line.phases[p] for p in contract.PHASES[1:]]
     assert ordered == sorted(ordered), f"phases out of order: {line.phases}"
-    assert line.first_ttft_s <= 3 * line.steady_ttft_s + 1.5, (
-        f"first request {line.first_ttft_s:.3f}s vs steady {line.steady_ttft_s:.3f}s: the pod was not warm")
+    # Speed is measured in bench/, never asserted in a test (shared CPUs make timings noise); what
+    # "warm" means is checked exactly instead: before /readyz said 200, every prefill the plan asked
+    # for ran at every bucket, and ready came no earlier than warm-up done.
+    plan = readyz["warmup"]["plan"]
+    done = readyz["warmup"]["prefills"]
+    assert plan["buckets"] and all(done.get(str(b), 0) >= plan["prompts_per_bucket"] for b in plan["buckets"]), (
+        plan, done)
+    assert line.phases["ready"] >= line.phases["warmup_done"], line.phases
+    print(f"first request TTFT {line.first_ttft_s:.3f}s, steady {line.steady_ttft_s:.3f}s "
+          f"(ratio {line.first_ttft_s / line.steady_ttft_s:.2f}; reported, not asserted)")
 
     out = Path(os.environ.get("WARMPOOL_E2E_OUTPUT", tmp_path))
     png = render_waterfall([line], out / "e2e-coldstart-timeline.png", f"warmpool e2e cold start: {name}")

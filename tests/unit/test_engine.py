@@ -59,16 +59,15 @@ def _reference_greedy(engine: LlamaEngine, ids: list[int], n: int) -> list[int]:
 
 
 def test_load_engine_maps_without_loading(model_dir: Path) -> None:
-    started = time.perf_counter()
     engine = load_engine(model_dir)
-    elapsed = time.perf_counter() - started
+    # "Maps without loading" checked exactly, not by a wall-clock bound: no weight byte was read.
+    assert engine.bytes_loaded == 0
     assert engine.layers_resident() == 0
     assert engine.num_layers == 4
     assert engine.max_context == 256
     assert engine.device == "cpu"
     assert engine.model_name == "tiny"
     assert len(engine.model_digest) == 64
-    assert elapsed < 2.0
 
 
 def test_model_name_override(model_dir: Path) -> None:
