@@ -78,6 +78,10 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.queueing.idle_timeout = 60
     settings.queueing.exit_timeout = 10
     settings.queueing.error_delays = (1, 3, 10, 30, 60)
+    # A WarmModel deleted while its timer's sync was in flight kept its finalizer until kopf's
+    # next poll of the exiting timer, 60 s by default (seen: `kubectl delete wm` timing out at
+    # 60 s in the tests). Poll each second: the sync ends within its own bounded timeouts.
+    settings.background.cancellation_polling = 1.0
     settings.networking.error_backoffs = (1, 2, 5, 10, 20)
     # Handlers without their own policy: retry after a bounded backoff (each handler also
     # sets retries=/backoff=/timeout= explicitly).
