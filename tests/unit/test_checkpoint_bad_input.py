@@ -318,3 +318,65 @@ def test_corrupt_prefix_kv_file(tmp_path: Path) -> None:
     kv.write_bytes(kv.read_bytes()[:-64])
     with pytest.raises(ModelLoadError, match=r"prefix\.safetensors: truncated file"):
         engine.load_prefix_kv(prefix, kv)
+
+
+# ---- bounded config: absurd sizes are refused before anything is sized from them ----------
+
+_BOUNDED_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+
+@pytest.mark.parametrize("key", _BOUNDED_KEYS)
+def test_absurd_config_size_is_refused_naming_key_and_bound(model: Path, key: str) -> None:
+    from warmpool_worker.checkpoint import CONFIG_BOUNDS
+
+    config = json.loads((model / "config.json").read_text())
+    config[key] = 10**8
+    (model / "config.json").write_text(json.dumps(config))
+    bound = CONFIG_BOUNDS[key]
+    with pytest.raises(ModelLoadError, match=rf"config\.json: '{key}' is 100000000, above the bound of {bound}"):
+        open_checkpoint(model)
+
+
+def test_head_dim_derived_from_hidden_size_is_bounded(model: Path) -> None:
+    config = json.loads((model / "config.json").read_text())
+    config.update(hidden_size=65_536, num_attention_heads=1, num_key_value_heads=1)
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"'head_dim' \(hidden_size 65536 / num_attention_heads 1\) "
+                       r"is 65536, above the bound of 4096"):
+        open_checkpoint(model)
+
+
+def test_config_needing_more_bytes_than_the_files_hold_is_refused(model: Path) -> None:
+    # Every size within its bound, the product far beyond the ~200 KB the tiny files hold:
+    # refused from arithmetic, before the expected-tensor table or any tensor is built.
+    config = json.loads((model / "config.json").read_text())
+    config.update(num_hidden_layers=1000, hidden_size=8192, intermediate_size=28_672,
+                  num_attention_heads=64, num_key_value_heads=8)
+    (model / "config.json").write_text(json.dumps(config))
+    held = (model / "model.safetensors").stat().st_size
+    with pytest.raises(ModelLoadError, match=r"config\.json: the config needs \d+ weight elements .* "
+                       r"files hold only \d+ bytes of data") as raised:
+        open_checkpoint(model)
+    needed_bytes = int(str(raised.value).split("at least ")[1].split(" ")[0])
+    assert needed_bytes > 1000 * held
+
+
+def test_expected_parameters_agrees_with_the_tensor_table(tmp_path: Path) -> None:
+    # The arithmetic count that gates a config is the sum of the shapes the loader then checks.
+    import math
+
+    from warmpool_worker.checkpoint import expected_parameters, expected_tensors
+
+    for options in ({}, {"tie": True}, {"qkv_bias": True}, {"model_type": "qwen2"}):
+        path = make_tiny_llama(tmp_path / f"m{len(list(tmp_path.iterdir()))}", **options)
+        config = open_checkpoint(path).config
+        assert expected_parameters(config) == sum(math.prod(s) for s in expected_tensors(config).values())

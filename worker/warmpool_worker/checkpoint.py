@@ -69,6 +69,26 @@ DIGEST_SAMPLE_BYTES = 64 * 1024
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
+#: Upper bounds for every config.json size that drives an allocation (the engine's layer
+#: table, rotary tables, KV caches, the expected-tensor table).  Each is several times the
+#: largest published Llama-family model (405B: 126 layers, hidden 16384, 128 heads,
+#: intermediate 53248; vocabularies up to ~256k; contexts up to ~10M), so a real model
+#: always passes and an absurd one (num_hidden_layers = 10**8) is refused before anything
+#: is sized from it.
+CONFIG_BOUNDS: dict[str, int] = {
+    "num_hidden_layers": 1024,
+    "hidden_size": 131_072,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 4096,
+    "intermediate_size": 1 << 20,
+    "vocab_size": 1 << 22,
+    "max_position_embeddings": 1 << 25,
+}
+#: The smallest bytes per weight element a checkpoint may use (F16/BF16): the floor for
+#: what a config's parameter count must occupy on disk.
+MIN_WEIGHT_BYTES = min(DTYPE_SIZES[d] for d in FLOAT_DTYPES)
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -251,6 +271,10 @@ def _positive_int(path: Path, raw: Mapping[str, Any], key: str, default: int | N
     value = raw.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise _fail(path, f"{key!r} must be a positive integer, found {value!r}")
+    bound = CONFIG_BOUNDS.get(key)
+    if bound is not None and value > bound:
+        raise _fail(path, f"{key!r} is {value}, above the bound of {bound}: refusing a config that "
+                    "would size allocations from it")
     return value
 
 
@@ -282,6 +306,9 @@ def parse_config(path: Path, raw: dict[str, Any]) -> LlamaConfig:
         if hidden % heads:
             raise _fail(path, f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
         head_dim = hidden // heads
+        if head_dim > CONFIG_BOUNDS["head_dim"]:
+            raise _fail(path, f"'head_dim' (hidden_size {hidden} / num_attention_heads {heads}) is {head_dim}, "
+                        f"above the bound of {CONFIG_BOUNDS['head_dim']}")
     else:
         head_dim = _positive_int(path, raw, "head_dim")
     if head_dim % 2:
@@ -335,6 +362,37 @@ def parse_config(path: Path, raw: dict[str, Any]) -> LlamaConfig:
         eos_token_ids=_eos_ids(raw.get("eos_token_id")),
         raw=raw,
     )
+
+
+def expected_parameters(config: LlamaConfig) -> int:
+    """Weight elements the config needs, by arithmetic (no table built): what `expected_tensors` sums to."""
+    h, v, i = config.hidden_size, config.vocab_size, config.intermediate_size
+    q_out = config.num_attention_heads * config.head_dim
+    kv_out = config.num_key_value_heads * config.head_dim
+    per_layer = 2 * h + q_out * h + 2 * kv_out * h + h * q_out + 3 * i * h
+    if config.attention_bias:
+        per_layer += q_out + 2 * kv_out
+    if config.o_bias:
+        per_layer += h
+    if config.mlp_bias:
+        per_layer += 2 * i + h
+    core = v * h + h + (0 if config.tie_word_embeddings else v * h)
+    return core + config.num_hidden_layers * per_layer
+
+
+def check_config_fits_files(config_path: Path, config: LlamaConfig, headers: Iterable[SafetensorsHeader]) -> None:
+    """Refuse a config that needs more weight bytes than the files hold, before anything is sized from it.
+
+    Every size may be within its bound and the product still absurd (a 1024-layer,
+    131072-wide config next to a 1 MB file); the expected-tensor table and the engine's
+    allocations follow the config, so the config must first agree with the bytes on disk.
+    """
+    held = sum(h.data_len for h in headers)
+    needed = expected_parameters(config) * MIN_WEIGHT_BYTES
+    if needed > held:
+        raise _fail(config_path, f"the config needs {expected_parameters(config)} weight elements "
+                    f"(at least {needed} bytes at {MIN_WEIGHT_BYTES} bytes each) but the safetensors "
+                    f"files hold only {held} bytes of data: config.json does not describe these weights")
 
 
 def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -525,6 +583,7 @@ def open_checkpoint(model_dir: Path | str) -> Checkpoint:
             if name not in seen:
                 raise _fail(model_dir / shard, f"tensor {name!r} listed in {INDEX_FILE} is not in the shard")
 
+    check_config_fits_files(config_path, config, headers)
     expected = expected_tensors(config)
     missing = sorted(set(expected) - set(seen))
     if missing:
