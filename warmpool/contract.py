@@ -222,9 +222,11 @@ METRIC_OPERATOR_RECONCILE_ERRORS = "warmpool_operator_reconcile_errors_total"  #
 METRIC_OPERATOR_SCRAPE_FAILURES = "warmpool_operator_scrape_failures_total"  # label: reason
 METRIC_OPERATOR_TIER_DECISIONS = "warmpool_operator_tier_decisions_total"  # labels: scope, tier
 METRIC_OPERATOR_WARM_PODS = "warmpool_operator_warm_pods"  # labels: namespace, warmmodel
+METRIC_OPERATOR_WRITE_FAILURES = "warmpool_operator_write_failures_total"  # label: target (pod_annotation, heat_map)
 LABEL_KIND = "kind"
 LABEL_REASON = "reason"
 LABEL_SCOPE = "scope"
+LABEL_TARGET = "target"  # warmpool_operator_write_failures_total: what the skipped write was for
 LABEL_NAMESPACE = "namespace"
 LABEL_WARMMODEL = "warmmodel"
 

@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--heat-write-interval", type=float, default=60.0, help="least seconds between heat-map writes"
     )
     parser.add_argument(
+        "--permanent-retry-interval",
+        type=float,
+        default=300.0,
+        help="seconds before a WarmModel whose child the API server refused is tried again unchanged",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=contract.DEFAULT_OPERATOR_METRICS_PORT,
@@ -70,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.scrape_interval <= 0 or args.scrape_timeout <= 0 or args.scrape_concurrency <= 0:
+    if min(args.scrape_interval, args.scrape_timeout, args.scrape_concurrency, args.permanent_retry_interval) <= 0:
         print("warmpool operator: intervals, timeouts and concurrency must be positive", file=sys.stderr)
         return 2
     try:
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     CONFIG.scrape_concurrency = args.scrape_concurrency
     CONFIG.scrape_networks = networks
     CONFIG.heat_write_interval = args.heat_write_interval
+    CONFIG.permanent_retry_interval = args.permanent_retry_interval
 
     import kopf
 

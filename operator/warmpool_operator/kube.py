@@ -22,6 +22,10 @@ Obj = dict[str, Any]
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30.0, connect=5.0)
 
 MERGE_PATCH = "application/merge-patch+json"
+#: Server-side apply: JSON is YAML, so the body is sent as JSON under this content type.
+APPLY_PATCH = "application/apply-patch+yaml"
+#: The field manager of every write the operator makes (server-side apply and plain writes alike).
+FIELD_MANAGER = "warmpool-operator"
 
 
 class KubeError(Exception):
@@ -130,12 +134,33 @@ class Kube:
         return items
 
     async def create(self, obj: Mapping[str, Any]) -> Obj:
+        """POST: fails with 409 when the name is taken, so it never writes over someone else's object."""
         meta = obj["metadata"]
-        return await self.request("POST", kind_of(obj).path(meta["namespace"]), body=dict(obj))
+        return await self.request(
+            "POST", kind_of(obj).path(meta["namespace"]), body=dict(obj), query={"fieldManager": FIELD_MANAGER}
+        )
 
     async def replace(self, obj: Mapping[str, Any]) -> Obj:
         meta = obj["metadata"]
-        return await self.request("PUT", kind_of(obj).path(meta["namespace"], meta["name"]), body=dict(obj))
+        return await self.request(
+            "PUT",
+            kind_of(obj).path(meta["namespace"], meta["name"]),
+            body=dict(obj),
+            query={"fieldManager": FIELD_MANAGER},
+        )
+
+    async def apply(self, obj: Mapping[str, Any]) -> Obj:
+        """Server-side apply as ``warmpool-operator``, forcing conflicts: every field we set returns
+        to our value, whoever changed it.  Only for objects known to exist and to be ours (apply
+        would create or take over anything else)."""
+        meta = obj["metadata"]
+        return await self.request(
+            "PATCH",
+            kind_of(obj).path(meta["namespace"], meta["name"]),
+            body=dict(obj),
+            query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            content_type=APPLY_PATCH,
+        )
 
     async def patch(
         self, kind: Kind, namespace: str, name: str, patch: Mapping[str, Any], subresource: str | None = None

@@ -11,6 +11,10 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from warmpool import contract
 
+#: Values of WRITE_FAILURES' target label.
+WRITE_POD_ANNOTATION = "pod_annotation"
+WRITE_HEAT_MAP = "heat_map"
+
 RECONCILE_SECONDS = Histogram(
     contract.METRIC_OPERATOR_RECONCILE_SECONDS,
     "Seconds one reconcile of a WarmModel took (children, scrape, gating and status)",
@@ -31,6 +35,11 @@ TIER_DECISIONS = Counter(
     contract.METRIC_OPERATOR_TIER_DECISIONS,
     "Tier decisions taken per pod or node and tier",
     [contract.LABEL_SCOPE, contract.LABEL_TIER],
+)
+WRITE_FAILURES = Counter(
+    contract.METRIC_OPERATOR_WRITE_FAILURES,
+    "Best-effort writes that failed and were skipped (the reconcile carried on), by target",
+    [contract.LABEL_TARGET],
 )
 WARM_PODS = Gauge(
     contract.METRIC_OPERATOR_WARM_PODS,

@@ -36,6 +36,9 @@ class OperatorConfig:
     heat_write_interval: float = 60.0
     #: How long a tier directive holds in a worker if the operator stops re-sending it.
     directive_ttl: float = contract.DEFAULT_DIRECTIVE_TTL_SECONDS
+    #: Seconds before a WarmModel that failed for good (a child refused with 400/422) is tried
+    #: again without a spec change, so that an outside fix (a policy relaxed, a name freed) heals it.
+    permanent_retry_interval: float = 300.0
 
     def allowed(self, ip: str) -> bool:
         try:
