@@ -141,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--warmup-timeout", type=float, default=600.0, help="seconds of optional warm-up before ready anyway"
     )
+    serve.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="torch intra-op threads (default: the container's CPU quota, cgroup v2 cpu.max, "
+        "capped by the CPUs this process may use; torch's own default is every core of the node)",
+    )
+    serve.add_argument(
+        "--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"), help="where cgroup v2 is mounted"
+    )
     serve.add_argument("--engine-factory", default=DEFAULT_ENGINE_FACTORY, help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
 

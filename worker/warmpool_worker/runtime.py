@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from warmpool_worker.cpu_threads import choose_threads
 from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError
 from warmpool_worker.guard import GuardState, TierGuard
 from warmpool_worker.heatmap import layer_order, usable_heat
@@ -110,6 +111,7 @@ class WorkerRuntime:
         """Blocking: map, load in heat order, warm per tier, ready.  Raises on load failure."""
         args = self.args
         self.prompts = load_prompts(args.prompts)
+        set_torch_threads(args.threads, args.cgroup_root)
         factory = _load_factory(args.engine_factory)
         started = time.monotonic()
         engine: Engine = factory(args.model, self.device, args.dtype, args.model_name)
@@ -205,6 +207,20 @@ class WorkerRuntime:
             await asyncio.to_thread(self.top_up)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), timeout=self.args.guard_interval)
+
+
+def set_torch_threads(requested: int | None, cgroup_root: Path) -> int:
+    """Size torch's intra-op pool to the pod's CPU (see cpu_threads), before any engine work.
+
+    Logged with torch's own reading back, so the log shows what torch will actually use.
+    """
+    choice = choose_threads(requested, cgroup_root)
+    import torch  # the engine needs it next anyway; the sizing must come before its first op
+
+    torch.set_num_threads(choice.threads)
+    actual = torch.get_num_threads()
+    log.info("torch intra-op threads: %d (from %s)", actual, choice.source)
+    return actual
 
 
 def _load_factory(spec: str) -> Callable[..., Engine]:

@@ -1,0 +1,79 @@
+"""A real worker process sizes torch's intra-op threads from --threads or the cgroup's cpu.max.
+
+The worker logs torch's own reading back (`torch.get_num_threads()` after setting it), so
+the line shows what torch will use.  Only 127.0.0.1 is addressed; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from warmpool_worker.testing_procs import HOST, REPO, free_port, subprocess_env
+
+pytestmark = pytest.mark.integration
+
+THREADS_LINE = re.compile(r"torch intra-op threads: (\d+) \(from (.*)\)")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from warmpool_worker.testing_models import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=2)
+
+
+def _threads_logged(model: Path, log_path: Path, *extra: str, timeout: float = 90.0) -> tuple[int, str]:
+    """Start `warmpool worker serve`, wait (bounded) for its threads line, stop it."""
+    command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model), "--host", HOST,
+               "--port", str(free_port()), "--device", "cpu", "--buckets", "16", "--prompts-per-bucket", "1",
+               *extra]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                match = THREADS_LINE.search(log_path.read_text(errors="replace"))
+                if match:
+                    return int(match.group(1)), match.group(2)
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.2)
+            raise AssertionError(f"no threads line (exit {proc.poll()}):\n{log_path.read_text(errors='replace')}")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def test_threads_flag_sets_torchs_thread_count(tiny_model: Path, tmp_path: Path) -> None:
+    threads, source = _threads_logged(tiny_model, tmp_path / "worker.log", "--threads", "1")
+    assert (threads, source) == (1, "--threads")
+
+
+def test_cgroup_cpu_quota_sets_torchs_thread_count(tiny_model: Path, tmp_path: Path) -> None:
+    # A cgroup v2 tree of our own: one CPU of quota at its root.  Whatever this process's
+    # cgroup path is, the walk up ends at the root, so its cpu.max applies.
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cpu.max").write_text("100000 100000\n")
+    threads, source = _threads_logged(tiny_model, tmp_path / "worker.log", "--cgroup-root", str(root))
+    assert threads == 1
+    assert str(root / "cpu.max") in source and "'100000 100000'" in source
+
+
+def test_no_quota_uses_the_cpus_the_process_may_run_on(tiny_model: Path, tmp_path: Path) -> None:
+    import os
+
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cpu.max").write_text("max 100000\n")
+    threads, _ = _threads_logged(tiny_model, tmp_path / "worker.log", "--cgroup-root", str(root))
+    assert threads == len(os.sched_getaffinity(0))
