@@ -2,14 +2,21 @@
 
 One level-based ``sync`` does everything, from what it observes now and nothing else:
 
-1. parse the spec (a bad one -> ``PermanentError`` and ``Degraded=True``, no retry loop);
+1. parse the spec (a bad one -> ``PermanentError`` and ``Degraded=True``, retried only slowly);
 2. make the children match the pure builders (Secret, ConfigMap, Service, PDB, Deployment;
-   deterministic names, owner references by ``kopf.adopt``, one hash per child compared);
-3. scrape every worker pod's /metrics on its pod IP, decide tiers per pod and per node,
-   send the directives, annotate the pods (tier, deletion cost), emit Events on transitions;
-4. scale up within maxReplicas while fewer than minWarm pods are verified warm;
-5. learn layer heat into the ConfigMap (rate-limited);
+   deterministic names, owner references by ``kopf.adopt``); a live child is compared with
+   its desired form and, when it drifted, server-side applied back; an object of a child's
+   name that this WarmModel does not own is never written to (``Degraded`` ChildConflict);
+3. scrape our Deployment's worker pods' /metrics on their pod IPs, decide tiers per pod and
+   per node, send the directives, annotate the pods (tier, deletion cost; best effort), emit
+   Events on transitions;
+4. scale up within maxReplicas while fewer than minWarm pods are verified warm, counting only
+   pods whose own metrics say "not warm yet";
+5. learn layer heat into the ConfigMap (rate-limited, best effort);
 6. write status.
+
+What a restart would forget is read back from the live objects: the extra pods from the
+Deployment's replicas, each pod's last tier from its annotation.
 
 The create/update/resume handlers and a timer per WarmModel all run ``sync`` under one
 lock per object, so they never interleave; the timer is what notices a deleted child or a
@@ -23,6 +30,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import copy
 import logging
 import secrets
 import time
@@ -40,7 +48,20 @@ from warmpool_operator import builders, gating, heat, metrics, scrape
 from warmpool_operator import status as st
 from warmpool_operator.api import InvalidWarmModel, parse_spec
 from warmpool_operator.builders import Obj, Target
-from warmpool_operator.kube import CONFIGMAPS, PODS, SECRETS, Kind, Kube, KubeError, kind_of
+from warmpool_operator.kube import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    PODS,
+    REPLICASETS,
+    SECRETS,
+    Kind,
+    Kube,
+    KubeError,
+    child_drifted,
+    deployment_pods,
+    kind_of,
+    owned_by,
+)
 from warmpool_operator.settings import CONFIG, HANDLER_BACKOFF, HANDLER_RETRIES, HANDLER_TIMEOUT, RETRY_DELAY
 
 log = logging.getLogger("warmpool.operator")
@@ -65,10 +86,20 @@ class ModelState:
     gate: gating.GateState = field(default_factory=gating.GateState)
     cold: st.ColdStarts = field(default_factory=st.ColdStarts)
     heat: heat.HeatState = field(default_factory=heat.HeatState)
-    #: pods added above the asked-for replicas because Ready pods are not verified warm
-    extra: int = 0
-    #: the generation that failed permanently (the timer leaves it alone until it changes)
+    #: pods added above the asked-for replicas because Ready pods are not verified warm; None
+    #: until read back from the live Deployment (an operator restart must not scale the pool down)
+    extra: int | None = None
+    #: the generation that failed permanently, why, and when (monotonic): the timer leaves it
+    #: alone until it changes or CONFIG.permanent_retry_interval has passed
     failed_generation: int | None = None
+    failed_reason: str = ""
+    failed_at: float = 0.0
+    #: child ("Kind/name") -> (desired spec hash, live version) last written or found matching:
+    #: a child still at that version needs no comparison (and a value the API server normalises,
+    #: such as a quantity, never causes a write on every tick)
+    settled: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: pods with our labels that are not our Deployment's (warned about once each)
+    ignored: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -144,35 +175,65 @@ async def get_or_create(kube: Kube, kind: Kind, desired: Obj) -> tuple[Obj, bool
     return actual, False
 
 
-async def ensure(kube: Kube, desired: Obj, owner: Mapping[str, Any]) -> Obj:
-    """Create the child, or replace it when its hash (or replica count) differs from desired."""
+class ChildConflict(Exception):
+    """A child's name is held by an object this WarmModel does not own: nothing was written to it."""
+
+    def __init__(self, kind: str, namespace: str, name: str) -> None:
+        super().__init__(f"{kind} {namespace}/{name} exists and is not owned by this WarmModel")
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    """What moves when an object's content may have changed: the generation where the kind keeps
+    one (status writes leave it alone), else the resourceVersion."""
+    meta = obj.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    return f"g{generation}" if generation else f"rv{meta.get('resourceVersion')}"
+
+
+async def ensure(kube: Kube, desired: Obj, owner: Mapping[str, Any], state: ModelState) -> Obj:
+    """Create the child, or bring it back to ``desired`` when the live object differs from it.
+
+    Never writes to an object this WarmModel does not own (:class:`ChildConflict`).  A drifted
+    child is server-side applied as warmpool-operator with force, so hand edits of our fields
+    are undone; what another manager added (an extra port, container or argument) survives an
+    apply, so when the result still differs the object is replaced whole.
+    """
     kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]
     meta = desired["metadata"]
+    kind, namespace, name = str(desired["kind"]), str(meta["namespace"]), str(meta["name"])
     actual, created = await get_or_create(kube, kind_of(desired), desired)
-    if created:
+    if not owned_by(actual, str(owner["metadata"]["uid"])):
+        raise ChildConflict(kind, namespace, name)
+    key = f"{kind}/{name}"
+    want = str(meta["annotations"][contract.ANNOTATION_SPEC_HASH])
+    if created or state.settled.get(key) == (want, _version(actual)) or not child_drifted(actual, desired):
+        state.settled[key] = (want, _version(actual))
         return actual
-    have = ((actual.get("metadata") or {}).get("annotations") or {}).get(contract.ANNOTATION_SPEC_HASH)
-    want = meta["annotations"][contract.ANNOTATION_SPEC_HASH]
-    owner_uid = owner["metadata"]["uid"]
-    owned = any(ref.get("uid") == owner_uid for ref in (actual.get("metadata") or {}).get("ownerReferences") or [])
-    replicas_ok = desired["kind"] != "Deployment" or (actual.get("spec") or {}).get("replicas") == desired["spec"][
-        "replicas"
-    ]
-    if have == want and owned and replicas_ok:
-        return actual
-    meta["resourceVersion"] = actual["metadata"]["resourceVersion"]
-    if desired["kind"] == "Service":  # allocated fields are immutable: carry them over
-        for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
-            if key in (actual.get("spec") or {}):
-                desired["spec"][key] = actual["spec"][key]
-    log.info("%s %s/%s differs from the spec: updating", desired["kind"], meta["namespace"], meta["name"])
-    return await kube.replace(desired)
+    log.info("%s %s/%s differs from the spec: applying", kind, namespace, name)
+    result = await kube.apply(desired)
+    if child_drifted(result, desired):
+        log.info("%s %s/%s still differs (fields of another manager): replacing it whole", kind, namespace, name)
+        whole = copy.deepcopy(desired)
+        live_meta = result.get("metadata") or {}
+        whole["metadata"]["resourceVersion"] = live_meta.get("resourceVersion")
+        whole["metadata"]["ownerReferences"] = live_meta.get("ownerReferences") or meta["ownerReferences"]
+        for field_name in ("labels", "annotations"):  # others' keys stay, ours win
+            whole["metadata"][field_name] = {**(live_meta.get(field_name) or {}), **(meta.get(field_name) or {})}
+        if kind == "Service":  # allocated fields are immutable: carry them over
+            for key_name in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+                if key_name in (result.get("spec") or {}):
+                    whole["spec"][key_name] = result["spec"][key_name]
+        result = await kube.replace(whole)
+    state.settled[key] = (want, _version(result))
+    return result
 
 
 async def ensure_secret(kube: Kube, target: Target, owner: Mapping[str, Any]) -> str:
     """The control token: drawn once, kept for the WarmModel's life (pods hold it mounted)."""
     name = builders.control_secret_name(target.name)
     actual = await kube.get(SECRETS, target.namespace, name)
+    if actual is not None and not owned_by(actual, str(owner["metadata"]["uid"])):
+        raise ChildConflict("Secret", target.namespace, name)
     if actual is not None:
         raw = (actual.get("data") or {}).get(contract.CONTROL_SECRET_KEY)
         try:
@@ -188,10 +249,10 @@ async def ensure_secret(kube: Kube, target: Target, owner: Mapping[str, Any]) ->
         try:
             await kube.create(desired)
         except KubeError as error:
-            if error.status == 409:  # made meanwhile: use that one
+            if error.status == 409:  # made meanwhile: the next pass reads it (and checks whose it is)
                 raise kopf.TemporaryError("control Secret created concurrently", delay=1) from None
             raise
-    else:
+    else:  # ours, but its token is missing or unreadable
         await kube.patch(SECRETS, target.namespace, name, {"data": desired["data"]})
     return token
 
@@ -202,35 +263,72 @@ async def ensure_configmap(kube: Kube, target: Target, owner: Mapping[str, Any])
     kopf.adopt(desired, owner=owner)  # type: ignore[arg-type]
     name = desired["metadata"]["name"]
     actual, created = await get_or_create(kube, CONFIGMAPS, desired)
+    if not owned_by(actual, str(owner["metadata"]["uid"])):
+        raise ChildConflict("ConfigMap", target.namespace, name)
     if created:
         return actual
     data = actual.get("data") or {}
     want = desired["data"].get(contract.CONFIGMAP_KEY_PROMPTS)
-    refs = (actual.get("metadata") or {}).get("ownerReferences") or []
-    owned = any(ref.get("uid") == owner["metadata"]["uid"] for ref in refs)
-    if data.get(contract.CONFIGMAP_KEY_PROMPTS) == want and owned:
+    if data.get(contract.CONFIGMAP_KEY_PROMPTS) == want:
         return actual
-    patch: Obj = {"data": {contract.CONFIGMAP_KEY_PROMPTS: want}}
-    if not owned:
-        patch["metadata"] = {"ownerReferences": [*refs, *desired["metadata"]["ownerReferences"]]}
-    return await kube.patch(CONFIGMAPS, target.namespace, name, patch)
+    return await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {contract.CONFIGMAP_KEY_PROMPTS: want}})
+
+
+async def _live_extra(kube: Kube, target: Target, owner: Mapping[str, Any]) -> int:
+    """Extra pods the live Deployment runs above the asked-for replicas (after an operator
+    restart: the pool keeps them until a pass decides otherwise, instead of dropping them)."""
+    live = await kube.get(DEPLOYMENTS, target.namespace, builders.deployment_name(target.name))
+    if live is None or not owned_by(live, str(owner["metadata"]["uid"])):
+        return 0
+    replicas = int((live.get("spec") or {}).get("replicas") or 0)
+    base = builders.desired_replicas(target.spec)
+    return max(0, min(replicas, target.spec.pool.max_replicas) - base)
 
 
 async def ensure_children(kube: Kube, target: Target, owner: Mapping[str, Any], state: ModelState) -> tuple[str, Obj]:
-    """(control token, Deployment) after making every child match the spec."""
+    """(control token, Deployment) after making every child match the spec.
+
+    A child whose name is held by an object this WarmModel does not own is left untouched, and
+    the pass ends ``Permanent`` (Degraded ChildConflict naming each one) once the others are
+    made; the Deployment is not made while the Secret or the ConfigMap is someone else's, since
+    its pods would mount that object.
+    """
+    conflicts: list[ChildConflict] = []
+    token = ""
     try:
-        token = await ensure_secret(kube, target, owner)
-        await ensure_configmap(kube, target, owner)
-        await ensure(kube, builders.build_service(target), owner)
-        await ensure(kube, builders.build_pdb(target), owner)
-        replicas = builders.desired_replicas(target.spec, state.extra)
-        deployment = await ensure(kube, builders.build_deployment(target, replicas), owner)
+        try:
+            token = await ensure_secret(kube, target, owner)
+        except ChildConflict as conflict:
+            conflicts.append(conflict)
+        try:
+            await ensure_configmap(kube, target, owner)
+        except ChildConflict as conflict:
+            conflicts.append(conflict)
+        mounted_conflict = bool(conflicts)
+        for desired in (builders.build_service(target), builders.build_pdb(target)):
+            try:
+                await ensure(kube, desired, owner, state)
+            except ChildConflict as conflict:
+                conflicts.append(conflict)
+        deployment: Obj | None = None
+        if not mounted_conflict:
+            if state.extra is None:
+                state.extra = await _live_extra(kube, target, owner)
+            replicas = builders.desired_replicas(target.spec, state.extra)
+            try:
+                deployment = await ensure(kube, builders.build_deployment(target, replicas), owner, state)
+            except ChildConflict as conflict:
+                conflicts.append(conflict)
     except KubeError as error:
         if error.status in (400, 422):
-            # The API server refuses a child built from this spec (e.g. requests above
-            # limits): the WarmModel was admitted, but no retry can fix it.
+            # The API server refuses a child built from this spec (e.g. requests above limits, or
+            # an admission policy): retried slowly and on any change (an outside fix heals it).
             raise Permanent(st.REASON_CHILD_REJECTED, f"the API server refused a child: {error.message}") from None
         raise
+    if conflicts or deployment is None:
+        names = "; ".join(str(conflict) for conflict in conflicts)
+        raise Permanent(st.REASON_CHILD_CONFLICT, f"{names}: left untouched (delete or rename it to let this "
+                        "WarmModel create its own)")
     return token, deployment
 
 
@@ -249,11 +347,45 @@ def _url(ip: str, port: int, path: str) -> str:
     return f"http://{host}:{port}{path}"
 
 
+async def _our_pods(kube: Kube, target: Target, state: ModelState, deployment: Obj) -> list[Obj]:
+    """The worker pods of our Deployment (through its ReplicaSets), never just any pod that
+    carries the selector's labels: only these are scraped and sent the control token."""
+    selector = builders.selector_string(target.name)
+    pods = await kube.list(PODS, target.namespace, selector)
+    replicasets = await kube.list(REPLICASETS, target.namespace, selector)
+    ours, others = deployment_pods(pods, replicasets, str(deployment["metadata"]["uid"]))
+    for pod in others:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid"))
+        if uid not in state.ignored:
+            state.ignored.add(uid)
+            log.warning("pod %s/%s carries %s's labels but is not a pod of its Deployment (or uses the host's "
+                        "network): ignored, never scraped", target.namespace, meta.get("name"), target.name)
+    state.ignored &= {str((p.get("metadata") or {}).get("uid")) for p in others}
+    return ours
+
+
+def _seed_gate(gate: gating.GateState, refs: list[gating.PodRef], pods: Mapping[str, Obj]) -> None:
+    """After an operator restart, each pod's last directive comes back from its tier annotation
+    (what this operator wrote), so hysteresis holds and no tier "changes" to what it already was."""
+    for ref in refs:
+        if ref.uid in gate.directives:
+            continue
+        note = ((pods[ref.uid].get("metadata") or {}).get("annotations") or {}).get(contract.ANNOTATION_TIER)
+        try:
+            tier = Tier(str(note))
+        except ValueError:
+            continue
+        gate.directives[ref.uid] = tier
+        if tier is not Tier.UNKNOWN:
+            gate.pod_tiers.setdefault(ref.uid, tier)
+
+
 async def observe_pods(
-    kube: Kube, body: Mapping[str, Any], target: Target, state: ModelState, token: str
+    kube: Kube, body: Mapping[str, Any], target: Target, state: ModelState, token: str, deployment: Obj
 ) -> list[st.PodObservation]:
     """Scrape, decide tiers, send directives, annotate pods; the observations for status."""
-    pods = await kube.list(PODS, target.namespace, builders.selector_string(target.name))
+    pods = await _our_pods(kube, target, state, deployment)
     port = target.spec.pod.port
     refs: list[gating.PodRef] = []
     by_uid: dict[str, Obj] = {}
@@ -282,6 +414,7 @@ async def observe_pods(
         elif scraped.used_ratio is None:
             metrics.SCRAPE_FAILURES.labels("no memory figure").inc()
 
+    _seed_gate(state.gate, refs, by_uid)
     decisions = gating.decide(refs, samples, state.gate, target.spec.gating.thresholds())
     by_decision = {d.pod.uid: d for d in decisions}
 
@@ -330,6 +463,8 @@ async def observe_pods(
 
 
 async def _annotate(kube: Kube, target: Target, pod: Mapping[str, Any], tier: Tier, cost: int) -> None:
+    """Best effort: a refused or failed patch of one pod is logged and counted, and the pass goes
+    on (the other pods, the scale decision and the status matter more than one annotation)."""
     meta = pod.get("metadata") or {}
     have = meta.get("annotations") or {}
     want = {contract.ANNOTATION_TIER: tier.value, contract.ANNOTATION_POD_DELETION_COST: str(cost)}
@@ -338,8 +473,14 @@ async def _annotate(kube: Kube, target: Target, pod: Mapping[str, Any], tier: Ti
     try:
         await kube.patch(PODS, target.namespace, str(meta.get("name")), {"metadata": {"annotations": want}})
     except KubeError as error:
-        if error.status != 404:  # a pod that just went away needs no annotation
-            raise
+        if error.status == 404:  # a pod that just went away needs no annotation
+            return
+        metrics.WRITE_FAILURES.labels(metrics.WRITE_POD_ANNOTATION).inc()
+        log.warning("pod %s/%s: annotation not written (%s): carrying on", target.namespace, meta.get("name"), error)
+    except (aiohttp.ClientError, TimeoutError) as error:
+        metrics.WRITE_FAILURES.labels(metrics.WRITE_POD_ANNOTATION).inc()
+        log.warning("pod %s/%s: annotation not written (%s: %s): carrying on", target.namespace, meta.get("name"),
+                    type(error).__name__, error)
 
 
 def _tier_event(body: Mapping[str, Any], pod: Mapping[str, Any], decision: gating.Decision) -> None:
@@ -401,17 +542,19 @@ async def sync(body: Mapping[str, Any], kind: str) -> None:
             target = Target(name=name, namespace=namespace, spec=spec)
             token, deployment = await ensure_children(kube, target, body, state)
             state.failed_generation = None
-            observations = await observe_pods(kube, body, target, state, token)
+            observations = await observe_pods(kube, body, target, state, token, deployment)
 
             warm = sum(o.warm for o in observations if not o.terminating)
-            ready_not_warm = sum(o.ready and not o.warm for o in observations if not o.terminating)
-            extra = max(0, min(spec.pool.min_warm - warm, ready_not_warm))
+            extra = st.extra_pods(observations, spec.pool.min_warm)
             if extra != state.extra:
-                log.info("%s/%s: %d warm of minWarm %d; extra pods %d -> %d", namespace, name, warm,
+                log.info("%s/%s: %d warm of minWarm %d; extra pods %s -> %d", namespace, name, warm,
                          spec.pool.min_warm, state.extra, extra)
                 state.extra = extra
                 replicas = builders.desired_replicas(spec, extra)
-                deployment = await ensure(kube, builders.build_deployment(target, replicas), body)
+                try:
+                    deployment = await ensure(kube, builders.build_deployment(target, replicas), body, state)
+                except ChildConflict as conflict:  # replaced by someone else's since the pass began
+                    raise Permanent(st.REASON_CHILD_CONFLICT, str(conflict)) from None
             metrics.WARM_PODS.labels(namespace, name).set(warm)
 
             await _learn_heat(kube, target, state, observations)
@@ -428,8 +571,10 @@ async def sync(body: Mapping[str, Any], kind: str) -> None:
             await write_status(kube, body, status)
         except Permanent as error:
             metrics.RECONCILE_ERRORS.labels(kind, "permanent").inc()
-            first = state.failed_generation != generation
+            first = state.failed_generation != generation or state.failed_reason != error.degradation.reason
             state.failed_generation = generation
+            state.failed_reason = error.degradation.reason
+            state.failed_at = time.monotonic()
             status = st.compute_status(
                 name=name,
                 spec=None,
@@ -458,7 +603,14 @@ async def _learn_heat(kube: Kube, target: Target, state: ModelState, observation
     if payload is None:
         return
     name = builders.configmap_name(target.name)
-    await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {contract.CONFIGMAP_KEY_HEATMAP: payload}})
+    try:
+        await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {contract.CONFIGMAP_KEY_HEATMAP: payload}})
+    except (KubeError, aiohttp.ClientError, TimeoutError) as error:
+        # Best effort: the heat map is an optimisation; status must still be written.  Not marked
+        # written, so the next due pass tries again.
+        metrics.WRITE_FAILURES.labels(metrics.WRITE_HEAT_MAP).inc()
+        log.warning("%s/%s: heat map not written (%s): carrying on", target.namespace, target.name, error)
+        return
     heat.written(state.heat, payload)
     log.info("%s/%s: heat map updated", target.namespace, target.name)
 
@@ -478,6 +630,19 @@ async def reconcile(body: kopf.Body, **_: Any) -> None:
         raise kopf.PermanentError(f"{error.degradation.reason}: {error}") from None
 
 
+def _waiting_out(state: ModelState) -> bool:
+    """Whether a permanently failed WarmModel still waits before its next unchanged try.
+
+    A refused child waits ``CONFIG.permanent_retry_interval`` (minutes by default), so that an
+    outside fix (an admission policy relaxed, a quota raised) heals it without a spec edit and
+    without hammering the API server.  A name conflict is looked at every tick: that is only
+    reads, and the freed name is taken at once.
+    """
+    if state.failed_reason == st.REASON_CHILD_CONFLICT:
+        return False
+    return time.monotonic() - state.failed_at < CONFIG.permanent_retry_interval
+
+
 @kopf.timer(
     GROUP,
     VERSION,
@@ -491,8 +656,8 @@ async def reconcile(body: kopf.Body, **_: Any) -> None:
 async def tick(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
     """Every scrape interval: the same sync, so deleted children and cold pods are noticed."""
     state = _state(str(meta["uid"]))
-    if state.failed_generation == meta.get("generation"):
-        return  # failed for good at this generation: wait for a change, do not hammer
+    if state.failed_generation == meta.get("generation") and _waiting_out(state):
+        return  # failed for good at this generation: wait for a change or the slow retry, do not hammer
     try:
         await sync(body, "timer")
     except Permanent:

@@ -168,3 +168,92 @@ class Kube:
         return await self.request(
             "PATCH", kind.path(namespace, name, subresource), body=dict(patch), content_type=MERGE_PATCH
         )
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    """Whether ``obj`` carries an owner reference to ``owner_uid`` (a name match is not ownership)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(isinstance(ref, Mapping) and ref.get("uid") == owner_uid for ref in refs)
+
+
+def controller_uid(obj: Mapping[str, Any], kind: str) -> str | None:
+    """The uid of ``obj``'s controlling owner when that owner is of ``kind``, else None."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("kind") == kind:
+            return str(ref.get("uid") or "") or None
+    return None
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value is False or value == 0 or value == "" or value == [] or value == {}
+
+
+#: Maps whose every key matters: an extra key in a selector selects other pods.
+EXACT_MAPS = frozenset({"selector", "matchLabels", "nodeSelector"})
+
+
+def covers(live: Any, desired: Any, exact: bool = False) -> bool:
+    """Whether the live object holds everything ``desired`` says (pure).
+
+    Maps: every desired key, recursively (keys the API server defaults, such as a port's
+    protocol, may be extra), except selectors (:data:`EXACT_MAPS`), whose keys must be the same;
+    lists: the same length, item by item (an extra port, container or argument is drift);
+    scalars: equal, where a zero value the server omits (``omitempty``) equals a missing one.
+    """
+    if isinstance(desired, Mapping):
+        if live is None:
+            return all(_empty(v) for v in desired.values())
+        if not isinstance(live, Mapping):
+            return False
+        if exact and set(live) != set(desired):
+            return False
+        return all(covers(live.get(k), v, exact=k in EXACT_MAPS) for k, v in desired.items())
+    if isinstance(desired, list):
+        if live is None:
+            return not desired
+        return (
+            isinstance(live, list)
+            and len(live) == len(desired)
+            and all(covers(have, want) for have, want in zip(live, desired, strict=True))
+        )
+    if live is None:
+        return _empty(desired)
+    return bool(live == desired)
+
+
+def child_drifted(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether a child differs from its desired form in content, labels or annotations.
+
+    Owner references are checked apart (:func:`owned_by`); status and server-set metadata
+    are not compared.
+    """
+    want_meta = desired.get("metadata") or {}
+    have_meta = live.get("metadata") or {}
+    for key in ("labels", "annotations"):
+        if not covers(have_meta.get(key) or {}, want_meta.get(key) or {}):
+            return True
+    return any(not covers(live.get(k), v) for k, v in desired.items() if k not in ("metadata", "status"))
+
+
+def deployment_pods(
+    pods: list[Obj], replicasets: list[Obj], deployment_uid: str
+) -> tuple[list[Obj], list[Obj]]:
+    """(ours, others): a pod is ours only when its controller is a ReplicaSet whose controller is
+    the Deployment ``deployment_uid``, and it is not on the host's network (its IP is the node's:
+    scraping it would reach whatever else listens there, and the control token with it).
+    Matching labels are not enough: anyone may label a pod."""
+    ours_rs = {
+        str((rs.get("metadata") or {}).get("uid"))
+        for rs in replicasets
+        if controller_uid(rs, "Deployment") == deployment_uid
+    }
+    ours: list[Obj] = []
+    others: list[Obj] = []
+    for pod in pods:
+        owned = controller_uid(pod, "ReplicaSet") in ours_rs
+        host_network = bool((pod.get("spec") or {}).get("hostNetwork"))
+        (ours if owned and not host_network else others).append(pod)
+    return ours, others

@@ -27,6 +27,8 @@ REASON_BELOW_MIN_WARM = "BelowMinWarm"
 REASON_RECONCILING = "Reconciling"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_CHILD_REJECTED = "ChildRejected"
+#: A child's name is held by an object this WarmModel does not own: nothing is written to it.
+REASON_CHILD_CONFLICT = "ChildConflict"
 REASON_AS_EXPECTED = "AsExpected"
 REASON_ROLLING_OUT = "RollingOut"
 REASON_SCALING = "Scaling"
@@ -70,6 +72,28 @@ class PodObservation:
             and self.sample.ok
             and self.sample.ready
         )
+
+    @property
+    def metrics_unavailable(self) -> bool:
+        """Nothing trustworthy was read from the worker's /metrics this tick."""
+        return self.sample is None or not self.sample.ok
+
+    @property
+    def warming(self) -> bool:
+        """Ready, and the worker's own metrics say it is not warm yet (read, not guessed)."""
+        return self.ready and not self.terminating and not self.metrics_unavailable and not self.warm
+
+
+def extra_pods(pods: Iterable[PodObservation], min_warm: int) -> int:
+    """Pods to add above the asked-for replicas while fewer than ``min_warm`` are verified warm.
+
+    Only pods whose own metrics say "not warm yet" count: a pod whose metrics cannot be read
+    is no reason to grow the pool (every new pod would be just as unreadable, and the pool
+    would grow to maxReplicas and never be Ready).
+    """
+    live = [p for p in pods if not p.terminating]
+    warm = sum(p.warm for p in live)
+    return max(0, min(min_warm - warm, sum(p.warming for p in live)))
 
 
 @dataclass
@@ -202,14 +226,27 @@ def compute_status(
                 )
             )
         else:
-            conditions.append(
-                cond(
-                    contract.CONDITION_READY,
-                    "False",
-                    REASON_BELOW_MIN_WARM,
-                    f"{warm} of {len(pods)} pods verified warm, {ready} Ready; minWarm is {min_warm}",
+            # Ready by the kubelet, yet unreadable: what keeps the pool from being verified warm.
+            unreadable = sorted(p.name for p in pods if p.ready and p.metrics_unavailable)
+            if unreadable:
+                conditions.append(
+                    cond(
+                        contract.CONDITION_READY,
+                        "False",
+                        REASON_METRICS_UNAVAILABLE,
+                        f"{warm} of {len(pods)} pods verified warm, {ready} Ready; minWarm is {min_warm}; "
+                        f"metrics unavailable from: {', '.join(unreadable)}",
+                    )
                 )
-            )
+            else:
+                conditions.append(
+                    cond(
+                        contract.CONDITION_READY,
+                        "False",
+                        REASON_BELOW_MIN_WARM,
+                        f"{warm} of {len(pods)} pods verified warm, {ready} Ready; minWarm is {min_warm}",
+                    )
+                )
 
         dep_spec = (deployment or {}).get("spec") or {}
         dep_status = (deployment or {}).get("status") or {}
