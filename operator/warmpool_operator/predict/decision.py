@@ -1,0 +1,128 @@
+"""How many warm serving pods to have one lead time from now (pure).
+
+- **Lead time**: capacity asked for now is serving only after a wake (a sleeping pod) or a
+  full cold start (a new pod), so the forecast that matters is for the steps from
+  ``now + lead`` to ``now + lead + step``.  Both are the *measured* p95s; with neither
+  measured yet, ``horizonSeconds`` stands in, and the reason says so.
+- **Desired** = ⌈forecast p90 ÷ per-pod capacity⌉, capacity in requests per second as the
+  workers' own throughput measured it.  No measured capacity, no predictive action: a
+  configured guess would size the pool on a number nobody checked.
+- **Bounds**: never below what the reactive path (HPA/KEDA, or ``spec.pool.replicas``) asks,
+  never more than ``maxExtraReplicas`` above it, always within ``[minWarm, maxReplicas]``.
+  With an autoscaler present the result is a *floor* for it (it may go higher; prediction
+  never lowers what it decided), so the two never fight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class PredictiveSpec:
+    """``spec.pool.predictive``."""
+
+    enabled: bool = False
+    horizon_seconds: int = 300  # the lead time to plan for until cold start / wake are measured
+    max_extra_replicas: int = 4
+
+    def __post_init__(self) -> None:
+        if self.horizon_seconds < 1 or self.max_extra_replicas < 0:
+            raise ValueError(f"horizonSeconds must be >= 1 and maxExtraReplicas >= 0, got {self}")
+
+
+class LeadSource(StrEnum):
+    WAKE = "wake_p95"
+    COLD_START = "cold_start_p95"
+    HORIZON = "horizon_seconds"
+
+
+@dataclass(frozen=True)
+class LeadTime:
+    seconds: float
+    source: LeadSource
+
+
+def lead_time(spec: PredictiveSpec, cold_start_p95_s: float | None, wake_p95_s: float | None,
+              sleeping_pods: int) -> LeadTime:
+    """The wake p95 when a sleeping pod can be woken, else the cold-start p95, else horizonSeconds."""
+    if sleeping_pods > 0 and wake_p95_s is not None and _measured(wake_p95_s):
+        return LeadTime(wake_p95_s, LeadSource.WAKE)
+    if cold_start_p95_s is not None and _measured(cold_start_p95_s):
+        return LeadTime(cold_start_p95_s, LeadSource.COLD_START)
+    return LeadTime(float(spec.horizon_seconds), LeadSource.HORIZON)
+
+
+def horizons(lead_s: float, step_s: int) -> tuple[int, ...]:
+    """Steps (1 = the step after the last observed) covering ``[now + lead, now + lead + step)``.
+
+    ``now`` is the end of the last observed step, so step ``h`` spans
+    ``[now + (h - 1) * step, now + h * step)``.
+    """
+    if lead_s < 0 or step_s < 1:
+        raise ValueError(f"need lead >= 0 and step >= 1, got lead={lead_s} step={step_s}")
+    first = int(lead_s // step_s) + 1
+    last = math.ceil((lead_s + step_s) / step_s)
+    return tuple(range(first, max(first, last) + 1))
+
+
+class Target(StrEnum):
+    FLOOR = "floor"  # an autoscaler owns replicas: raise its minimum
+    REPLICAS = "replicas"  # the operator owns replicas
+
+
+@dataclass(frozen=True)
+class DecisionInputs:
+    forecast_p90: float | None  # requests per step, the highest over the lead-time horizons
+    step_s: int
+    capacity_rps: float | None  # measured requests per second one warm pod serves
+    reactive_replicas: int  # what the autoscaler (or spec.pool.replicas) asks for now
+    min_warm: int
+    max_replicas: int
+    max_extra_replicas: int
+    autoscaler_present: bool
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int  # warm serving pods to have (a floor when target is FLOOR)
+    predicted: int | None  # ⌈p90 ÷ capacity⌉ before bounds; None when no prediction could be made
+    acted: bool  # True when prediction asks for more than the reactive path
+    target: Target
+    reason: str
+
+
+def decide(inputs: DecisionInputs) -> Decision:
+    """Desired warm pods from the forecast and the measured capacity, within every bound."""
+    target = Target.FLOOR if inputs.autoscaler_present else Target.REPLICAS
+    reactive = _clamp(inputs.reactive_replicas, inputs.min_warm, inputs.max_replicas)
+    if inputs.forecast_p90 is None or not math.isfinite(inputs.forecast_p90) or inputs.forecast_p90 < 0:
+        return Decision(reactive, None, False, target, "no usable forecast: reactive count kept")
+    capacity = inputs.capacity_rps
+    if capacity is None or not _measured(capacity):
+        return Decision(reactive, None, False, target,
+                        "per-pod capacity not measured yet: no predictive action, reactive count kept")
+    rate = inputs.forecast_p90 / inputs.step_s
+    # The epsilon keeps an exact multiple (say 2.0000000001 pods from float division) from adding a pod.
+    predicted = max(0, math.ceil(rate / capacity - 1e-9))
+    capped = min(predicted, reactive + inputs.max_extra_replicas)
+    replicas = _clamp(max(reactive, capped), inputs.min_warm, inputs.max_replicas)
+    acted = replicas > reactive
+    if acted:
+        reason = (f"forecast p90 {rate:.3g} req/s ÷ {capacity:.3g} req/s per pod = {predicted} pods"
+                  + (f" (held to reactive {reactive} + maxExtraReplicas {inputs.max_extra_replicas})"
+                     if capped < predicted else "")
+                  + (f" (held to maxReplicas {inputs.max_replicas})" if replicas < capped else ""))
+    else:
+        reason = f"forecast needs {predicted} pods, not more than the reactive {reactive}"
+    return Decision(replicas, predicted, acted, target, reason)
+
+
+def _measured(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
