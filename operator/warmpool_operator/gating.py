@@ -112,6 +112,9 @@ def decide(
 
 #: Deletion-cost points per tier: a pod running a deeper warm-up is worth more.
 _TIER_POINTS = {Tier.FULL: 300, Tier.TRUNCATED: 200, Tier.PAUSED: 100, Tier.UNKNOWN: 0}
+#: The API server accepts pod-deletion-cost only as an int32.
+DELETION_COST_MIN = -(2**31)
+DELETION_COST_MAX = 2**31 - 1
 
 
 def deletion_cost(warm: bool, tier: Tier, sample: Sample | None) -> int:
@@ -120,10 +123,14 @@ def deletion_cost(warm: bool, tier: Tier, sample: Sample | None) -> int:
 
     warm (verified from the worker's own metrics) 1000 + tier points 0..300 + percent of
     layers resident 0..100.
+
+    The scraped layer figures are clamped to ``[0, layers_total]`` again here (the parser
+    already does), and the result to int32: whatever a worker reports, the annotation is
+    one the API server accepts.
     """
     cost = 1000 if warm else 0
     cost += _TIER_POINTS[tier]
-    if sample is not None and sample.ok and sample.layers_total:
-        resident = min(sample.layers_resident or 0, sample.layers_total)
+    if sample is not None and sample.ok and sample.layers_total is not None and sample.layers_total > 0:
+        resident = min(max(sample.layers_resident or 0, 0), sample.layers_total)
         cost += round(100 * resident / sample.layers_total)
-    return cost
+    return min(max(cost, DELETION_COST_MIN), DELETION_COST_MAX)

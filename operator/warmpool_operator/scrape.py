@@ -1,9 +1,15 @@
 """Scrape worker pods' ``/metrics`` and the tier directive's way back to them.
 
 Parsing is ``prometheus_client.parser`` on the text format.  Whatever we cannot trust
-(unreachable, a non-200, text that does not parse, a body with none of our series, a
-memory figure that is absent, NaN, infinite or negative) leaves ``used_ratio`` None, and
-the tier rule turns None into Unknown: never "0 % used".
+(unreachable, a non-200, a body cut short or over the bound, text that does not parse, a
+body with none of our series, a memory figure that is absent, NaN, infinite or negative)
+leaves ``used_ratio`` None, and the tier rule turns None into Unknown: never "0 % used".
+
+Bodies are read whole, to EOF, under a byte bound (:mod:`warmpool.http_body`), then
+parsed: a worker that sends ``...used_ratio 0.`` and ``95`` a moment later is read as
+95 %, never 0 %.  Every other figure is clamped to what it can mean (layers within
+``[0, layers_total]``, counts and durations not negative), so one pod's nonsense cannot
+make a value the API server refuses and stop the tick for every pod.
 """
 
 from __future__ import annotations
@@ -18,10 +24,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from warmpool import contract
 from warmpool.contract import Tier
+from warmpool.http_body import BodyTooLarge, read_bounded_text
 from warmpool.tiering import clean_ratio
 
 #: Largest metrics body we read (a worker's is a few kB; per-layer heat of a big model ~20 kB).
 MAX_BODY_BYTES = 2 * 1024 * 1024
+#: Largest error body of a refused tier directive we read (we keep 200 characters of it).
+MAX_DIRECTIVE_ERROR_BYTES = 16 * 1024
+#: Most layers a model can report (the largest checkpoints have ~130): a sanity bound on
+#: layer counts and indices, so a number like 1e300 never becomes a 300-digit integer.
+MAX_LAYERS = 100_000
+#: Largest per-layer heat kept: a sum over every pod of a pool stays finite (no ``inf``).
+MAX_LAYER_HEAT = 1e15
 
 
 @dataclass
@@ -64,6 +78,24 @@ def _finite(value: float) -> bool:
     return math.isfinite(value)
 
 
+def _non_negative(value: float) -> bool:
+    return math.isfinite(value) and value >= 0
+
+
+def _layer_count(value: float) -> int:
+    """A finite layer count, clamped into ``[0, MAX_LAYERS]``."""
+    return int(min(max(value, 0.0), MAX_LAYERS))
+
+
+def _layer_index(text: str) -> int | None:
+    """A layer index (or count) from a label: a plain integer in ``[0, MAX_LAYERS]``, else None."""
+    try:
+        number = int(text)
+    except ValueError:
+        return None
+    return number if 0 <= number <= MAX_LAYERS else None
+
+
 def parse_metrics(text: str) -> Sample:
     """A worker's /metrics text -> Sample (pure)."""
     sample = Sample()
@@ -96,34 +128,34 @@ def parse_metrics(text: str) -> Sample:
             elif name == contract.METRIC_WARMUP_TIER:
                 warmup_tiers[labels.get(contract.LABEL_TIER, "")] = value
             elif name == contract.METRIC_LAYERS_RESIDENT and _finite(value):
-                sample.layers_resident = int(value)
+                sample.layers_resident = _layer_count(value)
             elif name == contract.METRIC_LAYERS_TOTAL and _finite(value):
-                sample.layers_total = int(value)
-            elif name == contract.METRIC_PHASE_DURATION and _finite(value):
+                sample.layers_total = _layer_count(value)
+            elif name == contract.METRIC_PHASE_DURATION and _non_negative(value):
                 sample.phase_durations[labels.get(contract.LABEL_PHASE, "")] = value
-            elif name == contract.METRIC_PHASE_TIMESTAMP and _finite(value):
+            elif name == contract.METRIC_PHASE_TIMESTAMP and _non_negative(value):
                 sample.phase_timestamps[labels.get(contract.LABEL_PHASE, "")] = value
-            elif name == contract.METRIC_WARMUP_PREFILLS + "_total" or (
-                name == contract.METRIC_WARMUP_PREFILLS and family.type == "counter"
-            ):
+            elif (
+                name == contract.METRIC_WARMUP_PREFILLS + "_total"
+                or (name == contract.METRIC_WARMUP_PREFILLS and family.type == "counter")
+            ) and _non_negative(value):
                 sample.prefills[labels.get(contract.LABEL_BUCKET, "")] = value
-            elif name == contract.METRIC_LAYER_HEAT and _finite(value) and value >= 0:
-                try:
-                    sample.heat[int(labels.get(contract.LABEL_LAYER, ""))] = value
-                except ValueError:
-                    continue
+            elif name == contract.METRIC_LAYER_HEAT and _non_negative(value):
+                layer = _layer_index(labels.get(contract.LABEL_LAYER, ""))
+                if layer is not None:
+                    sample.heat[layer] = min(value, MAX_LAYER_HEAT)
             elif name == contract.METRIC_MODEL_INFO and value == 1:
                 sample.digest = labels.get(contract.LABEL_DIGEST) or None
-                try:
-                    sample.num_layers = int(labels.get(contract.LABEL_LAYERS, ""))
-                except ValueError:
-                    sample.num_layers = None
+                layers = _layer_index(labels.get(contract.LABEL_LAYERS, ""))
+                sample.num_layers = layers if layers else None
     if not seen:
         return Sample(error="garbage: no warmpool metrics in the body")
     # Several sources at once would be a worker bug; the fullest one is the safe reading.
     sample.used_ratio = max(ratios) if ratios else None
     sample.tier = _active_tier(tiers)
     sample.warmup_tier = _active_tier(warmup_tiers)
+    if sample.layers_resident is not None and sample.layers_total is not None:
+        sample.layers_resident = min(sample.layers_resident, sample.layers_total)
     return sample
 
 
@@ -132,12 +164,14 @@ async def scrape_one(session: aiohttp.ClientSession, url: str, limit: float) -> 
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=limit, connect=limit)) as response:
             if response.status != 200:
                 return Sample(error=f"http {response.status}")
-            body = await response.content.read(MAX_BODY_BYTES + 1)
-            if len(body) > MAX_BODY_BYTES:
-                return Sample(error="garbage: body too large")
-            text = body.decode("utf-8", errors="replace")
+            text = await read_bounded_text(response, MAX_BODY_BYTES)
+    except BodyTooLarge as error:
+        return Sample(error=f"garbage: {error}")
     except TimeoutError:
         return Sample(error="timeout")
+    except aiohttp.ClientPayloadError as error:
+        # The connection ended before the body did (e.g. short of its Content-Length).
+        return Sample(error=f"truncated: {str(error)[:120]}")
     except aiohttp.ClientError as error:
         return Sample(error=f"unreachable: {type(error).__name__}")
     except OSError as error:
@@ -169,9 +203,16 @@ async def send_directive(
         async with session.post(
             url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=limit)
         ) as response:
-            if response.status >= 300:
-                return f"http {response.status}: {(await response.text())[:200]}"
-            return None
+            if response.status < 300:
+                return None
+            status = response.status
+            try:
+                detail = (await read_bounded_text(response, MAX_DIRECTIVE_ERROR_BYTES))[:200]
+            except BodyTooLarge as error:
+                detail = f"({error})"
+            except aiohttp.ClientPayloadError:
+                detail = "(body cut short)"
+            return f"http {status}: {detail}"
     except TimeoutError:
         return "timeout"
     except (aiohttp.ClientError, OSError) as error:

@@ -110,6 +110,63 @@ def test_deletion_cost_orders_by_warmth() -> None:
     assert warm_full > warm_paused > cold > unknown == 0
 
 
+INT32 = (-(2**31), 2**31 - 1)
+
+
+@pytest.mark.parametrize(
+    ("resident", "total", "want_resident", "want_total"),
+    [
+        ("-1e300", "4", 0, 4),  # the issue's case: a 303-digit cost before the clamp
+        ("1e300", "4", 4, 4),
+        ("7", "4", 4, 4),  # more resident than there are layers
+        ("2", "-3", 0, 0),  # a negative total is no layers at all
+        ("2", "1e300", 2, scrape.MAX_LAYERS),
+        ("2.9", "4", 2, 4),
+    ],
+)
+def test_scraped_layers_are_clamped_to_their_meaning(
+    resident: str, total: str, want_resident: int, want_total: int
+) -> None:
+    text = body(0.5, extra=f"{contract.METRIC_LAYERS_RESIDENT} {resident}\n{contract.METRIC_LAYERS_TOTAL} {total}\n")
+    s = scrape.parse_metrics(text)
+    assert s.ok and (s.layers_resident, s.layers_total) == (want_resident, want_total)
+    for warm in (True, False):
+        for tier in Tier:
+            cost = gating.deletion_cost(warm, tier, s)
+            assert INT32[0] <= cost <= INT32[1] and 0 <= cost <= 1400
+            assert len(str(cost)) <= 4  # an annotation the API server accepts
+
+
+def test_deletion_cost_clamps_a_sample_built_by_hand() -> None:
+    """The cost clamps again, whatever built the Sample (defence in depth for the API server)."""
+    absurd = scrape.Sample(layers_resident=-(10**301), layers_total=4)
+    assert gating.deletion_cost(True, Tier.FULL, absurd) == 1300
+    huge = scrape.Sample(layers_resident=10**301, layers_total=10**300)
+    assert gating.deletion_cost(True, Tier.FULL, huge) == 1400
+
+
+def test_other_scraped_figures_are_clamped_to_their_meaning() -> None:
+    text = body(
+        0.5,
+        extra=(
+            f'{contract.METRIC_PHASE_DURATION}{{phase="ready"}} -5\n'
+            f'{contract.METRIC_PHASE_DURATION}{{phase="weights_mapped"}} 2.5\n'
+            f'{contract.METRIC_LAYER_HEAT}{{layer="0"}} 1e308\n'
+            f'{contract.METRIC_LAYER_HEAT}{{layer="99999999999999999999"}} 3\n'
+            f'{contract.METRIC_LAYER_HEAT}{{layer="-1"}} 3\n'
+            f'{contract.METRIC_MODEL_INFO}{{digest="sha256:ab",layers="1e300"}} 1\n'
+        ),
+    )
+    s = scrape.parse_metrics(text)
+    assert s.ok
+    assert s.phase_durations == {"weights_mapped": 2.5}  # a negative duration means nothing
+    assert s.heat == {0: scrape.MAX_LAYER_HEAT}  # finite, and summable over a pool
+    assert s.num_layers is None
+    # Heat summed over many such pods stays finite, so the heat map is valid JSON.
+    found = heat.aggregate([scrape.Sample(heat=dict(s.heat), digest="d", num_layers=4)] * 1000)
+    assert found is not None and all(value < float("inf") for value in found[2].values())
+
+
 def _spec(min_warm: int = 1) -> WarmModelSpec:
     return parse_spec({"model": {"hostPath": {"path": "/m"}}, "pool": {"replicas": 2, "minWarm": min_warm}})
 

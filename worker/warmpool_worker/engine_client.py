@@ -16,6 +16,10 @@ What the sidecar needs from the engine, and nothing more:
   (``process_start_time_seconds``, or our own worker's process_start phase) so a restart
   between two health probes is still seen.
 
+Every body is read whole, to EOF, under MAX_BODY_BYTES (:mod:`warmpool.http_body`), then
+parsed: a body cut short, or longer than the bound, is an unusable answer (Unknown), never
+a parse of the part that has arrived.
+
 Only loopback is ever addressed in tests; the URL comes from the command line.
 """
 
@@ -33,6 +37,7 @@ from typing import Any
 import aiohttp
 
 from warmpool.contract import METRIC_PHASE_TIMESTAMP, VLLM_KV_CACHE_USAGE_METRICS
+from warmpool.http_body import BodyTooLarge, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,7 @@ DEFAULT_PROBE_TIMEOUT_S = 2.0
 DEFAULT_RETRIES = 3
 DEFAULT_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
-#: A completion body larger than this is not a warm-up answer: read no further.
+#: An engine answer (completion, /v1/models, /metrics) larger than this is not one we use.
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
@@ -171,18 +176,22 @@ class EngineClient:
             await self._session.close()
             self._session = None
 
-    async def _get(self, path: str, limit_s: float) -> tuple[int, bytes]:
+    async def _get(self, path: str, limit_s: float, *, read_body: bool = True) -> tuple[int, bytes]:
+        """(status, the whole body); EngineUnavailable when the body is cut short or too large."""
         try:
             async with self._http().get(
                 self.base_url + path, timeout=aiohttp.ClientTimeout(total=limit_s)
             ) as response:
-                return response.status, await response.content.read(MAX_BODY_BYTES)
+                body = await read_bounded(response, MAX_BODY_BYTES) if read_body else b""
+                return response.status, body
+        except BodyTooLarge as error:
+            raise EngineUnavailable(f"GET {path}: {error}") from None
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise EngineUnavailable(f"GET {path}: {type(error).__name__}: {error}") from None
 
     async def health(self) -> bool:
-        try:
-            status, _ = await self._get(self.health_path, self.probe_timeout)
+        try:  # the status is the answer; the body is never read (the connection is not reused)
+            status, _ = await self._get(self.health_path, self.probe_timeout, read_body=False)
         except EngineUnavailable:
             return False
         return 200 <= status < 300
@@ -215,8 +224,10 @@ class EngineClient:
                 json=payload,
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout),
             ) as response:
-                raw = await response.content.read(MAX_BODY_BYTES)
                 status = response.status
+                raw = await read_bounded(response, MAX_BODY_BYTES)
+        except BodyTooLarge as error:
+            raise EngineError("garbage", f"completion answer: {error}", True, status) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise EngineUnavailable(f"POST /v1/completions: {type(error).__name__}: {error}") from None
         detail = raw[:300].decode("utf-8", errors="replace")
