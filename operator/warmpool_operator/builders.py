@@ -21,6 +21,12 @@ from warmpool_operator.api import EnvVar, WarmModelSpec
 
 Obj = dict[str, Any]
 
+#: Bound of the warm-prefix KV emptyDir.  The worker writes one file per warm-up prompt
+#: (buckets x prompts per bucket): a few hundred MB for an 8B model at the default buckets,
+#: about 1 GB for a 70B one.  Without a bound a runaway writer fills the node's disk and
+#: every pod on it is evicted; with one, only this pod is (the kubelet enforces it).
+KV_PREFIX_SIZE_LIMIT = "8Gi"
+
 
 @dataclass(frozen=True)
 class Target:
@@ -330,7 +336,7 @@ def build_pod_template(target: Target) -> Obj:
         )
     if spec.warmup.kv_prefix_persistence:
         mounts.append({"name": "kv-prefix", "mountPath": contract.KV_PREFIX_MOUNT_PATH})
-        volumes.append({"name": "kv-prefix", "emptyDir": {}})
+        volumes.append({"name": "kv-prefix", "emptyDir": {"sizeLimit": KV_PREFIX_SIZE_LIMIT}})
 
     env: list[Obj] = [
         {"name": contract.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},

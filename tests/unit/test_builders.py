@@ -181,3 +181,13 @@ def test_sidecar_pod_has_engine_and_warmpool_sidecar() -> None:
     parsed = build_parser().parse_args(["sidecar", *_expand(side["args"], t)])
     assert parsed.engine_url == "http://127.0.0.1:8000" and str(parsed.model_dir) == contract.MODEL_MOUNT_PATH
     assert parsed.memory_source == "engine-kv"  # not the device reading vLLM's pre-allocation fills
+
+
+def test_kv_prefix_emptydir_has_a_size_limit() -> None:
+    plain = builders.build_deployment(target())["spec"]["template"]["spec"]
+    assert not any(v["name"] == "kv-prefix" for v in plain["volumes"])
+    pod = builders.build_deployment(target(warmup={"prompts": ["x"], "kvPrefixPersistence": True}))
+    volumes = {v["name"]: v for v in pod["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["kv-prefix"]["emptyDir"] == {"sizeLimit": builders.KV_PREFIX_SIZE_LIMIT}
+    mounts = {m["name"]: m["mountPath"] for m in worker(pod)["volumeMounts"]}
+    assert mounts["kv-prefix"] == contract.KV_PREFIX_MOUNT_PATH
