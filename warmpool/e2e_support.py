@@ -144,12 +144,17 @@ class Operator:
     """The operator under test: a local subprocess, or the one installed in the cluster."""
 
     def __init__(self, cluster: ClusterLike, namespace: str, log_path: Path, *,
-                 installed: bool | None = None, heat_write_interval: float = 5) -> None:
+                 installed: bool | None = None, heat_write_interval: float = 5,
+                 scrape_network: str = "127.0.0.0/8", extra_args: tuple[str, ...] = ()) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.log_path = log_path
         self.installed = operator_installed() if installed is None else installed
         self.heat_write_interval = heat_write_interval
+        #: the only network a local operator may dial (always inside loopback)
+        self.scrape_network = scrape_network
+        #: more `warmpool operator` flags for a local subprocess (a later one wins over a default above)
+        self.extra_args = extra_args
         self.installed_namespace = os.environ.get(ENV_OPERATOR_NAMESPACE, "warmpool-system")
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -165,7 +170,8 @@ class Operator:
                 [sys.executable, "-m", "warmpool", "operator", "--namespace", self.namespace,
                  "--scrape-interval", "1", "--scrape-timeout", "1",
                  "--heat-write-interval", f"{self.heat_write_interval:g}",
-                 "--metrics-port", "0", "--liveness-port", "0", "--scrape-network", "127.0.0.0/8"],
+                 "--metrics-port", "0", "--liveness-port", "0", "--scrape-network", self.scrape_network,
+                 *self.extra_args],
                 env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
