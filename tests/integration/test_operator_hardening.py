@@ -369,3 +369,75 @@ def test_an_operator_restart_changes_nothing(make_world: MakeWorld, tiny_model: 
     assert tiers() == before_tiers
     assert tier_events() == events_before, "the restarted operator announced tier changes that did not happen"
     world.wait_ready("steady", warm=2, timeout=30)
+
+
+# --------------------------------------------------------------------------- item 3 (second half)
+
+
+@pytest.fixture()
+def refuse_side_writes(cluster: ClusterHandle, namespace: str) -> Iterator[None]:
+    """A ValidatingAdmissionPolicy refusing, in this namespace, any pod that carries the tier
+    annotation and any ConfigMap that carries a heat map: the operator's best-effort writes fail."""
+    policy = f"warmpool-test-side-writes-{namespace}"
+    documents = [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": policy},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{
+                      "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                      "resources": ["pods", "configmaps"]}]},
+                  "validations": [
+                      {"expression": "request.resource.resource != 'pods' || !has(object.metadata.annotations)"
+                                     f" || !('{contract.ANNOTATION_TIER}' in object.metadata.annotations)",
+                       "message": "pod annotation refused by the test's policy"},
+                      {"expression": "request.resource.resource != 'configmaps' || !has(object.data)"
+                                     f" || !('{contract.CONFIGMAP_KEY_HEATMAP}' in object.data)",
+                       "message": "heat map refused by the test's policy"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": policy},
+         "spec": {"policyName": policy, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {"matchLabels": {
+                      "kubernetes.io/metadata.name": namespace}}}}},
+    ]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(documents))
+    try:
+        deadline = time.monotonic() + 30
+        while cluster.kubectl("-n", namespace, "create", "configmap", "probe", "--dry-run=server",
+                              f"--from-literal={contract.CONFIGMAP_KEY_HEATMAP}=x", check=False).returncode == 0:
+            assert time.monotonic() < deadline, "the admission policy never took effect"
+            time.sleep(0.5)
+        yield
+    finally:
+        cluster.kubectl("delete", "validatingadmissionpolicybinding", policy, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "validatingadmissionpolicy", policy, "--ignore-not-found", check=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_refused_pod_annotations_and_heat_map_do_not_stop_status(
+    make_world: MakeWorld, tiny_model: Path, refuse_side_writes: None
+) -> None:
+    from warmpool.e2e_support import http, metric
+
+    port = _free_port()
+    world = make_world(heat_write_interval=1, extra_args=("--metrics-port", str(port), "--bind", "127.0.0.1"))
+    world.apply(small("sidewrites", tiny_model))
+    world.wait_ready("sidewrites", warm=1, timeout=120)  # status is written although every annotation fails
+    world.wait(lambda: "heat map not written" in world.operator.log(), 60, "a refused heat-map write")
+    log = world.operator.log()
+    assert "annotation not written" in log and "pod annotation refused by the test's policy" in log
+    pod = world.pods("sidewrites")[0]
+    assert contract.ANNOTATION_TIER not in (pod["metadata"].get("annotations") or {})
+    text = http(f"http://127.0.0.1:{port}/metrics")[1]
+    for target in ("pod_annotation", "heat_map"):
+        failures = metric(text, contract.METRIC_OPERATOR_WRITE_FAILURES, **{contract.LABEL_TARGET: target})
+        assert failures is not None and failures >= 1, (target, text[-2000:])
+    # Status keeps moving with the pods: the generation is observed and the tier counted.
+    status = world.wm("sidewrites")["status"]
+    assert status["warmReplicas"] == 1 and status["tierCounts"]["full"] == 1
