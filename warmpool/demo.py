@@ -95,11 +95,13 @@ def down() -> int:
     return 0
 
 
-def _start_operator(kubeconfig: Path, log_path: Path) -> subprocess.Popen[bytes]:
+def _start_operator(kubeconfig: Path, log_path: Path, model_root: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("ab")
-    proc = subprocess.Popen([sys.executable, "-m", "warmpool", "operator", "--namespace", NAMESPACE],
+    # The demo's model lives in the local cache, outside the operator's default hostPath prefixes.
+    proc = subprocess.Popen([sys.executable, "-m", "warmpool", "operator", "--namespace", NAMESPACE,
+                             f"--allowed-host-path={model_root}"],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     _state_file().parent.mkdir(parents=True, exist_ok=True)
     _state_file().write_text(str(proc.pid))
@@ -196,7 +198,7 @@ def run(timeout: float) -> int:
     kube.run("create", "namespace", NAMESPACE, check=False)
     out = _output_dir()
     _say(f"starting the operator (log: {out / 'operator.log'})")
-    operator = _start_operator(kubeconfig, out / "operator.log")
+    operator = _start_operator(kubeconfig, out / "operator.log", model_dir.parent)
     try:
         manifest = _manifest(model_dir)
         name = yaml.safe_load(manifest)["metadata"]["name"]

@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -92,6 +93,14 @@ def model_root() -> Path:
     root = Path(os.environ.get(ENV_MODEL_ROOT, Path.home() / ".cache" / "warmpool" / "models" / "e2e"))
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def local_model_dirs() -> tuple[str, ...]:
+    """The node directories a local test operator may mount (--allowed-host-path): where the
+    tests write their models (the temp dir, model_root()) and the model cache (`make model`)."""
+    from warmpool_devcluster.build import cache_root
+
+    return (tempfile.gettempdir(), str(model_root()), str(cache_root() / "models"))
 
 
 def tiny_model(name: str = "tiny-llama-4l", layers: int = 4) -> Path:
@@ -171,6 +180,7 @@ class Operator:
                  "--scrape-interval", "1", "--scrape-timeout", "1",
                  "--heat-write-interval", f"{self.heat_write_interval:g}",
                  "--metrics-port", "0", "--liveness-port", "0", "--scrape-network", self.scrape_network,
+                 *(f"--allowed-host-path={path}" for path in local_model_dirs()),
                  *self.extra_args],
                 env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -27,6 +27,8 @@ class _QuietTimers(logging.Filter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from warmpool_operator.host_paths import DEFAULT_ALLOWED_HOST_PATHS
+
     parser = argparse.ArgumentParser(prog="warmpool operator", description="Run the warmpool operator.")
     scope = parser.add_mutually_exclusive_group(required=True)
     scope.add_argument(
@@ -47,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="CIDR",
         help="only dial pod IPs in this network (repeatable; default: any)",
+    )
+    parser.add_argument(
+        "--allowed-host-path",
+        action="append",
+        default=None,
+        metavar="PREFIX",
+        help="a node directory a WarmModel's hostPath or nodeCache may lie under (repeatable; "
+        f"default: {' and '.join(DEFAULT_ALLOWED_HOST_PATHS)}); a WarmModel outside every prefix is Degraded",
     )
     parser.add_argument(
         "--heat-write-interval", type=float, default=60.0, help="least seconds between heat-map writes"
@@ -84,6 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"warmpool operator: bad --scrape-network: {error}", file=sys.stderr)
         return 2
+    from warmpool_operator.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix, normalise_prefixes
+
+    try:
+        host_paths = normalise_prefixes(
+            DEFAULT_ALLOWED_HOST_PATHS if args.allowed_host_path is None else args.allowed_host_path
+        )
+    except BadHostPathPrefix as error:
+        print(f"warmpool operator: bad {error}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -100,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     CONFIG.scrape_networks = networks
     CONFIG.heat_write_interval = args.heat_write_interval
     CONFIG.permanent_retry_interval = args.permanent_retry_interval
+    CONFIG.allowed_host_paths = host_paths
 
     import kopf
 

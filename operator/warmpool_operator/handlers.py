@@ -44,7 +44,7 @@ import kopf
 
 from warmpool import contract
 from warmpool.contract import Tier
-from warmpool_operator import builders, gating, heat, metrics, scrape
+from warmpool_operator import builders, gating, heat, host_paths, metrics, scrape
 from warmpool_operator import status as st
 from warmpool_operator.api import InvalidWarmModel, parse_spec
 from warmpool_operator.builders import Obj, Target
@@ -280,9 +280,7 @@ async def _live_extra(kube: Kube, target: Target, owner: Mapping[str, Any]) -> i
     live = await kube.get(DEPLOYMENTS, target.namespace, builders.deployment_name(target.name))
     if live is None or not owned_by(live, str(owner["metadata"]["uid"])):
         return 0
-    replicas = int((live.get("spec") or {}).get("replicas") or 0)
-    base = builders.desired_replicas(target.spec)
-    return max(0, min(replicas, target.spec.pool.max_replicas) - base)
+    return st.extra_from_live(target.spec, int((live.get("spec") or {}).get("replicas") or 0))
 
 
 async def ensure_children(kube: Kube, target: Target, owner: Mapping[str, Any], state: ModelState) -> tuple[str, Obj]:
@@ -539,6 +537,10 @@ async def sync(body: Mapping[str, Any], kind: str) -> None:
                 spec = parse_spec(body.get("spec") or {})
             except InvalidWarmModel as error:
                 raise Permanent(st.REASON_INVALID_SPEC, str(error)) from None
+            # Before any child: a node directory outside the allowed prefixes is never mounted.
+            refused = host_paths.refusal(spec, CONFIG.allowed_host_paths)
+            if refused is not None:
+                raise Permanent(st.REASON_HOST_PATH_NOT_ALLOWED, refused)
             target = Target(name=name, namespace=namespace, spec=spec)
             token, deployment = await ensure_children(kube, target, body, state)
             state.failed_generation = None

@@ -14,6 +14,7 @@ from typing import Any
 import kopf
 
 from warmpool import contract
+from warmpool_operator.host_paths import DEFAULT_ALLOWED_HOST_PATHS
 
 #: Explicit retry policy of every handler (kopf's default is to retry forever, every 60 s).
 HANDLER_RETRIES = 20
@@ -39,6 +40,8 @@ class OperatorConfig:
     #: Seconds before a WarmModel that failed for good (a child refused with 400/422) is tried
     #: again without a spec change, so that an outside fix (a policy relaxed, a name freed) heals it.
     permanent_retry_interval: float = 300.0
+    #: Node directories (normalised prefixes) a WarmModel's hostPath or nodeCache may lie under.
+    allowed_host_paths: tuple[str, ...] = DEFAULT_ALLOWED_HOST_PATHS
 
     def allowed(self, ip: str) -> bool:
         try:

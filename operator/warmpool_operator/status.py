@@ -16,7 +16,7 @@ from typing import Any
 from warmpool import contract
 from warmpool.contract import Tier
 from warmpool_operator.api import ColdStart, Condition, TierCounts, WarmModelSpec, WarmModelStatus, dump_status
-from warmpool_operator.builders import selector_string
+from warmpool_operator.builders import desired_replicas, selector_string
 from warmpool_operator.gating import Decision
 from warmpool_operator.scrape import Sample
 
@@ -29,6 +29,8 @@ REASON_INVALID_SPEC = "InvalidSpec"
 REASON_CHILD_REJECTED = "ChildRejected"
 #: A child's name is held by an object this WarmModel does not own: nothing is written to it.
 REASON_CHILD_CONFLICT = "ChildConflict"
+#: The model's hostPath (or nodeCache) lies outside the operator's --allowed-host-path prefixes.
+REASON_HOST_PATH_NOT_ALLOWED = "HostPathNotAllowed"
 REASON_AS_EXPECTED = "AsExpected"
 REASON_ROLLING_OUT = "RollingOut"
 REASON_SCALING = "Scaling"
@@ -82,6 +84,13 @@ class PodObservation:
     def warming(self) -> bool:
         """Ready, and the worker's own metrics say it is not warm yet (read, not guessed)."""
         return self.ready and not self.terminating and not self.metrics_unavailable and not self.warm
+
+
+def extra_from_live(spec: WarmModelSpec, live_replicas: int) -> int:
+    """The extra pods a live Deployment of ``live_replicas`` runs above what the spec asks for,
+    within maxReplicas: what an operator that just started keeps until a pass decides otherwise
+    (starting from 0 would scale the pool down and back up)."""
+    return max(0, min(live_replicas, spec.pool.max_replicas) - desired_replicas(spec))
 
 
 def extra_pods(pods: Iterable[PodObservation], min_warm: int) -> int:

@@ -434,6 +434,26 @@ def test_monitors_and_dashboard(tmp_path: Path) -> None:
         assert base in vars(contract).values(), f"dashboard uses {word}, which warmpool/contract.py does not name"
 
 
+def _operator_args(tmp_path: Path, values: Mapping[str, Any] | None = None) -> list[str]:
+    (deployment,) = by_kind(objects(render(tmp_path, values)), "Deployment")
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_allowed_host_paths_become_operator_flags(tmp_path: Path) -> None:
+    from warmpool_operator.cli import build_parser
+    from warmpool_operator.host_paths import DEFAULT_ALLOWED_HOST_PATHS, normalise_prefixes
+
+    defaults = _operator_args(tmp_path)
+    assert [a for a in defaults if a.startswith("--allowed-host-path")] == [
+        f"--allowed-host-path={path}" for path in DEFAULT_ALLOWED_HOST_PATHS]
+    custom = _operator_args(tmp_path, {"operator": {"allowedHostPaths": ["/data/models/", "/mnt/a:b#c"]}})
+    # The rendered flags parse with the operator's own parser (quoted: ':' and '#' survive YAML).
+    parsed = build_parser().parse_args(custom)
+    assert parsed.allowed_host_path == ["/data/models/", "/mnt/a:b#c"]
+    assert normalise_prefixes(parsed.allowed_host_path) == ("/data/models", "/mnt/a:b#c")
+
+
 # --------------------------------------------------------------------------- bad values
 
 BAD_VALUES: dict[str, tuple[Obj, str]] = {
@@ -446,6 +466,8 @@ BAD_VALUES: dict[str, tuple[Obj, str]] = {
     "bad namespace name": ({"watch": {"namespaces": ["Team_A"]}}, "namespaces"),
     "port out of range": ({"operator": {"metricsPort": 70000}}, "metricsPort"),
     "bad digest": ({"image": {"digest": "latest"}}, "digest"),
+    "relative host path": ({"operator": {"allowedHostPaths": ["models"]}}, "allowedHostPaths"),
+    "no host path at all": ({"operator": {"allowedHostPaths": []}}, "allowedHostPaths"),
 }
 
 

@@ -135,7 +135,9 @@ def test_install_run_rbac_warm_uninstall(
     values = {
         "watch": {"namespaces": [namespace, models_namespace]},
         # Loopback pod IPs only (the local cluster); fast ticks keep the test short.
-        "operator": {"scrapeNetworks": ["127.0.0.0/8"], "scrapeInterval": 2, "logLevel": "INFO"},
+        "operator": {"scrapeNetworks": ["127.0.0.0/8"], "scrapeInterval": 2, "logLevel": "INFO",
+                     # the tiny model below is written under tmp_path: a node directory to allow
+                     "allowedHostPaths": [str(tmp_path)]},
         "probes": {"readiness": {"initialDelaySeconds": 1, "periodSeconds": 2, "timeoutSeconds": 5,
                                  "failureThreshold": 3}},
     }
