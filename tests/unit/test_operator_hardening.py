@@ -156,3 +156,10 @@ def test_ready_says_metrics_unavailable_with_the_pod_names() -> None:
     out = st.compute_status(name="m", spec=_spec(), generation=1, pods=pods[:1], deployment=deployment,
                             cold_starts=st.ColdStarts(), previous=None, now="2026-01-01T00:00:00Z")
     assert {c["type"]: c for c in out["conditions"]}["Ready"]["reason"] == st.REASON_BELOW_MIN_WARM
+
+
+def test_a_restarted_operator_keeps_the_extra_pods_the_live_deployment_runs() -> None:
+    spec = _spec(replicas=1, minWarm=2, maxReplicas=4)  # asks for 2 pods
+    assert st.extra_from_live(spec, 3) == 1
+    assert st.extra_from_live(spec, 2) == 0 and st.extra_from_live(spec, 0) == 0
+    assert st.extra_from_live(spec, 9) == 2  # never above maxReplicas
