@@ -65,9 +65,14 @@ def make_world(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path)
         world.close()
 
 
+#: Memory measured against a capacity far above what a tiny worker uses: its tier stays full
+#: whatever else runs on this machine, so a tier moves only when the operator moves it.
+STEADY_MEMORY = [f"--memory-capacity-bytes={64 * 1024**3}"]
+
+
 def small(name: str, model: Path, **pool: int) -> dict[str, Any]:
     return warmmodel(name, model, replicas=pool.get("replicas", 1), min_warm=pool.get("min_warm", 1),
-                     max_replicas=pool.get("max_replicas", 3))
+                     max_replicas=pool.get("max_replicas", 3), worker_args=STEADY_MEMORY)
 
 
 def owner_uids(obj: dict[str, Any]) -> list[str]:
