@@ -16,18 +16,20 @@ are imported when a tensor is actually requested, keeping this module cheap to i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import struct
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmpool_worker.engine_api import ModelLoadError
+from warmpool_worker.engine_api import ModelLoadError, WeightsChangedError
 
 if TYPE_CHECKING:
     import torch
@@ -107,12 +109,39 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class FileIdentity:
+    """Which file, at which length and modification time: what a validation was about.
+
+    A file rewritten or truncated in place keeps its inode but changes size or mtime; one
+    replaced by rename is another inode (and our open descriptor keeps the old one).
+    """
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def differences(self, other: FileIdentity) -> str:
+        """What changed, in words ('' when nothing did)."""
+        changed = [f"{name} {before} -> {after}" for name, before, after in (
+            ("inode", self.inode, other.inode), ("device", self.device, other.device),
+            ("size", self.size, other.size), ("mtime_ns", self.mtime_ns, other.mtime_ns),
+        ) if before != after]
+        return ", ".join(changed)
+
+
+@dataclass(frozen=True)
 class SafetensorsHeader:
     path: Path
     header_len: int
     data_len: int
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
+    identity: FileIdentity | None = None  # the file as it was when this header was read
 
     @property
     def data_start(self) -> int:
@@ -179,8 +208,9 @@ def _check_tensor_name(path: Path, name: str) -> None:
 def read_safetensors_header(path: Path) -> SafetensorsHeader:
     """Parse and fully validate one safetensors file's header without mapping the file."""
     try:
-        size = path.stat().st_size
         with path.open("rb") as handle:
+            identity = FileIdentity.of(os.fstat(handle.fileno()))
+            size = identity.size
             prefix = handle.read(8)
             if len(prefix) < 8:
                 raise _fail(path, f"truncated file: {size} bytes, too short for the 8-byte header length")
@@ -264,7 +294,7 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
     if cursor != data_len:
         raise _fail(path, f"data section is {data_len} bytes but tensors cover {cursor}: "
                     "trailing bytes or truncated file")
-    return SafetensorsHeader(path, header_len, data_len, tensors, dict(metadata_raw))
+    return SafetensorsHeader(path, header_len, data_len, tensors, dict(metadata_raw), identity)
 
 
 def _positive_int(path: Path, raw: Mapping[str, Any], key: str, default: int | None = None) -> int:
@@ -446,8 +476,22 @@ def _check_shard_name(index_path: Path, name: Any) -> str:
     return name
 
 
+def _close_all(fds: dict[Path, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
 class Checkpoint:
-    """A validated checkpoint: config, tensor table and lazily opened mmap handles."""
+    """A validated checkpoint: config, tensor table and lazily opened mmap handles.
+
+    Each weight file stays open from validation on, and is mapped through that descriptor
+    (``/proc/self/fd/N``), so the mapping is of the very file that was validated even if
+    the path is renamed over meanwhile.  `verify_unchanged` compares that file's identity
+    now with the one validated: the engine calls it before faulting in a layer, so a file
+    truncated or rewritten in place is a WeightsChangedError, never a SIGBUS mid-request.
+    """
 
     def __init__(self, model_dir: Path, config: LlamaConfig, headers: list[SafetensorsHeader],
                  config_bytes: bytes) -> None:
@@ -461,6 +505,40 @@ class Checkpoint:
         self._handles: dict[Path, Any] = {}
         self._handle_lock = threading.Lock()
         self._digest: str | None = None
+        self._identities = {h.path: h.identity for h in headers if h.identity is not None}
+        self._fds: dict[Path, int] = {}
+        self._finalizer = weakref.finalize(self, _close_all, self._fds)
+        for header in headers:
+            try:
+                self._fds[header.path] = os.open(header.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as error:
+                self.close()
+                raise _fail(header.path, f"cannot open: {error}") from None
+        try:
+            self.verify_unchanged(self._fds)  # changed between the header read and the open
+        except WeightsChangedError:
+            self.close()
+            raise
+
+    def verify_unchanged(self, paths: Iterable[Path]) -> None:
+        """Raise WeightsChangedError naming the file if any of these changed since validation."""
+        for path in paths:
+            fd = self._fds.get(path)
+            if fd is None:
+                raise _fail(path, "weight file is not open (checkpoint closed)")
+            expected = self._identities.get(path)
+            if expected is None:
+                continue
+            try:
+                now = FileIdentity.of(os.fstat(fd))
+            except OSError as error:
+                raise WeightsChangedError(f"{path}: cannot stat the validated weight file: {error}") from None
+            changed = expected.differences(now)
+            if changed:
+                raise WeightsChangedError(
+                    f"{path}: weight file changed in place since it was validated ({changed}); "
+                    "its mapped pages can no longer be trusted: replace weights by rename, never "
+                    "in place, and restart the worker")
 
     @property
     def files(self) -> list[Path]:
@@ -484,9 +562,10 @@ class Checkpoint:
                 for name in sorted(header.tensors):
                     t = header.tensors[name]
                     h.update(f"{name}|{t.dtype}|{t.shape}|{t.begin}|{t.end}\n".encode())
-                with header.path.open("rb") as handle:
-                    handle.seek(header.data_start)
-                    h.update(handle.read(DIGEST_SAMPLE_BYTES))
+                fd = self._fds.get(header.path)
+                if fd is None:
+                    raise _fail(header.path, "weight file is not open (checkpoint closed)")
+                h.update(os.pread(fd, DIGEST_SAMPLE_BYTES, header.data_start))
             self._digest = h.hexdigest()
         return self._digest
 
@@ -496,8 +575,13 @@ class Checkpoint:
             if handle is None:
                 from safetensors import safe_open  # imported on first tensor: keeps import cheap
 
+                self.verify_unchanged([path])
+                fd = self._fds[path]
+                # Through our descriptor: the very inode validated, whatever the path names now.
+                by_fd = Path(f"/proc/self/fd/{fd}")
+                source = by_fd if by_fd.exists() else path
                 try:
-                    handle = safe_open(str(path), framework="pt", device="cpu")
+                    handle = safe_open(str(source), framework="pt", device="cpu")
                 except Exception as error:  # the library's own errors are not one type
                     raise _fail(path, f"safetensors refused the file: {error}") from error
                 self._handles[path] = handle
@@ -522,6 +606,7 @@ class Checkpoint:
     def close(self) -> None:
         with self._handle_lock:
             self._handles.clear()
+            _close_all(self._fds)
 
 
 def _refuse_pickle_or_missing(model_dir: Path) -> ModelLoadError:

@@ -25,6 +25,7 @@ is padded up to the nearest bucket).
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import math
 import mmap
@@ -47,7 +48,13 @@ from warmpool_worker.checkpoint import (
     read_generation_eos,
     read_safetensors_header,
 )
-from warmpool_worker.engine_api import GenerationStep, LayerProgress, ModelLoadError, RequestError
+from warmpool_worker.engine_api import (
+    GenerationStep,
+    LayerProgress,
+    ModelLoadError,
+    RequestError,
+    WeightsChangedError,
+)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -76,6 +83,7 @@ _libc: Any = None
 def _madvise(tensor: torch.Tensor, advice: int) -> bool:
     """madvise over the pages holding this (contiguous, CPU) tensor's bytes; False if refused."""
     global _libc
+    ctypes.set_errno(0)  # callers read ctypes.get_errno() after a False: never a stale one
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0 or os.name != "posix" or tensor.device.type != "cpu" or not tensor.is_contiguous():
         return False
@@ -92,6 +100,11 @@ def _fault_in(tensor: torch.Tensor) -> None:
     """Map every page of a view of the file now, in order, so first use pays no page faults."""
     if _madvise(tensor, _MADV_POPULATE_READ):
         return
+    if ctypes.get_errno() == errno.EFAULT:
+        # POPULATE_READ answers EFAULT where touching the page would raise SIGBUS: the file
+        # was cut short under the mapping after our identity check.  Never touch it.
+        raise WeightsChangedError("pages of a mapped weight lie beyond the end of its file "
+                                  "(truncated in place)")
     # Older kernels: read one byte per page, front to back (the fault path reads ahead).
     flat = tensor.reshape(-1).view(torch.uint8)
     if flat.numel():
@@ -346,14 +359,21 @@ class LlamaEngine:
 
     def _load_named(self, parts: Sequence[tuple[str, str]]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
+        present = [(key, name) for key, name in parts if name in self.checkpoint.tensors]
+        # The files under the mapping must still be the ones validated: a file truncated in
+        # place would SIGBUS on the first page touched below, one rewritten would be garbage.
+        self.checkpoint.verify_unchanged({self.checkpoint.tensors[name].file for _, name in present})
         with torch.inference_mode():
-            sources = [(key, self.checkpoint.get_tensor(name)) for key, name in parts
-                       if name in self.checkpoint.tensors]
+            sources = [(key, name, self.checkpoint.get_tensor(name)) for key, name in present]
             if self._device.type == "cpu":
-                for _, source in sources:  # start reading the whole layer ahead (cold cache)
+                for _, _, source in sources:  # start reading the whole layer ahead (cold cache)
                     _madvise(source, _MADV_WILLNEED)
-            for key, source in sources:
-                tensor = self._materialise(source)
+            for key, name, source in sources:
+                try:
+                    tensor = self._materialise(source)
+                except WeightsChangedError as error:
+                    raise WeightsChangedError(f"{self.checkpoint.tensors[name].file}: tensor {name!r}: "
+                                              f"{error}") from None
                 out[key] = tensor
                 self.bytes_loaded += tensor.numel() * tensor.element_size()
             if self._stager is not None:

@@ -20,6 +20,15 @@ class ModelLoadError(RuntimeError):
     """The model directory or its files are unusable; the message names the file and the problem."""
 
 
+class WeightsChangedError(ModelLoadError):
+    """A weight file changed in place after it was validated (inode, size or mtime differ).
+
+    The mapped pages may be gone (a truncated file would kill the process with SIGBUS) or
+    hold other weights: the worker cannot go on serving, so it turns unready and exits for
+    a restart.  Weights must be replaced by rename, never rewritten in place.
+    """
+
+
 class RequestError(ValueError):
     """A request the engine cannot serve (prompt too long, bad parameters): answered with a 4xx."""
 

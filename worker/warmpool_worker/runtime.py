@@ -45,6 +45,7 @@ class WorkerRuntime:
         self.order: list[int] = []
         self.prompts: list[str] = []
         self.stop = asyncio.Event()
+        self.exit_code = 0  # non-zero once serving has failed for good (a restart is the fix)
 
     def _on_guard_update(self, state: GuardState) -> None:
         reading = state.reading
@@ -200,11 +201,28 @@ class WorkerRuntime:
             self.status.warmup_tier = plan.tier
             self.metrics.set_warmup_tier(plan.tier)
 
+    def _exit_if_failed(self) -> bool:
+        """After ready, a failure that no retry can fix (the weights changed under the mapping)
+        sets STAGE_FAILED: unready, then exit non-zero so the pod restarts on the new files."""
+        if self.status.stage != STAGE_FAILED:
+            return False
+        self.metrics.set_ready(False)
+        log.error("worker failed after start-up, unready and exiting for a restart: %s", self.status.error)
+        self.exit_code = 1
+        self.stop.set()
+        return True
+
     async def background(self) -> None:
         """Engine metrics refresh and warm-up top-ups, every guard interval."""
         while not self.stop.is_set():
             await asyncio.to_thread(self._refresh_engine_metrics)
-            await asyncio.to_thread(self.top_up)
+            try:
+                await asyncio.to_thread(self.top_up)
+            except ModelLoadError as error:  # e.g. WeightsChangedError faulting in a layer
+                self.status.stage = STAGE_FAILED
+                self.status.error = str(error)
+            if self._exit_if_failed():
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), timeout=self.args.guard_interval)
 
@@ -268,6 +286,7 @@ async def serve(args: argparse.Namespace, thresholds: Thresholds) -> int:
             else:
                 background = asyncio.create_task(runtime.background())
                 await stopper
+                exit_code = runtime.exit_code
         else:
             log.info("stop requested during start-up")
             startup.cancel()  # the thread finishes its current step; we exit without waiting

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from warmpool_worker.engine_api import Engine, GenerationStep, RequestError
+from warmpool_worker.engine_api import Engine, GenerationStep, RequestError, WeightsChangedError
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
 from warmpool_worker.warmup import WarmupPlan, WarmupProgress
@@ -49,6 +49,7 @@ from warmpool.contract import (
     PATH_LIVEZ,
     PATH_METRICS,
     PATH_READYZ,
+    STAGE_FAILED,
     STAGE_READY,
     STAGE_STARTING,
     Tier,
@@ -309,6 +310,8 @@ class WorkerServer:
             first = await steps.get()
             if isinstance(first, RequestError):
                 raise BadRequest(400, str(first))
+            if isinstance(first, WeightsChangedError):
+                raise BadRequest(503, str(first), "unavailable")
             if isinstance(first, BaseException):
                 raise first
             if first is not _DONE:
@@ -350,6 +353,12 @@ class WorkerServer:
                     if close is not None:
                         close()
         except BaseException as error:  # delivered to the handler, which answers for it
+            if isinstance(error, WeightsChangedError):
+                # The files under the mapping changed in place: unready now; the runtime sees
+                # STAGE_FAILED and exits non-zero for a restart (which maps the new files).
+                log.error("weights changed under the live worker, turning unready: %s", error)
+                self.status.stage = STAGE_FAILED
+                self.status.error = str(error)
             put(error)
             return
         put(_DONE)
