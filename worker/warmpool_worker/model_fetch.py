@@ -14,6 +14,12 @@ converted model must answer a factual question through our own engine.
 
 Atomic (written to a temp dir, then renamed) and reproducible: the same package version
 and the same library versions give byte-identical files (a manifest records sha256s).
+
+Never deletes or moves a directory it did not create (see `inspect_destination`): a
+destination is ours only when it holds our manifest.  A missing destination is created, an
+empty one is filled in place, ours is replaced whole (old moved aside, new renamed in, old
+deleted); anything else -- a non-empty directory without our manifest, or a file -- is
+refused, with or without ``--force``, and left exactly as it was.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +71,74 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+class Destination(Enum):
+    """What is at --dest, and so what fetch may do there."""
+
+    MISSING = "missing"  # nothing: created by renaming the finished conversion in
+    EMPTY = "empty"  # someone's empty directory: filled in place, the directory itself kept
+    OURS = "ours"  # holds our manifest: we wrote it, we may replace it whole
+    FOREIGN = "foreign"  # anything else: refused, never moved, never deleted
+
+
+def _our_manifest(dest: Path) -> bool:
+    """True when dest holds a manifest this command wrote (format and source match)."""
+    try:
+        data = json.loads((dest / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return (isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT
+            and data.get("source") == f"{PACKAGE}=={PACKAGE_VERSION}")
+
+
+def inspect_destination(dest: Path) -> Destination:
+    if not dest.exists() and not dest.is_symlink():
+        return Destination.MISSING
+    if dest.is_symlink() or not dest.is_dir():
+        return Destination.FOREIGN
+    if _our_manifest(dest):
+        return Destination.OURS
+    try:
+        empty = next(dest.iterdir(), None) is None
+    except OSError:
+        return Destination.FOREIGN
+    return Destination.EMPTY if empty else Destination.FOREIGN
+
+
+def refusal(dest: Path) -> FetchError:
+    return FetchError(
+        f"{dest} exists and was not created by `warmpool model fetch` (no {MANIFEST} of ours in it): "
+        "refusing to move, delete or write into it, with or without --force. "
+        "Choose another --dest, or empty or remove that directory yourself."
+    )
+
+
+def install(tmp: Path, dest: Path) -> None:
+    """Put the finished conversion in `tmp` at `dest`, never touching what is not ours.
+
+    Looked at again here, right before anything moves: the destination may have changed
+    during the minutes the conversion took.
+    """
+    kind = inspect_destination(dest)
+    if kind is Destination.FOREIGN:
+        raise refusal(dest)
+    if kind is Destination.MISSING:
+        os.replace(tmp, dest)
+        return
+    if kind is Destination.EMPTY:
+        # The directory is someone's (a mount point, say): keep it, move our files in, the
+        # manifest last so the directory only reads as complete once every file is there.
+        names = [*sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST), MANIFEST]
+        for name in names:
+            shutil.move(str(tmp / name), str(dest / name))
+        tmp.rmdir()
+        return
+    # Ours: move the old one aside, rename the new one in (atomic), delete the old one.
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    os.replace(dest, old)
+    os.replace(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def is_complete(dest: Path) -> bool:
@@ -201,7 +276,10 @@ def smoke_test(model_dir: Path) -> str:
 def ensure_model(dest: Path | None = None, force: bool = False) -> Path:
     """The converted model's directory, converting it first when missing (or when forced)."""
     dest = (dest or default_model_dir()).expanduser().absolute()
-    if is_complete(dest) and not force:
+    kind = inspect_destination(dest)
+    if kind is Destination.FOREIGN:  # before any work: nothing is converted only to be refused
+        raise refusal(dest)
+    if kind is Destination.OURS and is_complete(dest) and not force:
         return dest
     gguf_path = find_gguf()
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -223,11 +301,7 @@ def ensure_model(dest: Path | None = None, force: bool = False) -> Path:
             **versions,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        if dest.exists():  # --force: move the old one aside first so the rename below is atomic
-            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-            os.replace(dest, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, dest)
+        install(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
@@ -237,8 +311,17 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="warmpool model", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     fetch = sub.add_parser("fetch", help="convert SmolLM2-135M-Instruct to safetensors (cached)")
-    fetch.add_argument("--dest", type=Path, default=None, help="target directory (default: the cache)")
-    fetch.add_argument("--force", action="store_true", help="convert again even if cached")
+    fetch.add_argument(
+        "--dest", type=Path, default=None,
+        help="target directory (default: the cache). Created if missing, filled if empty; a non-empty "
+        f"directory without this command's {MANIFEST} is refused and left untouched",
+    )
+    fetch.add_argument(
+        "--force", action="store_true",
+        help="convert again even if cached. Replaces only a directory this command wrote (one holding "
+        f"its {MANIFEST}); a directory it did not create is never moved, deleted or written into, "
+        "with or without --force",
+    )
     args = parser.parse_args(argv)
     try:
         dest = ensure_model(args.dest, args.force)
