@@ -32,8 +32,10 @@ def _threads_logged(model: Path, log_path: Path, *extra: str, timeout: float = 9
     command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model), "--host", HOST,
                "--port", str(free_port()), "--device", "cpu", "--buckets", "16", "--prompts-per-bucket", "1",
                *extra]
+    env = subprocess_env()
+    env.pop("OMP_NUM_THREADS", None)  # an explicit one would win over the cgroup (tested in unit)
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:

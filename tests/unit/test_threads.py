@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from warmpool_worker.cpu_threads import choose_threads, own_cgroup_dirs, threads_from_cpu_max
+from warmpool_worker.cpu_threads import ThreadChoice, choose_threads, own_cgroup_dirs, threads_from_cpu_max
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +65,7 @@ def test_the_strictest_quota_on_the_path_wins(tmp_path: Path) -> None:
     (root / "kubepods.slice" / "pod1" / "cpu.max").write_text("100000 100000\n")  # the pod: 1 CPU
     (container / "cpu.max").write_text("300000 100000\n")  # the container asks for 3
     proc = _proc_self_cgroup(tmp_path, "0::/kubepods.slice/pod1/ctr")
-    choice = choose_threads(None, root, proc)
+    choice = choose_threads(None, root, proc, {})
     assert choice.threads == 1
     assert str(root / "kubepods.slice" / "pod1" / "cpu.max") in choice.source
 
@@ -74,13 +74,24 @@ def test_requested_threads_win_over_the_cgroup(tmp_path: Path) -> None:
     root = tmp_path / "cgroup"
     root.mkdir()
     (root / "cpu.max").write_text("100000 100000\n")
-    choice = choose_threads(3, root, _proc_self_cgroup(tmp_path, "0::/"))
+    choice = choose_threads(3, root, _proc_self_cgroup(tmp_path, "0::/"), {})
     assert (choice.threads, choice.source) == (3, "--threads")
 
 
 def test_no_cgroup_means_every_available_cpu(tmp_path: Path) -> None:
     import os
 
-    choice = choose_threads(None, tmp_path / "no-cgroup-here", tmp_path / "absent")
+    choice = choose_threads(None, tmp_path / "no-cgroup-here", tmp_path / "absent", {})
     assert choice.threads == len(os.sched_getaffinity(0))
     assert "no cgroup v2 CPU quota" in choice.source
+
+
+def test_an_explicit_omp_num_threads_is_kept_and_garbage_ignored(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cpu.max").write_text("100000 100000\n")
+    proc = _proc_self_cgroup(tmp_path, "0::/")
+    assert choose_threads(None, root, proc, {"OMP_NUM_THREADS": "3"}) == ThreadChoice(3, "OMP_NUM_THREADS=3")
+    assert choose_threads(2, root, proc, {"OMP_NUM_THREADS": "3"}).source == "--threads"
+    for garbage in ("zero", "0", "-2", "1.5"):
+        assert choose_threads(None, root, proc, {"OMP_NUM_THREADS": garbage}).threads == 1  # the cgroup's

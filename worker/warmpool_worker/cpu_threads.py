@@ -6,7 +6,8 @@ quota: `make demo` measured a 32-token prefill at 2.1 s with two workers on a 2-
 against ~0.2 s with one thread each.  So the worker sizes torch's threads from the
 container's cgroup v2 ``cpu.max`` (``"<quota> <period>"`` or ``"max <period>"``), capped
 by the CPUs the process may run on (its affinity mask: cpusets), unless ``--threads``
-says otherwise.
+or an explicit ``OMP_NUM_THREADS`` (torch's own knob, which the benchmarks set for every
+variant alike) says otherwise.
 
 A quota of 1.5 CPUs gives 1 thread, not 2: two busy threads on 1.5 CPUs of quota are
 throttled for a third of every period, which costs more than the half CPU left idle.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: This process's cgroup membership; the v2 line reads ``0::/path/inside/the/root``.
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 CPU_MAX_FILE = "cpu.max"
+#: The OpenMP variable torch reads at start-up: set explicitly, it is a choice we keep.
+OMP_ENV = "OMP_NUM_THREADS"
 
 
 def threads_from_cpu_max(cpu_max: str | None, cpu_count: int) -> int:
@@ -114,8 +118,15 @@ def cgroup_threads(cpu_count: int, root: Path = CGROUP_ROOT,
 
 
 def choose_threads(requested: int | None, root: Path = CGROUP_ROOT,
-                   proc_self_cgroup: Path = PROC_SELF_CGROUP) -> ThreadChoice:
-    """--threads when given, else the cgroup quota capped by the available CPUs."""
+                   proc_self_cgroup: Path = PROC_SELF_CGROUP,
+                   environ: Mapping[str, str] = os.environ) -> ThreadChoice:
+    """--threads when given, else an explicit OMP_NUM_THREADS, else the cgroup quota capped
+    by the available CPUs."""
     if requested is not None:
         return ThreadChoice(requested, "--threads")
+    omp = environ.get(OMP_ENV, "").strip()
+    if omp:
+        if omp.isdigit() and int(omp) > 0:
+            return ThreadChoice(int(omp), f"{OMP_ENV}={omp}")
+        log.warning("ignoring %s=%r: not a positive integer", OMP_ENV, omp)
     return cgroup_threads(available_cpus(), root, proc_self_cgroup)
