@@ -86,8 +86,8 @@ def forecast(kind: Baseline, series: FloatArray, horizon: int, config: BaselineC
         p50, p90 = point + float(np.quantile(residuals, 0.5)), point + float(np.quantile(residuals, 0.9))
     else:
         p50 = p90 = float(point)
-    p50 = max(0.0, p50)
-    return QuantileForecast(horizon=horizon, p50=p50, p90=max(p50, p90))
+    p50 = max(0.0, float(p50))
+    return QuantileForecast(horizon=horizon, p50=p50, p90=max(p50, float(p90)))
 
 
 def _forward_fill(series: FloatArray) -> FloatArray:

@@ -7,10 +7,11 @@
 - **Desired** = ⌈forecast p90 ÷ per-pod capacity⌉, capacity in requests per second as the
   workers' own throughput measured it.  No measured capacity, no predictive action: a
   configured guess would size the pool on a number nobody checked.
-- **Bounds**: never below what the reactive path (HPA/KEDA, or ``spec.pool.replicas``) asks,
-  never more than ``maxExtraReplicas`` above it, always within ``[minWarm, maxReplicas]``.
-  With an autoscaler present the result is a *floor* for it (it may go higher; prediction
-  never lowers what it decided), so the two never fight.
+- **Bounds**: never more than ``maxExtraReplicas`` above what the reactive path (HPA/KEDA,
+  or ``spec.pool.replicas``) asks, always within ``[minWarm, maxReplicas]``.  With an
+  autoscaler present the result is a *floor* for it (its minimum replicas: it takes the
+  higher of the floor and its own count, so prediction only ever adds and the two never
+  fight); without one it is the pod count, never below the reactive count.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ class DecisionInputs:
     forecast_p90: float | None  # requests per step, the highest over the lead-time horizons
     step_s: int
     capacity_rps: float | None  # measured requests per second one warm pod serves
-    reactive_replicas: int  # what the autoscaler (or spec.pool.replicas) asks for now
+    #: What the pool needs without prediction: the autoscaler's own recommendation for the current
+    #: rate (before any floor this module set), or spec.pool.replicas as the user wrote it.
+    #: Never a count prediction produced, or maxExtraReplicas would compound step after step.
+    reactive_replicas: int
     min_warm: int
     max_replicas: int
     max_extra_replicas: int
@@ -87,7 +91,7 @@ class DecisionInputs:
 
 @dataclass(frozen=True)
 class Decision:
-    replicas: int  # warm serving pods to have (a floor when target is FLOOR)
+    replicas: int  # FLOOR: the autoscaler's minimum (minWarm when no action); REPLICAS: the pod count
     predicted: int | None  # ⌈p90 ÷ capacity⌉ before bounds; None when no prediction could be made
     acted: bool  # True when prediction asks for more than the reactive path
     target: Target
@@ -98,17 +102,21 @@ def decide(inputs: DecisionInputs) -> Decision:
     """Desired warm pods from the forecast and the measured capacity, within every bound."""
     target = Target.FLOOR if inputs.autoscaler_present else Target.REPLICAS
     reactive = _clamp(inputs.reactive_replicas, inputs.min_warm, inputs.max_replicas)
+    # Doing nothing: an autoscaler's floor stays at minWarm; replicas stay at the reactive count.
+    unchanged = inputs.min_warm if target is Target.FLOOR else reactive
     if inputs.forecast_p90 is None or not math.isfinite(inputs.forecast_p90) or inputs.forecast_p90 < 0:
-        return Decision(reactive, None, False, target, "no usable forecast: reactive count kept")
+        return Decision(unchanged, None, False, target, "no usable forecast: no predictive action")
     capacity = inputs.capacity_rps
     if capacity is None or not _measured(capacity):
-        return Decision(reactive, None, False, target,
-                        "per-pod capacity not measured yet: no predictive action, reactive count kept")
+        return Decision(unchanged, None, False, target, "per-pod capacity not measured yet: no predictive action")
     rate = inputs.forecast_p90 / inputs.step_s
-    # The epsilon keeps an exact multiple (say 2.0000000001 pods from float division) from adding a pod.
+    # The epsilon keeps a float division that lands a hair above a whole number from adding a pod.
     predicted = max(0, math.ceil(rate / capacity - 1e-9))
     capped = min(predicted, reactive + inputs.max_extra_replicas)
-    replicas = _clamp(max(reactive, capped), inputs.min_warm, inputs.max_replicas)
+    # A floor is the predicted count alone (the autoscaler takes the max with its own; a floor of
+    # max(reactive, ...) would ratchet: the autoscaler could never scale below what it has now).
+    wanted = capped if target is Target.FLOOR else max(reactive, capped)
+    replicas = _clamp(wanted, inputs.min_warm, inputs.max_replicas)
     acted = replicas > reactive
     if acted:
         reason = (f"forecast p90 {rate:.3g} req/s ÷ {capacity:.3g} req/s per pod = {predicted} pods"

@@ -14,9 +14,10 @@ Serialised form (:func:`dumps`), for a ConfigMap value::
 The JSON is ``{"format": "warmpool.history", "version": 1, "step_s", "retention_s",
 "slot_s", "edges", "start", "requests", "prompt_tokens", "generated_tokens",
 "prompt_hist", "generated_hist"}`` with ``-1`` for a missing step and the histograms as
-``{slot: [counts...]}``.  Seven full days of a busy model (10,080 steps, 168 hour slots)
-take about 60-120 kB (see ``tests/unit/test_predict_history.py``), well under a ConfigMap's
-1 MiB.  :func:`loads` refuses anything else with :class:`HistoryFormatError` naming what is
+``{slot: [counts...]}``.  Seven full days (10,080 steps, 168 hour slots) take about 45 kB
+with tens of requests per step and about 100 kB with thousands (random counts, which
+compress worst; measured in ``tests/unit/test_predict_history.py``), well under a
+ConfigMap's 1 MiB.  :func:`loads` refuses anything else with :class:`HistoryFormatError` naming what is
 wrong; :func:`loads_or_empty` is what a caller that must not fail uses.
 """
 

@@ -33,7 +33,7 @@ QUANTILES = (0.5, 0.9)
 class QuantileModelConfig:
     rounds: int = 100
     num_leaves: int = 15
-    learning_rate: float = 0.05
+    learning_rate: float = 0.1
     min_child_samples: int = 5
     max_rows: int = 7 * 1440  # one retention's worth at 60 s
     min_rows: int = 24  # fewer and a tree model is fitting noise: stay with the baselines
@@ -45,6 +45,9 @@ class QuantileModelConfig:
             "num_leaves": self.num_leaves,
             "learning_rate": self.learning_rate,
             "min_child_samples": self.min_child_samples,
+            # Starting from the label quantile can leave every gradient equal (all labels at or below
+            # it): no split gains anything and the p90 model stays a constant.  Start from zero.
+            "boost_from_average": False,
             "num_threads": 1,  # bounded CPU: one core at most, however many models
             "verbose": -1,
             "deterministic": True,
