@@ -1,4 +1,4 @@
-"""`warmpool bench coldstart | scale`: run a benchmark, write JSON + Markdown under bench/results/."""
+"""`warmpool bench coldstart | scale | predict`: run a benchmark, write JSON + Markdown under bench/results/."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--kubeconfig", type=Path, default=None, help="an existing cluster (default: start one)")
     scale.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     scale.add_argument("--name", default="scale", help="results file stem")
+
+    from warmpool_bench.predict_cli import add_predict_parser
+
+    add_predict_parser(commands, DEFAULT_RESULTS)
     return parser
 
 
@@ -77,14 +81,20 @@ def main(argv: list[str] | None = None) -> int:
         return _coldstart(args)
     if args.command == "render":
         return _render(args.json)
+    if args.command == "predict":
+        from warmpool_bench.predict_cli import run_predict_command
+
+        return run_predict_command(args)
     return _scale(args)
 
 
 def _render(path: Path) -> int:
+    from warmpool_bench.predict_report import render_predict
     from warmpool_bench.report import render_coldstart, render_scale
 
     result = json.loads(path.read_text())
-    renderer = render_coldstart if result.get("benchmark") == "coldstart" else render_scale
+    renderers = {"coldstart": render_coldstart, "predict": render_predict}
+    renderer = renderers.get(result.get("benchmark", ""), render_scale)
     path.with_suffix(".md").write_text(renderer(result))
     print(path.with_suffix(".md").read_text())
     return 0

@@ -1,0 +1,377 @@
+"""`warmpool bench predict`: no pre-warm vs reactive vs predictive scaling, replayed over a real trace.
+
+Offline half of issue #16's benchmark: the trace (the shared Azure code trace by default)
+is replayed through :mod:`.predict_sim`'s queueing model of a pool (its docstring says what
+TTFT means there) under each policy of :mod:`.predict_policies`, with the operator's own
+prediction code (:mod:`warmpool_operator.predict`) doing the forecasting and deciding.
+Cold-start time is an input: by default the figure this project measured
+(``bench/results/coldstart.json``), and the same replay is repeated at longer cold starts
+(GPU-sized pods take 10-60 s) to show how the comparison moves with it.
+
+Also measured here: the forecaster's CPU cost per WarmModel (on the trace, and projected for
+a full 7-day history), each candidate's quantile loss over the replay, and the learned
+warm-up buckets' coverage of the trace's prompt lengths against the defaults.
+
+The live half (the trace replayed against real pods on the local cluster) needs the
+operator's event-driven redesign (#14) and the workers' request metrics; it is not here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from warmpool_operator.predict.baselines import QuantileForecast
+from warmpool_operator.predict.buckets import learn_buckets
+from warmpool_operator.predict.decision import PredictiveSpec, horizons
+from warmpool_operator.predict.evaluation import quantile_loss
+from warmpool_operator.predict.forecaster import CANDIDATES, Forecaster, ForecasterConfig, Prediction
+from warmpool_operator.predict.history import History, StepObservation
+from warmpool_operator.predict.lengths import histogram
+
+from warmpool_bench.coldstart import machine_info
+from warmpool_bench.predict_policies import HpaSettings, NoPrewarm, Predictive, Reactive
+from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
+from warmpool_bench.predict_trace import Trace
+from warmpool_bench.stats import percentile, ratio
+
+#: Worker process start -> Ready (warm), the synthetic ~1 GB model with a cold page cache,
+#: median of 3: ``bench/results/coldstart.json`` models.synthetic warmpool_full cold ready_s.
+MEASURED_COLD_START_S = 5.12
+#: 128 prompt tokens ÷ steady TTFT 0.107 s of SmolLM2-135M, warmpool_full cold (coldstart.json).
+MEASURED_PREFILL_TOKENS_PER_S = 1196.0
+#: From the same run's warm-up (0.99 s for 32/128/512-token prefills + 3 x 4 decoded tokens):
+#: (0.99 s - 672 tokens ÷ 1196 tok/s) ÷ 12 tokens = 36 ms per token.  Derived, not measured directly.
+DERIVED_DECODE_TOKENS_PER_S = 28.0
+#: Longer cold starts replayed beside the measured one (GPU pods: the design's 10-60 s).
+SENSITIVITY_COLD_STARTS_S = (30.0, 60.0)
+DEFAULT_BUCKETS = (32, 128, 512)
+BASELINE_NAMES = ("none", "reactive")
+
+
+@dataclass(frozen=True)
+class PredictBenchSettings:
+    cold_start_s: float = MEASURED_COLD_START_S
+    extra_cold_starts_s: tuple[float, ...] = SENSITIVITY_COLD_STARTS_S
+    prefill_tokens_per_s: float = MEASURED_PREFILL_TOKENS_PER_S
+    decode_tokens_per_s: float = DERIVED_DECODE_TOKENS_PER_S
+    min_warm: int = 1
+    max_replicas: int = 64
+    max_extra_replicas: int | None = None  # None: up to max_replicas (no cap above the reactive count)
+    idle_timeout_s: float = 60.0
+    hpa: HpaSettings = field(default_factory=HpaSettings)
+    forecasters: tuple[str, ...] = ("auto", *CANDIDATES)
+    retrain_every_steps: int = ForecasterConfig().retrain_every_steps
+    max_context: int = 8192  # SmolLM2-135M-Instruct's context
+    repeat: int = 1
+
+    @property
+    def service(self) -> ServiceModel:
+        return ServiceModel(self.prefill_tokens_per_s, self.decode_tokens_per_s)
+
+    def spec(self) -> PredictiveSpec:
+        extra = self.max_replicas if self.max_extra_replicas is None else self.max_extra_replicas
+        return PredictiveSpec(enabled=True, horizon_seconds=300, max_extra_replicas=extra)
+
+
+def run_predict(trace: Trace, settings: PredictBenchSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The results (JSON-ready) and the chart's data (pod timelines and forecasts of the measured scenario)."""
+    started = time.time()
+    result: dict[str, Any] = {
+        "benchmark": "predict",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": machine_info(),
+        "trace": describe_trace(trace, settings.repeat),
+        "settings": _settings_json(settings),
+        "scenarios": [],
+    }
+    for cold in (settings.cold_start_s, *settings.extra_cold_starts_s):
+        label = "measured" if cold == settings.cold_start_s else "sensitivity"
+        result["scenarios"].append(run_scenario(trace, replace(settings, cold_start_s=cold), label))
+    primary = result["scenarios"][0]
+    if settings.max_extra_replicas is None:  # the same replay with the library's default cap, for comparison
+        capped = replace(settings, max_extra_replicas=PredictiveSpec().max_extra_replicas, forecasters=("auto",))
+        run = run_policy(trace, capped, "predictive:auto")
+        primary["predictive_auto_capped"] = {"max_extra_replicas": capped.spec().max_extra_replicas,
+                                             **run["figures"]}
+    result["forecast_quality"] = primary.pop("forecast_quality")
+    for scenario in result["scenarios"]:
+        scenario.pop("forecast_quality", None)
+        scenario["targets"] = targets(scenario)
+    result["targets"] = primary["targets"]
+    result["buckets"] = bucket_figures(trace, settings.max_context)
+    result["forecaster_cost"] = forecaster_cost(trace, primary, settings)
+    result["wall_s"] = time.time() - started
+    chart = {"cold_start_s": primary["cold_start_s"], "timelines": primary.pop("timelines"),
+             "forecasts": primary["forecasts"], "times": [r.t for r in trace.requests],
+             "capacity_rps": None}
+    for scenario in result["scenarios"][1:]:
+        del scenario["timelines"], scenario["forecasts"]
+    return result, chart
+
+
+def describe_trace(trace: Trace, repeat: int) -> dict[str, Any]:
+    times = np.array([r.t for r in trace.requests])
+    prompts = [r.prompt for r in trace.requests]
+    per_minute = np.bincount((times // 60).astype(int))
+    per_10s = np.bincount((times // 10).astype(int))
+    return {
+        "source": trace.source,
+        "repeat": repeat,
+        "requests": len(trace.requests),
+        "duration_s": trace.duration_s,
+        "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(trace.epoch_start)),
+        "mean_rps": len(trace.requests) / trace.duration_s if trace.duration_s else None,
+        "peak_minute_rps": float(per_minute.max()) / 60,
+        "peak_10s_rps": float(per_10s.max()) / 10,
+        "idle_minutes": int(np.count_nonzero(per_minute == 0)),
+        "prompt_p50": percentile(prompts, 50),
+        "prompt_p90": percentile(prompts, 90),
+        "prompt_p99": percentile(prompts, 99),
+        "generated_p50": percentile([r.generated for r in trace.requests], 50),
+    }
+
+
+def _settings_json(settings: PredictBenchSettings) -> dict[str, Any]:
+    return {
+        "cold_start_s": settings.cold_start_s,
+        "cold_start_source": "bench/results/coldstart.json: synthetic ~1 GB model, warmpool_full, cold page cache, "
+                             "median ready_s (worker process start -> warm Ready; no pod scheduling)",
+        "extra_cold_starts_s": list(settings.extra_cold_starts_s),
+        "wake_s": None,
+        "wake_note": "no wake time has been measured in this project yet (sleep mode is not built): "
+                     "every scale-up is a cold start",
+        "prefill_tokens_per_s": settings.prefill_tokens_per_s,
+        "decode_tokens_per_s": settings.decode_tokens_per_s,
+        "min_warm": settings.min_warm,
+        "max_replicas": settings.max_replicas,
+        "max_extra_replicas": settings.spec().max_extra_replicas,
+        "idle_timeout_s": settings.idle_timeout_s,
+        "hpa": asdict(settings.hpa),
+        "step_s": 60,
+        "feature_window_steps": 15,
+        "retrain_every_steps": settings.retrain_every_steps,
+        "forecasters": list(settings.forecasters),
+        "max_context": settings.max_context,
+    }
+
+
+# --- one policy, one scenario -------------------------------------------------------------------
+
+
+def run_policy(trace: Trace, settings: PredictBenchSettings, policy: str) -> dict[str, Any]:
+    """Replay the trace under one policy; its figures and, for a predictive one, its forecasts."""
+    pool = PoolConfig(min_warm=settings.min_warm, max_replicas=settings.max_replicas,
+                      cold_start_s=settings.cold_start_s)
+    end = trace.duration_s
+    predictive: Predictive | None = None
+    if policy == "none":
+        sim = Simulation(trace.requests, settings.service, pool, NoPrewarm(settings.idle_timeout_s),
+                         idle_timeout_s=settings.idle_timeout_s)
+    elif policy == "reactive":
+        sim = Simulation(trace.requests, settings.service, pool, Reactive(settings.hpa))
+    else:
+        only = policy.split(":", 1)[1]
+        forecaster = Forecaster(ForecasterConfig(only=None if only == "auto" else only,
+                                                 retrain_every_steps=settings.retrain_every_steps))
+        predictive = Predictive(Reactive(settings.hpa), forecaster, settings.spec(), trace.requests,
+                                trace.epoch_start, lead_s=settings.cold_start_s, name=policy)
+        sim = Simulation(trace.requests, settings.service, pool, predictive)
+    sim.run(end)
+    out: dict[str, Any] = {"figures": figures(sim, end), "timeline": sim.pod_timeline}
+    if predictive is not None:
+        f = predictive.forecaster
+        out["figures"].update({
+            "models_used": dict(Counter(p.model or "none" for p in predictive.predictions)),
+            "trainings": f.trainings,
+            "cpu_train_s": f.cpu_train_s,
+            "cpu_predict_s": f.cpu_predict_s,
+            "forecast_steps": len(predictive.predictions),
+            "last_reason": predictive.predictions[-1].reason if predictive.predictions else None,
+        })
+        out["forecasts"] = [vars(x) for x in predictive.forecasts]
+        out["predictions"] = predictive.predictions
+        out["history"] = predictive.history
+    return out
+
+
+def figures(sim: Simulation, end_s: float) -> dict[str, Any]:
+    served = sim.served
+    ttfts = [s.ttft_s for s in served]
+    first = [s.ttft_s for s in served if s.first_on_new_pod]
+    missed = sum(not s.warm_hit for s in served)
+    return {
+        "requests": len(served),
+        "no_warm_capacity": missed,
+        "no_warm_capacity_share": missed / len(served) if served else None,
+        "warm_hit_rate": 1 - missed / len(served) if served else None,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p95_s": percentile(ttfts, 95),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "first_request_count": len(first),
+        "first_request_p50_s": percentile(first, 50),
+        "first_request_p95_s": percentile(first, 95),
+        "pod_hours": sim.pod_seconds(end_s) / 3600,
+        "pods_started": sum(not p.initial for p in sim.pods),
+        "max_pods": max((asked for _, _, asked in sim.pod_timeline), default=0),
+    }
+
+
+def run_scenario(trace: Trace, settings: PredictBenchSettings, label: str) -> dict[str, Any]:
+    policies = [*BASELINE_NAMES, *(f"predictive:{name}" for name in settings.forecasters)]
+    runs = {policy: run_policy(trace, settings, policy) for policy in policies}
+    scenario: dict[str, Any] = {
+        "cold_start_s": settings.cold_start_s,
+        "label": label,
+        "policies": {policy: run["figures"] for policy, run in runs.items()},
+        "timelines": {policy: run["timeline"] for policy, run in runs.items()},
+        "forecasts": {policy: run["forecasts"] for policy, run in runs.items() if "forecasts" in run},
+    }
+    auto = runs.get("predictive:auto")
+    if auto is not None:
+        scenario["forecast_quality"] = forecast_quality(auto["predictions"], auto["history"])
+    return scenario
+
+
+# --- forecast quality, targets, buckets, cost --------------------------------------------------------
+
+
+def forecast_quality(predictions: Sequence[Prediction], history: History) -> dict[str, Any]:
+    """Each candidate's mean quantile loss and p50 absolute error over the replay, on common steps."""
+    actual = {history.start + i: c for i, c in enumerate(history.requests) if c >= 0}
+    made: dict[str, dict[tuple[int, int], QuantileForecast]] = {}
+    for prediction in predictions:
+        for name, forecasts in prediction.candidates.items():
+            for f in forecasts:
+                target = prediction.last_step + f.horizon
+                if target in actual:
+                    made.setdefault(name, {})[(prediction.last_step, f.horizon)] = f
+    out: dict[str, Any] = {"per_candidate": {}, "note": "counts per 60 s step; losses over the steps every "
+                           "listed candidate forecast (LightGBM joins once trained, so the common steps are few)"}
+    if not made:
+        return out
+    common = set.intersection(*(set(m) for m in made.values()))
+    keys = sorted(common)
+    for name, by_origin in sorted(made.items()):
+        pairs = [(float(actual[origin + h]), by_origin[(origin, h)]) for origin, h in keys]
+        out["per_candidate"][name] = {
+            "forecasts": len(by_origin),
+            "common_steps": len(pairs),
+            "mean_quantile_loss": sum(quantile_loss(a, f) for a, f in pairs) / len(pairs) if pairs else None,
+            "p50_mae": sum(abs(a - f.p50) for a, f in pairs) / len(pairs) if pairs else None,
+            "p90_coverage": sum(a <= f.p90 for a, f in pairs) / len(pairs) if pairs else None,
+        }
+    return out
+
+
+TARGETS_TEXT = {
+    "no_warm_capacity_reduction_vs_reactive": "≥ 80 % fewer requests without warm capacity than reactive",
+    "pod_hours_increase_vs_reactive": "at ≤ 15 % more pod-hours than reactive",
+    "warm_hit_points_vs_none": "warm-hit rate ≥ +20 points against no pre-warm",
+    "first_request_p95_reduction_vs_none": "first-request P95 ≥ 15 % lower than no pre-warm",
+}
+
+
+def targets(scenario: dict[str, Any], policy: str = "predictive:auto") -> dict[str, Any]:
+    p = scenario["policies"][policy]
+    reactive, none = scenario["policies"]["reactive"], scenario["policies"]["none"]
+    missed_ratio = ratio(p["no_warm_capacity"], reactive["no_warm_capacity"])
+    reduction = None if missed_ratio is None else 1 - missed_ratio
+    pod_ratio = ratio(p["pod_hours"], reactive["pod_hours"])
+    first_ratio = ratio(p["first_request_p95_s"], none["first_request_p95_s"])
+    values = {
+        "no_warm_capacity_reduction_vs_reactive": reduction,
+        "pod_hours_increase_vs_reactive": None if pod_ratio is None else pod_ratio - 1,
+        "warm_hit_points_vs_none": 100 * (p["warm_hit_rate"] - none["warm_hit_rate"]),
+        "first_request_p95_reduction_vs_none": None if first_ratio is None else 1 - first_ratio,
+    }
+    met = {
+        "no_warm_capacity_reduction_vs_reactive": reduction is not None and reduction >= 0.8,
+        "pod_hours_increase_vs_reactive": values["pod_hours_increase_vs_reactive"] is not None
+        and values["pod_hours_increase_vs_reactive"] <= 0.15,
+        "warm_hit_points_vs_none": values["warm_hit_points_vs_none"] >= 20,
+        "first_request_p95_reduction_vs_none": values["first_request_p95_reduction_vs_none"] is not None
+        and values["first_request_p95_reduction_vs_none"] >= 0.15,
+    }
+    return {"policy": policy, "cold_start_s": scenario["cold_start_s"],
+            "figures": {k: {"value": v, "met": met[k], "target": TARGETS_TEXT[k]} for k, v in values.items()}}
+
+
+def bucket_figures(trace: Trace, max_context: int) -> dict[str, Any]:
+    """Learned buckets on the whole trace and learned on its first half, scored on its second half."""
+    prompts = [r.prompt for r in trace.requests]
+    half = len(prompts) // 2
+
+    def share(buckets: Sequence[int], lengths: Sequence[int]) -> float | None:
+        return sum(n <= max(buckets) for n in lengths) / len(lengths) if lengths and buckets else None
+
+    whole = learn_buckets(histogram(prompts), max_context)
+    held = learn_buckets(histogram(prompts[:half]), max_context)
+    return {
+        "max_context": max_context,
+        "defaults": list(DEFAULT_BUCKETS),
+        "learned": list(whole.buckets),
+        "learned_prompts_per_bucket": list(whole.prompts_per_bucket),
+        "learned_longer_than_all": whole.longer_than_all,
+        "learned_reason": whole.reason,
+        "share_within_defaults": share(DEFAULT_BUCKETS, prompts),
+        "share_within_learned": share(whole.buckets, prompts),
+        "held_out": {
+            "learned_on_first_half": list(held.buckets),
+            "share_within_learned_second_half": share(held.buckets, prompts[half:]),
+            "share_within_defaults_second_half": share(DEFAULT_BUCKETS, prompts[half:]),
+        },
+        "note": "share = prompts no longer than the largest warmed length (a warmed length covers them)",
+    }
+
+
+def forecaster_cost(trace: Trace, scenario: dict[str, Any], settings: PredictBenchSettings) -> dict[str, Any]:
+    """CPU seconds per WarmModel per hour: on the replay, and projected for a full 7-day history."""
+    auto = scenario["policies"]["predictive:auto"]
+    hours = trace.duration_s / 3600
+    on_trace = (auto["cpu_train_s"] + auto["cpu_predict_s"]) / hours if hours else None
+    projected = full_history_cost(trace, settings)
+    per_hour = projected["cpu_s_per_hour"]
+    return {
+        "on_trace_cpu_s_per_model_hour": on_trace,
+        "on_trace_note": "the replay's forecaster: short history, so few training rows",
+        "full_history": projected,
+        "percent_of_one_core_per_100_models": 100 * 100 * per_hour / 3600,
+        "target": "≤ 5 % of one core per 100 WarmModels",
+        "met": 100 * 100 * per_hour / 3600 <= 5,
+    }
+
+
+def full_history_cost(trace: Trace, settings: PredictBenchSettings, predictions: int = 30) -> dict[str, Any]:
+    """Train once and predict ``predictions`` times on 7 days of history: the trace's per-minute
+    counts tiled (a cost figure only: the rows and features are what cost, not the values)."""
+    step = 60
+    counts = np.bincount((np.array([r.t for r in trace.requests]) // step).astype(int))
+    history = History()
+    first = int(trace.epoch_start // step)
+    tiled = np.resize(counts, history.limits.points)
+    for offset, count in enumerate(tiled.tolist()):
+        history.record(first + offset, StepObservation(requests=int(count)))
+    wanted = horizons(settings.cold_start_s, step)
+    forecaster = Forecaster(ForecasterConfig(retrain_every_steps=settings.retrain_every_steps))
+    forecaster.maybe_train(history, wanted)
+    train_s = forecaster.cpu_train_s
+    for _ in range(predictions):
+        forecaster.predict(history, wanted)
+    predict_s = forecaster.cpu_predict_s / predictions
+    per_hour = train_s * (60 / settings.retrain_every_steps) + predict_s * (3600 / step)
+    return {
+        "steps": len(history),
+        "features": list(forecaster.model.features.names) if forecaster.model else [],
+        "train_cpu_s": train_s,
+        "predict_cpu_s": predict_s,
+        "retrain_every_steps": settings.retrain_every_steps,
+        "cpu_s_per_hour": per_hour,
+        "train_reason": forecaster.train_reason,
+        "note": "one thread; the trace's per-minute counts tiled to 7 days (10,080 steps) for the row count",
+    }
+

@@ -1,0 +1,185 @@
+"""The scaling policies ``warmpool bench predict`` compares, as :class:`~.predict_sim.Controller`\\ s.
+
+- :class:`NoPrewarm` (``none``): capacity only when a request asks for it.  An arrival that
+  queues while fewer pods are starting than requests are waiting starts one more pod (the
+  request pays the cold start); a pod idle for ``idle_timeout_s`` stops, down to minWarm
+  (scale-to-zero style, e.g. Knative with a concurrency of 1).
+- :class:`Reactive` (``reactive``): the Kubernetes HPA's algorithm on a requests-per-second
+  metric: every ``sync_s`` it reads the arrival rate over ``window_s`` as it stood
+  ``metrics_lag_s`` ago (the scrape and the metrics pipeline), wants ⌈rate ÷ capacity⌉
+  pods, skips changes within ``tolerance``, scales down only to the highest
+  recommendation of the last ``scale_down_stabilisation_s``, and scales up at most by
+  ``max(100 %, 4 pods)`` per sync (the HPA's default behaviour).
+- :class:`Predictive` (``predictive:<forecaster>``): the same HPA, with the operator's
+  predictive floor under it (:mod:`warmpool_operator.predict`): every step it records the
+  step just closed, forecasts the steps one lead time ahead and sets the HPA's floor to
+  :func:`~warmpool_operator.predict.decision.decide`'s count.  It never lowers what the
+  HPA decides.
+
+Every controller sees only what the operator would: arrivals so far, and the capacity the
+pods measured (:meth:`~.predict_sim.Simulation.measured_capacity_rps`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from warmpool_operator.predict.decision import DecisionInputs, PredictiveSpec, decide, horizons
+from warmpool_operator.predict.forecaster import Forecaster, Prediction
+from warmpool_operator.predict.history import History, StepObservation
+from warmpool_operator.predict.lengths import histogram
+
+from warmpool_bench.predict_sim import Simulation
+from warmpool_bench.predict_trace import TraceRequest
+
+
+@dataclass
+class NoPrewarm:
+    idle_timeout_s: float
+    name: str = "none"
+    tick_s: float | None = None
+
+    def on_tick(self, sim: Simulation) -> int | None:
+        return None
+
+    def on_arrival(self, sim: Simulation) -> int | None:
+        if len(sim.queue) > sim.starting:
+            return sim.desired + 1
+        return None
+
+
+@dataclass(frozen=True)
+class HpaSettings:
+    sync_s: float = 15.0
+    window_s: float = 60.0
+    metrics_lag_s: float = 15.0
+    tolerance: float = 0.1
+    scale_down_stabilisation_s: float = 300.0
+    scale_up_pods: int = 4
+    scale_up_factor: float = 2.0
+
+
+@dataclass
+class Reactive:
+    settings: HpaSettings
+    name: str = "reactive"
+    floor: int = 0  # raised by the predictive policy (the HPA's minReplicas)
+    last_recommendation: int | None = None  # for the current rate, before any floor
+    _recent: deque[tuple[float, int]] = field(default_factory=deque)
+
+    @property
+    def tick_s(self) -> float | None:
+        return self.settings.sync_s
+
+    def on_arrival(self, sim: Simulation) -> int | None:
+        return None
+
+    def on_tick(self, sim: Simulation) -> int | None:
+        s = self.settings
+        current = sim.desired
+        capacity = sim.measured_capacity_rps()
+        low, high = sim.pool.min_warm, sim.pool.max_replicas
+        if capacity is None:  # no metric yet: an HPA does nothing
+            raw = current
+        else:
+            end = sim.now - s.metrics_lag_s
+            rate = sim.arrivals_between(end - s.window_s, end) / s.window_s
+            raw = max(0, math.ceil(rate / capacity - 1e-9))
+            if current > 0 and abs(rate / (current * capacity) - 1) <= s.tolerance:
+                raw = current
+        self.last_recommendation = max(low, min(high, raw))
+        recommendation = max(self.last_recommendation, min(high, self.floor))
+        self._recent.append((sim.now, recommendation))
+        while self._recent and self._recent[0][0] < sim.now - s.scale_down_stabilisation_s:
+            self._recent.popleft()
+        if recommendation >= current:
+            limit = max(math.ceil(current * s.scale_up_factor), current + s.scale_up_pods)
+            return min(recommendation, limit)
+        return min(current, max(r for _, r in self._recent))
+
+
+@dataclass(frozen=True)
+class StepForecast:
+    """One forecast made at a step boundary, for the chart and the report."""
+
+    made_at: float  # simulated seconds
+    step_start: float  # simulated start of the first target step
+    p50: float  # requests per second (the step's count ÷ step_s)
+    p90: float
+    model: str | None
+    floor: int
+    predicted: int | None
+
+
+@dataclass
+class Predictive:
+    reactive: Reactive
+    forecaster: Forecaster
+    spec: PredictiveSpec
+    requests: tuple[TraceRequest, ...]
+    epoch_start: float  # unix time of the trace's t = 0
+    lead_s: float  # the measured cold-start p95
+    name: str = "predictive"
+    history: History = field(default_factory=History)
+    predictions: list[Prediction] = field(default_factory=list)
+    forecasts: list[StepForecast] = field(default_factory=list)
+    _next_step: int | None = None
+    _times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._times = [r.t for r in self.requests]  # sorted (the trace loader checks the order)
+
+    @property
+    def step_s(self) -> int:
+        return self.history.limits.step_s
+
+    @property
+    def tick_s(self) -> float | None:
+        return self.reactive.tick_s
+
+    def on_arrival(self, sim: Simulation) -> int | None:
+        return None
+
+    def on_tick(self, sim: Simulation) -> int | None:
+        closed = int((self.epoch_start + sim.now) // self.step_s)  # steps before this one are complete
+        if self._next_step is None:
+            self._next_step = int(self.epoch_start // self.step_s)
+        if closed > self._next_step:
+            for step in range(self._next_step, closed):
+                self.history.record(step, self._observe(step))
+            self._next_step = closed
+            self._forecast(sim)
+        return self.reactive.on_tick(sim)
+
+    def _observe(self, step: int) -> StepObservation | None:
+        start = step * self.step_s - self.epoch_start
+        if start < 0:
+            return None  # the trace began inside this step: a partial count is not an observation
+        first = bisect.bisect_left(self._times, start)
+        last = bisect.bisect_left(self._times, start + self.step_s)
+        seen = self.requests[first:last]
+        return StepObservation(requests=len(seen), prompt_tokens=sum(r.prompt for r in seen),
+                               generated_tokens=sum(r.generated for r in seen),
+                               prompt_lengths=tuple(histogram(r.prompt for r in seen)),
+                               generated_lengths=tuple(histogram(r.generated for r in seen)))
+
+    def _forecast(self, sim: Simulation) -> None:
+        wanted = horizons(self.lead_s, self.step_s)
+        prediction = self.forecaster.update(self.history, wanted)
+        self.predictions.append(prediction)
+        reactive = self.reactive.last_recommendation
+        decision = decide(DecisionInputs(
+            forecast_p90=prediction.p90, step_s=self.step_s, capacity_rps=sim.measured_capacity_rps(),
+            reactive_replicas=reactive if reactive is not None else sim.desired, min_warm=sim.pool.min_warm,
+            max_replicas=sim.pool.max_replicas, max_extra_replicas=self.spec.max_extra_replicas,
+            autoscaler_present=True))
+        self.reactive.floor = decision.replicas
+        if prediction.p50 is not None and prediction.p90 is not None:
+            first = prediction.forecasts[0].horizon
+            self.forecasts.append(StepForecast(
+                made_at=sim.now, step_start=(prediction.last_step + first) * self.step_s - self.epoch_start,
+                p50=prediction.p50 / self.step_s, p90=prediction.p90 / self.step_s, model=prediction.model,
+                floor=decision.replicas, predicted=decision.predicted))

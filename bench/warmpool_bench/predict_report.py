@@ -1,0 +1,210 @@
+"""`warmpool bench predict`'s Markdown (pure: the results dict in, a string out) and its PNG chart."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from warmpool_bench.report import fmt, fmt_pct
+
+CHART_POLICIES = ("none", "reactive", "predictive:auto", "predictive:lightgbm")
+
+LIMITS_OF_ONE_HOUR = (
+    "One hour at 60 s steps is 57 forecast steps.  The reference design's 15-minute feature window "
+    "leaves about 40 training rows by the end: LightGBM (24 rows needed) trains only in the last quarter "
+    "of the hour, and then has a few steps to prove itself online.",
+    "No time-of-day or day-of-week feature can be learned (they need 2 and 14 days of history), and "
+    "seasonal naive (a day ago) never has a value: it runs as its fallback (last value) throughout.",
+    "The trace's load moves in sub-minute bursts (up to 67 req/s for seconds, idle minutes between "
+    "them); a 60 s forecaster cannot see inside a step, so the first burst after an idle spell is a "
+    "surprise to every policy.",
+    "What it can show: each policy's behaviour on real arrival shapes and prompt lengths, the cost of "
+    "the forecaster, and the prompt-length mix the warm-up buckets should follow.",
+)
+
+
+def render_predict(result: Mapping[str, Any]) -> str:
+    trace, settings, machine = result["trace"], result["settings"], result["machine"]
+    out = [
+        "# warmpool bench predict",
+        "",
+        f"Started {result['started_at']}; {machine.get('cpus')} CPUs ({machine.get('cpu', '?')}); "
+        f"wall {fmt(result.get('wall_s'), ' s', 0)}.  Offline replay (simulated time; no pods ran).",
+        "",
+        f"Trace: `{trace['source']}`, {trace['requests']} requests over {fmt(trace['duration_s'], ' s', 0)} "
+        f"from {trace['start_utc']}; mean {fmt(trace['mean_rps'])} req/s, busiest minute "
+        f"{fmt(trace['peak_minute_rps'])} req/s, busiest 10 s {fmt(trace['peak_10s_rps'])} req/s, "
+        f"{trace['idle_minutes']} idle minutes; prompt p50/p90/p99 {fmt(trace['prompt_p50'], digits=0)}/"
+        f"{fmt(trace['prompt_p90'], digits=0)}/{fmt(trace['prompt_p99'], digits=0)} tokens.",
+    ]
+    if trace.get("repeat", 1) > 1:
+        out += ["", f"**The trace was repeated {trace['repeat']} times back to back** (`--repeat`): the "
+                "history is longer but perfectly periodic, which flatters every forecaster."]
+    out += ["", "## What a one-hour trace can and cannot show", ""] + [f"- {line}" for line in LIMITS_OF_ONE_HOUR]
+    out += ["", "## Model and settings", "", *_settings_lines(settings)]
+    primary = result["scenarios"][0]
+    out += ["", f"## Results, cold start {fmt(primary['cold_start_s'])} s (measured here)", ""]
+    out += policy_table(primary["policies"])
+    capped = primary.get("predictive_auto_capped")
+    if capped:
+        out += ["", f"Same replay, predictive:auto with the library's default `maxExtraReplicas: "
+                f"{capped['max_extra_replicas']}`: {capped['no_warm_capacity']} requests without warm capacity "
+                f"({fmt_pct(capped['no_warm_capacity_share'])}), TTFT p95 {fmt(capped['ttft_p95_s'])} s, "
+                f"{fmt(capped['pod_hours'])} pod-hours."]
+    out += ["", "## Targets (predictive:auto, the forecaster the operator would use)", ""]
+    out += target_table(result["targets"])
+    for scenario in result["scenarios"][1:]:
+        out += ["", f"## Sensitivity: cold start {fmt(scenario['cold_start_s'], digits=0)} s "
+                "(GPU-sized pods; not measured here)", ""]
+        out += policy_table(scenario["policies"])
+        out += ["", "Targets at this cold start: " + "; ".join(
+            f"{k.replace('_', ' ')} {_target_value(k, v['value'])} ({'met' if v['met'] else 'missed'})"
+            for k, v in scenario["targets"]["figures"].items())]
+    out += ["", "## Forecast quality over the replay (predictive:auto's candidates)", ""]
+    out += quality_table(result["forecast_quality"])
+    out += ["", "## Learned warm-up buckets", "", *bucket_lines(result["buckets"])]
+    out += ["", "## Forecaster cost", "", *cost_lines(result["forecaster_cost"])]
+    if result.get("chart"):
+        out += ["", f"![request rate, forecast band and warm pods per policy]({result['chart']})"]
+    out.append("")
+    return "\n".join(out)
+
+
+def _settings_lines(s: Mapping[str, Any]) -> list[str]:
+    hpa = s["hpa"]
+    return [
+        f"- Service model: one request at a time per pod, prefill {fmt(s['prefill_tokens_per_s'], digits=0)} "
+        f"tokens/s (measured: SmolLM2-135M on this CPU), decode {fmt(s['decode_tokens_per_s'], digits=0)} "
+        "tokens/s (derived from the same run's warm-up); TTFT = queue wait + prefill (see `predict_sim.py`).",
+        f"- Cold start {fmt(s['cold_start_s'])} s: {s['cold_start_source']}.  Wake: {s['wake_note']}.",
+        f"- Pool: minWarm {s['min_warm']}, maxReplicas {s['max_replicas']}; every policy starts with minWarm "
+        "warm pods.  Capacity the policies use is measured from the simulated pods' throughput.",
+        f"- none: a pod is started when a request queues and fewer pods are starting than requests wait; a pod "
+        f"idle {fmt(s['idle_timeout_s'], digits=0)} s stops.",
+        f"- reactive (HPA): sync {fmt(hpa['sync_s'], digits=0)} s, rate over {fmt(hpa['window_s'], digits=0)} s "
+        f"read {fmt(hpa['metrics_lag_s'], digits=0)} s late, tolerance {hpa['tolerance']}, scale-down "
+        f"stabilisation {fmt(hpa['scale_down_stabilisation_s'], digits=0)} s, scale-up ≤ max(x"
+        f"{hpa['scale_up_factor']:g}, +{hpa['scale_up_pods']}) per sync.",
+        f"- predictive: the same HPA with the operator's floor under it: ⌈p90 ÷ capacity⌉ for the "
+        f"{s['step_s']} s steps one cold start ahead, maxExtraReplicas {s['max_extra_replicas']}; LightGBM "
+        f"retrained every {s['retrain_every_steps']} steps.  `predictive:<name>` uses one forecaster "
+        "(its fallback, last value, until it can forecast); `auto` uses the best recent performer.",
+    ]
+
+
+def policy_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    lines = ["| policy | no warm capacity | warm-hit | TTFT p50 s | TTFT p95 s | first request p95 s (n) "
+             "| pod-hours | pods started | forecaster used (steps) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, p in policies.items():
+        used = ", ".join(f"{k} {v}" for k, v in sorted(p.get("models_used", {}).items(), key=lambda kv: -kv[1]))
+        lines.append(
+            f"| {name} | {p['no_warm_capacity']} ({fmt_pct(p['no_warm_capacity_share'])}) "
+            f"| {fmt_pct(p['warm_hit_rate'])} | {fmt(p['ttft_p50_s'])} | {fmt(p['ttft_p95_s'])} "
+            f"| {fmt(p['first_request_p95_s'])} ({p['first_request_count']}) | {fmt(p['pod_hours'])} "
+            f"| {p['pods_started']} | {used or '-'} |")
+    return lines
+
+
+def _target_value(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if key == "warm_hit_points_vs_none":
+        return f"{value:+.1f} points"
+    return f"{100 * value:+.0f} %"
+
+
+def target_table(t: Mapping[str, Any]) -> list[str]:
+    lines = ["| target | measured | |", "|---|---:|---|"]
+    for key, v in t["figures"].items():
+        lines.append(f"| {v['target']} | {_target_value(key, v['value'])} | {'met' if v['met'] else '**missed**'} |")
+    return lines
+
+
+def quality_table(quality: Mapping[str, Any]) -> list[str]:
+    lines = ["| candidate | forecasts | common steps | mean quantile loss | p50 MAE (req/step) | p90 covered |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, q in quality.get("per_candidate", {}).items():
+        lines.append(f"| {name} | {q['forecasts']} | {q['common_steps']} | {fmt(q['mean_quantile_loss'], digits=1)} "
+                     f"| {fmt(q['p50_mae'], digits=1)} | {fmt_pct(q['p90_coverage'])} |")
+    return [*lines, "", str(quality.get("note", ""))]
+
+
+def bucket_lines(b: Mapping[str, Any]) -> list[str]:
+    held = b["held_out"]
+    per = ", ".join(f"{bucket}: {n}" for bucket, n in zip(b["learned"], b["learned_prompts_per_bucket"],
+                                                            strict=True))
+    return [
+        f"Learned from the trace's prompt-length histogram (p50/p90/p99 rounded up to graph sizes, within a "
+        f"{b['max_context']}-token context): **{b['learned']}** (prompts per bucket {per}; "
+        f"{b['learned_longer_than_all']} longer than all).",
+        "",
+        "| buckets | share of prompts within a warmed length | held out: learned on the first half, "
+        "scored on the second |",
+        "|---|---:|---:|",
+        f"| defaults {b['defaults']} | {fmt_pct(b['share_within_defaults'])} "
+        f"| {fmt_pct(held['share_within_defaults_second_half'])} |",
+        f"| learned {b['learned']} | {fmt_pct(b['share_within_learned'])} "
+        f"| {fmt_pct(held['share_within_learned_second_half'])} (learned {held['learned_on_first_half']}) |",
+        "",
+        str(b["note"]) + ".",
+    ]
+
+
+def cost_lines(c: Mapping[str, Any]) -> list[str]:
+    full = c["full_history"]
+    return [
+        f"- On the replay: {fmt(c['on_trace_cpu_s_per_model_hour'], digits=3)} CPU s per WarmModel-hour "
+        f"({c['on_trace_note']}).",
+        f"- With a full 7-day history ({full['steps']} steps, {len(full['features'])} features): one training "
+        f"{fmt(full['train_cpu_s'], digits=3)} CPU s (every {full['retrain_every_steps']} steps), one forecast "
+        f"{fmt(1000 * full['predict_cpu_s'], digits=1)} CPU ms (every step): "
+        f"{fmt(full['cpu_s_per_hour'], digits=2)} CPU s per WarmModel-hour; {full['note']}.",
+        f"- **{fmt(c['percent_of_one_core_per_100_models'], digits=2)} % of one core per 100 WarmModels** "
+        f"(target {c['target'].removeprefix('≤ ')}: {'met' if c['met'] else 'missed'}).",
+    ]
+
+
+def draw_chart(chart: Mapping[str, Any], path: Path, policies: Sequence[str] = CHART_POLICIES) -> None:
+    """Request rate, forecast band and warm pods over time, one panel per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    times = np.asarray(chart["times"], dtype=float)
+    end = float(times.max()) if len(times) else 0.0
+    bins10 = np.arange(0, end + 10, 10)
+    rate10, _ = np.histogram(times, bins=bins10)
+    bins60 = np.arange(0, end + 60, 60)
+    rate60, _ = np.histogram(times, bins=bins60)
+    shown = [p for p in policies if p in chart["timelines"]]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(12, 2.6 * len(shown)), sharex=True, squeeze=False)
+    for ax, policy in zip(axes[:, 0], shown, strict=True):
+        ax.plot(bins10[:-1] / 60, rate10 / 10, color="0.75", lw=0.8, drawstyle="steps-post", label="req/s (10 s)")
+        ax.plot(bins60[:-1] / 60, rate60 / 60, color="black", lw=1.2, drawstyle="steps-post", label="req/s (60 s)")
+        forecasts = chart["forecasts"].get(policy, [])
+        if forecasts:
+            starts = np.array([f["step_start"] for f in forecasts]) / 60
+            ax.fill_between(starts, [f["p50"] for f in forecasts], [f["p90"] for f in forecasts], step="post",
+                            color="tab:blue", alpha=0.3, label="forecast p50-p90 (req/s)")
+        ax.set_ylabel("req/s")
+        pods = ax.twinx()
+        timeline = np.array(chart["timelines"][policy], dtype=float)
+        if len(timeline):
+            t = np.append(timeline[:, 0], end) / 60
+            pods.plot(t, np.append(timeline[:, 1], timeline[-1, 1]), color="tab:green", drawstyle="steps-post",
+                      lw=1.2, label="warm pods")
+            pods.plot(t, np.append(timeline[:, 2], timeline[-1, 2]), color="tab:orange", drawstyle="steps-post",
+                      lw=0.9, ls="--", label="pods asked for")
+        pods.set_ylabel("pods")
+        ax.set_title(policy, loc="left", fontsize=10)
+        handles = ax.get_legend_handles_labels()[0] + pods.get_legend_handles_labels()[0]
+        labels = ax.get_legend_handles_labels()[1] + pods.get_legend_handles_labels()[1]
+        ax.legend(handles, labels, loc="upper right", fontsize=7, ncol=5)
+    axes[-1, 0].set_xlabel(f"minutes into the trace (cold start {chart['cold_start_s']:g} s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

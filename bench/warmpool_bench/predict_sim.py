@@ -1,0 +1,271 @@
+"""A discrete-event replay of a request trace against a pool of worker pods (pure; no wall clock).
+
+The queueing model (what "TTFT" means in ``warmpool bench predict``):
+
+- **Pods.** A pod asked for at time t serves from ``t + cold_start_s`` (warm: the worker's
+  Ready is warm, so a pod serving is a warm pod).  Each warm pod serves one request at a
+  time.  A request's service time is ``prompt / prefill_tokens_per_s + generated /
+  decode_tokens_per_s``; its time to first token is its wait plus its prefill.
+- **Queue.** One FCFS queue for the pool (a load balancer that sends each request to a free
+  pod, and holds it when none is): an arrival that finds a free warm pod starts at once
+  (a *warm hit*); otherwise it waits for the first pod to free up or to become warm (it
+  *found no warm capacity*).  So the pool is a G/G/c queue whose c changes over time.
+- **Scaling.** A controller (:mod:`.predict_policies`) sets the desired pod count.  More
+  pods: new ones start their cold start now.  Fewer: pods still starting are cancelled
+  first (newest first), then idle warm pods; a busy pod drains (finishes its request, then
+  stops).  Pod-seconds count from the moment a pod is asked for to the moment it stops,
+  cold start included, within the trace's span.
+- **Capacity the controllers see** is *measured*: requests completed per busy pod-second
+  over the last ``capacity_window_s`` (the workers' own throughput), unknown until the
+  first request completes.  Controllers never read the service model.
+
+Every time is simulated; nothing here reads a clock, so the same trace and settings give
+the same figures on any machine.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol
+
+from warmpool_bench.predict_trace import TraceRequest
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.prefill_tokens_per_s > 0 and self.decode_tokens_per_s > 0):
+            raise ValueError(f"token rates must be positive, got {self}")
+
+    def prefill_s(self, request: TraceRequest) -> float:
+        return request.prompt / self.prefill_tokens_per_s
+
+    def service_s(self, request: TraceRequest) -> float:
+        return self.prefill_s(request) + request.generated / self.decode_tokens_per_s
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    min_warm: int
+    max_replicas: int
+    cold_start_s: float
+    capacity_window_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_warm <= self.max_replicas or self.cold_start_s < 0:
+            raise ValueError(f"need 0 <= min_warm <= max_replicas and cold_start_s >= 0, got {self}")
+
+
+@dataclass
+class Pod:
+    index: int
+    asked_at: float
+    warm_at: float
+    initial: bool  # warm when the replay began
+    stopped_at: float | None = None
+    draining: bool = False
+    busy: bool = False
+    idle_since: float | None = None
+    first_ttft_s: float | None = None
+    served: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.stopped_at is None and not self.draining
+
+
+@dataclass(frozen=True)
+class Served:
+    arrival: float
+    start: float
+    ttft_s: float
+    warm_hit: bool
+    first_on_new_pod: bool
+
+
+class Controller(Protocol):
+    """A scaling policy; the simulation calls it and applies the count it returns (None: no change)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tick_s(self) -> float | None:
+        """Period of :meth:`on_tick`, or None for no ticks."""
+
+    def on_tick(self, sim: Simulation) -> int | None: ...
+
+    def on_arrival(self, sim: Simulation) -> int | None: ...
+
+
+class _Event(IntEnum):  # same-time order: pods freed before arrivals see them, ticks last
+    WARM = 0
+    DONE = 1
+    ARRIVAL = 2
+    IDLE_CHECK = 3
+    TICK = 4
+
+
+@dataclass
+class Simulation:
+    requests: Sequence[TraceRequest]
+    service: ServiceModel
+    pool: PoolConfig
+    controller: Controller
+    idle_timeout_s: float | None = None  # stop a warm pod idle this long (down to min_warm)
+    now: float = 0.0
+    pods: list[Pod] = field(default_factory=list)
+    served: list[Served] = field(default_factory=list)
+    queue: deque[tuple[int, TraceRequest]] = field(default_factory=deque)
+    arrivals: list[float] = field(default_factory=list)  # arrival times so far (what metrics would count)
+    pod_timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, warm, asked)
+    _events: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, kind, seq, payload)
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
+    _completions: deque[tuple[float, float]] = field(default_factory=deque)  # (done at, busy seconds)
+
+    # --- what controllers read ----------------------------------------------------------
+
+    @property
+    def desired(self) -> int:
+        """Pods asked for and not being removed (starting or warm)."""
+        return sum(p.alive for p in self.pods)
+
+    @property
+    def warm(self) -> int:
+        return sum(p.alive and p.warm_at <= self.now for p in self.pods)
+
+    @property
+    def starting(self) -> int:
+        return sum(p.alive and p.warm_at > self.now for p in self.pods)
+
+    def measured_capacity_rps(self) -> float | None:
+        """Requests per busy pod-second over the recent window; None before any completion."""
+        while self._completions and self._completions[0][0] < self.now - self.pool.capacity_window_s:
+            self._completions.popleft()
+        busy = sum(b for _, b in self._completions)
+        return len(self._completions) / busy if busy > 0 else None
+
+    def arrivals_between(self, start: float, end: float) -> int:
+        return bisect.bisect_left(self.arrivals, end) - bisect.bisect_left(self.arrivals, start)
+
+    # --- the run -------------------------------------------------------------------------
+
+    def run(self, end_s: float) -> None:
+        """Replay every request; pods are counted up to ``end_s``."""
+        for _ in range(self.pool.min_warm):
+            self.pods.append(Pod(len(self.pods), 0.0, 0.0, initial=True, idle_since=0.0))
+        self._record_pods()
+        for index, request in enumerate(self.requests):
+            self._push(request.t, _Event.ARRIVAL, index)
+        if self.controller.tick_s is not None:
+            self._push(self.controller.tick_s, _Event.TICK, 0)
+        while self._events:
+            t, kind, _, payload = heapq.heappop(self._events)
+            if kind == _Event.TICK and t > end_s and not self.queue and not any(p.busy for p in self.pods):
+                break  # nothing left to serve; ticks would only go on forever
+            self.now = t
+            self._handle(_Event(kind), payload)
+        self.now = max(self.now, end_s)
+        for pod in self.pods:
+            if pod.stopped_at is None:
+                pod.stopped_at = self.now
+
+    def pod_seconds(self, end_s: float) -> float:
+        return sum(max(0.0, min(p.stopped_at if p.stopped_at is not None else end_s, end_s) - p.asked_at)
+                   for p in self.pods)
+
+    def _handle(self, kind: _Event, payload: int) -> None:
+        if kind == _Event.ARRIVAL:
+            request = self.requests[payload]
+            self.arrivals.append(self.now)
+            self._arrive(payload, request)
+            self._apply(self.controller.on_arrival(self))
+        elif kind == _Event.WARM:
+            pod = self.pods[payload]
+            if pod.alive:
+                pod.idle_since = self.now
+                self._record_pods()
+                self._serve_next(pod)
+        elif kind == _Event.DONE:
+            pod = self.pods[payload]
+            pod.busy = False
+            if pod.draining:
+                pod.stopped_at = self.now
+                return
+            pod.idle_since = self.now
+            self._serve_next(pod)
+        elif kind == _Event.IDLE_CHECK:
+            self._stop_if_idle(self.pods[payload])
+        else:
+            self._apply(self.controller.on_tick(self))
+            if self.controller.tick_s is not None:
+                self._push(self.now + self.controller.tick_s, _Event.TICK, 0)
+
+    def _arrive(self, index: int, request: TraceRequest) -> None:
+        free = [p for p in self.pods if p.alive and not p.busy and p.warm_at <= self.now]
+        if free and not self.queue:
+            self._start(min(free, key=lambda p: p.index), request, self.now, warm_hit=True)
+        else:
+            self.queue.append((index, request))
+
+    def _serve_next(self, pod: Pod) -> None:
+        if self.queue:
+            _, request = self.queue.popleft()
+            self._start(pod, request, request.t, warm_hit=False)
+        elif self.idle_timeout_s is not None:
+            self._push(self.now + self.idle_timeout_s, _Event.IDLE_CHECK, pod.index)
+
+    def _start(self, pod: Pod, request: TraceRequest, arrival: float, warm_hit: bool) -> None:
+        ttft = self.now - arrival + self.service.prefill_s(request)
+        first = pod.served == 0 and not pod.initial
+        pod.busy, pod.idle_since, pod.served = True, None, pod.served + 1
+        if first:
+            pod.first_ttft_s = ttft
+        self.served.append(Served(arrival, self.now, ttft, warm_hit, first))
+        busy = self.service.service_s(request)
+        self._completions.append((self.now + busy, busy))
+        self._push(self.now + busy, _Event.DONE, pod.index)
+
+    def _stop_if_idle(self, pod: Pod) -> None:
+        if (pod.alive and not pod.busy and pod.idle_since is not None and self.idle_timeout_s is not None
+                and self.now - pod.idle_since >= self.idle_timeout_s - 1e-9 and self.desired > self.pool.min_warm):
+            pod.stopped_at = self.now
+            self._record_pods()
+
+    def _apply(self, desired: int | None) -> None:
+        if desired is None:
+            return
+        desired = max(self.pool.min_warm, min(self.pool.max_replicas, desired))
+        alive = [p for p in self.pods if p.alive]
+        if desired > len(alive):
+            for _ in range(desired - len(alive)):
+                pod = Pod(len(self.pods), self.now, self.now + self.pool.cold_start_s, initial=False)
+                self.pods.append(pod)
+                self._push(pod.warm_at, _Event.WARM, pod.index)
+        elif desired < len(alive):
+            starting = sorted((p for p in alive if p.warm_at > self.now), key=lambda p: -p.asked_at)
+            idle = [p for p in alive if p.warm_at <= self.now and not p.busy]
+            busy = [p for p in alive if p.busy]
+            for pod in (starting + idle + busy)[: len(alive) - desired]:
+                if pod.busy:
+                    pod.draining = True
+                else:
+                    pod.stopped_at = self.now
+        self._record_pods()
+
+    def _record_pods(self) -> None:
+        point = (self.now, self.warm, self.desired)
+        if not self.pod_timeline or self.pod_timeline[-1][1:] != point[1:]:
+            self.pod_timeline.append(point)
+
+    def _push(self, t: float, kind: _Event, payload: int) -> None:
+        heapq.heappush(self._events, (t, int(kind), next(self._seq), payload))
