@@ -23,6 +23,14 @@ LIMITS_OF_ONE_HOUR = (
     "the forecaster, and the prompt-length mix the warm-up buckets should follow.",
 )
 
+READING = (
+    "Reading the figures: *no warm capacity* = the request found every warm pod busy (or none warm) and "
+    "had to queue; *warm-hit* = the rest (served at once by a warm pod).  *TTFT* = queue wait + prefill.  "
+    "*First request* = the first request each pod started during the replay served (what a new pod's "
+    "warmth is for; `n` = how many).  *Pod-hours* count every pod from the moment it was asked for "
+    "(cold start included) to its stop.",
+)
+
 
 def render_predict(result: Mapping[str, Any]) -> str:
     trace, settings, machine = result["trace"], result["settings"], result["machine"]
@@ -46,6 +54,7 @@ def render_predict(result: Mapping[str, Any]) -> str:
     primary = result["scenarios"][0]
     out += ["", f"## Results, cold start {fmt(primary['cold_start_s'])} s (measured here)", ""]
     out += policy_table(primary["policies"])
+    out += ["", *READING]
     capped = primary.get("predictive_auto_capped")
     if capped:
         out += ["", f"Same replay, predictive:auto with the library's default `maxExtraReplicas: "
@@ -162,7 +171,8 @@ def cost_lines(c: Mapping[str, Any]) -> list[str]:
         f"{fmt(1000 * full['predict_cpu_s'], digits=1)} CPU ms (every step): "
         f"{fmt(full['cpu_s_per_hour'], digits=2)} CPU s per WarmModel-hour; {full['note']}.",
         f"- **{fmt(c['percent_of_one_core_per_100_models'], digits=2)} % of one core per 100 WarmModels** "
-        f"(target {c['target'].removeprefix('≤ ')}: {'met' if c['met'] else 'missed'}).",
+        f"(target: {c['target']}: {'met' if c['met'] else '**missed**'}).  Training and forecasting only: "
+        "recording a step and the operator's own reconcile are not in it.",
     ]
 
 

@@ -131,21 +131,23 @@ class Simulation:
     _events: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, kind, seq, payload)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _completions: deque[tuple[float, float]] = field(default_factory=deque)  # (done at, busy seconds)
+    _alive: dict[int, Pod] = field(default_factory=dict)  # neither stopped nor draining, by index
+    _busy: int = 0  # pods serving a request (draining ones included)
 
     # --- what controllers read ----------------------------------------------------------
 
     @property
     def desired(self) -> int:
         """Pods asked for and not being removed (starting or warm)."""
-        return sum(p.alive for p in self.pods)
+        return len(self._alive)
 
     @property
     def warm(self) -> int:
-        return sum(p.alive and p.warm_at <= self.now for p in self.pods)
+        return sum(p.warm_at <= self.now for p in self._alive.values())
 
     @property
     def starting(self) -> int:
-        return sum(p.alive and p.warm_at > self.now for p in self.pods)
+        return sum(p.warm_at > self.now for p in self._alive.values())
 
     def measured_capacity_rps(self) -> float | None:
         """Requests per busy pod-second over the recent window; None before any completion."""
@@ -162,7 +164,7 @@ class Simulation:
     def run(self, end_s: float) -> None:
         """Replay every request; pods are counted up to ``end_s``."""
         for _ in range(self.pool.min_warm):
-            self.pods.append(Pod(len(self.pods), 0.0, 0.0, initial=True, idle_since=0.0))
+            self._add(Pod(len(self.pods), 0.0, 0.0, initial=True, idle_since=0.0))
         self._record_pods()
         for index, request in enumerate(self.requests):
             self._push(request.t, _Event.ARRIVAL, index)
@@ -170,7 +172,7 @@ class Simulation:
             self._push(self.controller.tick_s, _Event.TICK, 0)
         while self._events:
             t, kind, _, payload = heapq.heappop(self._events)
-            if kind == _Event.TICK and t > end_s and not self.queue and not any(p.busy for p in self.pods):
+            if kind == _Event.TICK and t > end_s and not self.queue and not self._busy:
                 break  # nothing left to serve; ticks would only go on forever
             self.now = t
             self._handle(_Event(kind), payload)
@@ -198,6 +200,7 @@ class Simulation:
         elif kind == _Event.DONE:
             pod = self.pods[payload]
             pod.busy = False
+            self._busy -= 1
             if pod.draining:
                 pod.stopped_at = self.now
                 return
@@ -211,7 +214,7 @@ class Simulation:
                 self._push(self.now + self.controller.tick_s, _Event.TICK, 0)
 
     def _arrive(self, index: int, request: TraceRequest) -> None:
-        free = [p for p in self.pods if p.alive and not p.busy and p.warm_at <= self.now]
+        free = [p for p in self._alive.values() if not p.busy and p.warm_at <= self.now]
         if free and not self.queue:
             self._start(min(free, key=lambda p: p.index), request, self.now, warm_hit=True)
         else:
@@ -228,6 +231,7 @@ class Simulation:
         ttft = self.now - arrival + self.service.prefill_s(request)
         first = pod.served == 0 and not pod.initial
         pod.busy, pod.idle_since, pod.served = True, None, pod.served + 1
+        self._busy += 1
         if first:
             pod.first_ttft_s = ttft
         self.served.append(Served(arrival, self.now, ttft, warm_hit, first))
@@ -239,17 +243,18 @@ class Simulation:
         if (pod.alive and not pod.busy and pod.idle_since is not None and self.idle_timeout_s is not None
                 and self.now - pod.idle_since >= self.idle_timeout_s - 1e-9 and self.desired > self.pool.min_warm):
             pod.stopped_at = self.now
+            del self._alive[pod.index]
             self._record_pods()
 
     def _apply(self, desired: int | None) -> None:
         if desired is None:
             return
         desired = max(self.pool.min_warm, min(self.pool.max_replicas, desired))
-        alive = [p for p in self.pods if p.alive]
+        alive = list(self._alive.values())
         if desired > len(alive):
             for _ in range(desired - len(alive)):
                 pod = Pod(len(self.pods), self.now, self.now + self.pool.cold_start_s, initial=False)
-                self.pods.append(pod)
+                self._add(pod)
                 self._push(pod.warm_at, _Event.WARM, pod.index)
         elif desired < len(alive):
             starting = sorted((p for p in alive if p.warm_at > self.now), key=lambda p: -p.asked_at)
@@ -260,12 +265,17 @@ class Simulation:
                     pod.draining = True
                 else:
                     pod.stopped_at = self.now
+                del self._alive[pod.index]
         self._record_pods()
 
     def _record_pods(self) -> None:
         point = (self.now, self.warm, self.desired)
         if not self.pod_timeline or self.pod_timeline[-1][1:] != point[1:]:
             self.pod_timeline.append(point)
+
+    def _add(self, pod: Pod) -> None:
+        self.pods.append(pod)
+        self._alive[pod.index] = pod
 
     def _push(self, t: float, kind: _Event, payload: int) -> None:
         heapq.heappush(self._events, (t, int(kind), next(self._seq), payload))

@@ -1,0 +1,87 @@
+"""`warmpool bench predict` end to end through the CLI on a small synthetic trace: the files exist, the
+figures hang together, `bench render` rebuilds the Markdown, and a bad CSV is refused naming its line.
+
+No timed assertions; the replay is simulated time.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+START = calendar.timegm((2023, 11, 16, 18, 0, 0, 0, 0, 0))  # a UTC minute boundary
+
+
+def _trace(path: Path) -> int:
+    """Twenty minutes: quiet, a burst at minute 8, quiet again; prompts of a few lengths."""
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    t = 0.0
+    while t < 20 * 60:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(START + t)) + f".{int((t % 1) * 1e7):07d}"
+        rows.append(f"{stamp},{(200, 1500, 5000)[len(rows) % 3]},{10 + len(rows) % 20}")
+        t += 0.25 if 8 * 60 <= t < 10 * 60 else 2.0
+    path.write_text("\n".join(rows) + "\n")
+    return len(rows) - 1
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, "-m", "warmpool", "bench", *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_predict_replays_a_trace_and_writes_json_markdown_and_chart(tmp_path: Path) -> None:
+    count = _trace(tmp_path / "trace.csv")
+    out = tmp_path / "results"
+    proc = _run("predict", "--trace", str(tmp_path / "trace.csv"), "--extra-cold-starts", "30",
+                "--forecasters", "auto,last_value,lightgbm", "--out", str(out), "--name", "smoke")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "smoke.json").read_text())
+    assert result["benchmark"] == "predict" and result["trace"]["requests"] == count
+    assert (out / "smoke.png").stat().st_size > 10_000
+    markdown = (out / "smoke.md").read_text()
+    assert markdown.startswith("# warmpool bench predict") and "![" in markdown and "smoke.png" in markdown
+    assert [s["cold_start_s"] for s in result["scenarios"]] == [5.12, 30.0]
+    for scenario in result["scenarios"]:
+        assert set(scenario["policies"]) == {"none", "reactive", "predictive:auto", "predictive:last_value",
+                                             "predictive:lightgbm"}
+        for name, figures in scenario["policies"].items():
+            assert figures["requests"] == count, name  # every request is served, none lost
+            assert 0 <= figures["no_warm_capacity"] <= count
+            assert figures["warm_hit_rate"] == pytest.approx(1 - figures["no_warm_capacity_share"])
+            assert 0 < figures["ttft_p50_s"] <= figures["ttft_p95_s"]
+            assert figures["pod_hours"] >= 20 / 60 - 1e-6  # minWarm 1 for the whole trace at least
+        assert set(scenario["targets"]["figures"]) == {
+            "no_warm_capacity_reduction_vs_reactive", "pod_hours_increase_vs_reactive",
+            "warm_hit_points_vs_none", "first_request_p95_reduction_vs_none"}
+    auto = result["scenarios"][0]["policies"]["predictive:auto"]
+    assert sum(auto["models_used"].values()) == auto["forecast_steps"] >= 19
+    buckets = result["buckets"]
+    assert buckets["learned"] == [1536, 6144]  # p50 1500 -> 1536; p90 and p99 5000 -> 6144
+    assert buckets["share_within_learned"] == 1.0 and buckets["share_within_defaults"] == pytest.approx(1 / 3, 0.01)
+    cost = result["forecaster_cost"]
+    assert cost["full_history"]["steps"] == 7 * 1440 and cost["full_history"]["train_cpu_s"] > 0
+    assert cost["percent_of_one_core_per_100_models"] > 0
+
+    (out / "smoke.md").unlink()
+    rendered = _run("render", str(out / "smoke.json"))
+    assert rendered.returncode == 0, rendered.stderr
+    assert (out / "smoke.md").read_text() == markdown
+
+
+def test_predict_refuses_a_bad_trace_naming_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,10,1\n2023-11-16 18:17:04,x,1\n")
+    proc = _run("predict", "--trace", str(bad), "--out", str(tmp_path / "results"))
+    assert proc.returncode == 2
+    assert f"{bad}:3: ContextTokens 'x' is not a whole number of tokens" in proc.stderr
+    assert not (tmp_path / "results").exists()
