@@ -55,6 +55,9 @@ PATH_LIVEZ = "/livez"
 PATH_READYZ = "/readyz"
 PATH_METRICS = "/metrics"
 PATH_CONTROL_TIER = "/control/tier"
+#: The health path vLLM, SGLang, TGI and llama.cpp answer: the built-in worker answers it too
+#: (200 only when warm, like /readyz), so tools that probe /health work unchanged.
+PATH_HEALTH = "/health"
 CONTROL_TOKEN_HEADER = "Authorization"  # "Bearer <token>"
 DEFAULT_WORKER_PORT = 8080
 
@@ -99,6 +102,22 @@ METRIC_LOCAL_TIER = "warmpool_local_tier"
 METRIC_DIRECTIVE_ACTIVE = "warmpool_directive_active"
 #: Metric: warm-up prompts per bucket the worker's last warm-up plan asked for.
 METRIC_WARMUP_PLANNED = "warmpool_warmup_planned_prefills"  # label: bucket
+#: Metric: tokens generated for served requests (warm-up excluded).
+METRIC_GENERATED_TOKENS = "warmpool_generated_tokens_total"
+#: Metric: requests admitted and waiting for the engine (bounded by --max-queued-requests).
+METRIC_REQUESTS_QUEUED = "warmpool_requests_queued"
+#: Metric: requests refused before any work, by reason (queue_full).
+METRIC_REQUESTS_REJECTED = "warmpool_requests_rejected_total"  # label: reason
+#: Metric: requests whose client went away before the completion was done.
+METRIC_REQUESTS_CANCELLED = "warmpool_requests_cancelled_total"
+#: Metric: decode steps run after the client was seen gone (at most one per cancelled request).
+METRIC_TOKENS_AFTER_DISCONNECT = "warmpool_tokens_after_disconnect_total"
+#: Metric: KV-cache token slots allocated for the requests in flight (grows with generated tokens).
+METRIC_KV_CACHE_TOKENS = "warmpool_kv_cache_tokens"
+#: Metric: warm-prefix KV files that could not be saved (ENOSPC, read-only, ...), by errno name.
+METRIC_KV_PREFIX_SAVE_ERRORS = "warmpool_kv_prefix_save_errors_total"  # label: reason
+#: Metric: requests (and warm-up prefills) whose logits held NaN/Inf.
+METRIC_NON_FINITE_LOGITS = "warmpool_non_finite_logits_total"
 
 #: Stages a worker goes through, reported in the /readyz body as "stage".
 STAGE_STARTING = "starting"  # HTTP bound, engine not yet mapped
@@ -106,7 +125,8 @@ STAGE_LOADING = "loading"  # weights mapped, layers loading in heat order
 STAGE_WARMING = "warming"  # warm-up prompts running
 STAGE_READY = "ready"  # warm: /readyz answers 200
 STAGE_FAILED = "failed"  # load failed: the process is exiting non-zero
-STAGES = (STAGE_STARTING, STAGE_LOADING, STAGE_WARMING, STAGE_READY, STAGE_FAILED)
+STAGE_UNHEALTHY = "unhealthy"  # was ready, then the model produced non-finite logits: unready for good
+STAGES = (STAGE_STARTING, STAGE_LOADING, STAGE_WARMING, STAGE_READY, STAGE_FAILED, STAGE_UNHEALTHY)
 
 #: Control endpoint body keys: {"tier": "truncated", "ttl_seconds": 60}.
 CONTROL_FIELD_TIER = "tier"

@@ -52,6 +52,7 @@ from warmpool_worker.engine_api import (
     GenerationStep,
     LayerProgress,
     ModelLoadError,
+    NonFiniteLogitsError,
     RequestError,
     WeightsChangedError,
 )
@@ -71,6 +72,10 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8)
 DEFAULT_HEAT_HALF_LIFE_S = 300.0
 PREFIX_KV_FORMAT = "warmpool-prefix-kv"
 PREFIX_KV_VERSION = "1"
+#: KV caches of live generations are allocated in whole blocks of this many positions and
+#: grow as tokens are generated (never sized up front for max_tokens), by at least a quarter
+#: each time so the copies stay amortised O(1) per token.
+KV_BLOCK_TOKENS = 64
 #: madvise(2) advice values (Linux).  POPULATE_READ (5.14+) maps every page of a range
 #: in one call -- far cheaper than a fault per page -- and is what "loading" a zero-copy
 #: layer means on CPU; WILLNEED starts readahead of a range without waiting for it.
@@ -179,6 +184,13 @@ def rope_inv_freq(config: LlamaConfig) -> tuple[torch.Tensor, float]:
     return torch.where(is_medium, smoothed, inv_freq_llama), 1.0
 
 
+def kv_capacity(needed: int, current: int, limit: int) -> int:
+    """Positions to allocate for `needed`: whole blocks, at least a quarter more than `current`
+    (amortised growth), never past `limit` (prompt + the completion's budget)."""
+    target = max(needed, current + current // 4)
+    return min(limit, -(-target // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -204,6 +216,34 @@ class _KVCache:
     @property
     def capacity(self) -> int:
         return self.keys[0].shape[2]
+
+    @property
+    def slots(self) -> int:
+        """Token slots held: rows x positions."""
+        return self.keys[0].shape[0] * self.capacity
+
+    def ensure(self, needed: int, limit: int) -> int:
+        """Grow (by copying into larger zeroed tensors) to hold `needed` positions; slots added.
+
+        Zeroed, not empty: a padded batch row attends over the whole capacity under a mask,
+        and 0 x NaN from uninitialised memory would poison it.
+        """
+        if needed <= self.capacity:
+            return 0
+        before = self.slots
+        size = kv_capacity(needed, self.capacity, limit)
+        if size < needed:
+            raise RequestError(f"the KV cache cannot grow to {needed} positions (limit {limit})")
+
+        def grown(old: torch.Tensor) -> torch.Tensor:
+            b, h, t, d = old.shape
+            new = torch.zeros((b, h, size, d), dtype=old.dtype, device=old.device)
+            new[:, :, :t] = old
+            return new
+
+        self.keys = [grown(k) for k in self.keys]
+        self.values = [grown(v) for v in self.values]
+        return self.slots - before
 
 
 class _PinnedStager:
@@ -307,6 +347,8 @@ class LlamaEngine:
         self._prefix_lock = threading.Lock()
         self._graphs: dict[int, _DecodeGraph] = {}
         self._replay_lock = threading.Lock()
+        self._kv_slots_live = 0  # token slots of the KV caches of generations in flight
+        self._kv_slots_lock = threading.Lock()
         self.graph_max_len = min(graph_max_len, cfg.max_position_embeddings)
         self._sample_generator = torch.Generator(device="cpu")
         self._sample_generator.seed()
@@ -573,9 +615,46 @@ class LlamaEngine:
         ids = self._check_prompt(token_ids)
         with torch.inference_mode():
             cache = self._new_cache(1, len(ids))
-            self._forward(torch.tensor([ids], dtype=torch.long, device=self._device), 0, cache)
-        if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
+            logits = self._forward(torch.tensor([ids], dtype=torch.long, device=self._device), 0, cache)
+            self._check_finite(logits, f"at the prefill of a {len(ids)}-token prompt")
+
+    # ---- non-finite values -------------------------------------------------------------------
+    def _check_finite(self, logits: torch.Tensor, where: str) -> None:
+        """Raise NonFiniteLogitsError if any logit is NaN/Inf: never sample from garbage.
+
+        One reduction over [B, V] per step (the sampler syncs on the same values anyway).
+        """
+        if bool(torch.isfinite(logits).all()):
+            return
+        culprit = self._non_finite_weight()
+        cause = (f"weight {culprit} holds NaN/Inf" if culprit is not None
+                 else f"no resident weight holds NaN/Inf: activations overflowed in {self.dtype}")
+        raise NonFiniteLogitsError(f"model {self.model_name!r} produced non-finite logits (NaN/Inf) {where}: {cause}")
+
+    def _non_finite_weight(self) -> str | None:
+        """The checkpoint name of the first resident weight holding NaN/Inf (error path only)."""
+        core_names = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight"}
+        named: list[tuple[str, torch.Tensor]] = [
+            (core_names[key], tensor) for key, tensor in (self._core or {}).items()
+        ]
+        parts = dict(_LAYER_PARTS)
+        for index, layer in enumerate(self._layers):
+            named += [(f"model.layers.{index}.{parts[key]}", tensor) for key, tensor in (layer or {}).items()]
+        with torch.inference_mode():
+            for name, tensor in named:
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    return name
+        return None
+
+    # ---- KV memory of live generations --------------------------------------------------------
+    def kv_cache_tokens(self) -> int:
+        """Token slots allocated now for the KV caches of generations in flight (CUDA graphs'
+        static caches, sized once at capture, are not counted)."""
+        return self._kv_slots_live
+
+    def _account_kv(self, slots: int) -> None:
+        with self._kv_slots_lock:
+            self._kv_slots_live += slots
 
     def _sample(self, logits: torch.Tensor, temperature: float) -> list[int]:
         """logits [B, V] -> one token per row: argmax, or a draw from softmax(logits / T)."""
@@ -637,12 +716,20 @@ class LlamaEngine:
 
     def _generate(self, ids: list[int], budget: int, temperature: float) -> Iterator[GenerationStep]:
         graph = self._graphs.get(1)
-        use_graph = (graph is not None and len(ids) + budget <= graph.cache.capacity
+        limit = len(ids) + budget
+        use_graph = (graph is not None and limit <= graph.cache.capacity
                      and graph.lock.acquire(blocking=False))
+        accounted = 0
         try:
             with torch.inference_mode():
-                cache = graph.cache if use_graph and graph is not None else self._new_cache(1, len(ids) + budget)
+                if use_graph and graph is not None:
+                    cache = graph.cache
+                else:  # sized for the prompt; grows as tokens are generated
+                    cache = self._new_cache(1, kv_capacity(len(ids), 0, limit))
+                    accounted = cache.slots
+                    self._account_kv(accounted)
                 logits = self._prefill_into(ids, cache)
+            self._check_finite(logits, f"at the prefill of a {len(ids)}-token prompt")
             generated: list[int] = []
             emitted = ""
             position = len(ids)
@@ -662,10 +749,15 @@ class LlamaEngine:
                     if use_graph and graph is not None:
                         logits = self._replay(graph, [token], [position])
                     else:
+                        added = cache.ensure(position + 1, limit)
+                        accounted += added
+                        self._account_kv(added)
                         step = torch.tensor([[token]], dtype=torch.long, device=self._device)
                         logits = self._forward(step, position, cache)
+                self._check_finite(logits, f"at decode step {len(generated)}")
                 position += 1
         finally:
+            self._account_kv(-accounted)
             if use_graph and graph is not None:
                 graph.lock.release()
 
@@ -687,16 +779,24 @@ class LlamaEngine:
         graph = self._graphs.get(bucket)
         use_graph = (graph is not None and longest + budget <= graph.cache.capacity
                      and graph.lock.acquire(blocking=False))
+        limit = longest + budget
+        accounted = 0
         try:
             with torch.inference_mode():
                 fresh = not (use_graph and graph is not None)
-                cache = self._new_cache(bucket, longest + budget) if fresh or graph is None else graph.cache
+                if fresh or graph is None:  # sized for the prompts; grows as tokens are generated
+                    cache = self._new_cache(bucket, kv_capacity(longest, 0, limit))
+                    accounted = cache.slots
+                    self._account_kv(accounted)
+                else:
+                    cache = graph.cache
                 last = [self._prefill_into(p, cache.row(r)) for r, p in enumerate(checked)]
                 logits = torch.cat(last, dim=0)
                 outputs: list[list[int]] = [[] for _ in checked]
                 done = [False] * len(checked)
                 positions = [len(p) for p in checked]
-                for _ in range(budget):
+                for step_index in range(budget):
+                    self._check_finite(logits, f"at batch step {step_index}")
                     tokens = self._sample(logits, temperature)
                     for r, token in enumerate(tokens):
                         if not done[r]:
@@ -713,6 +813,9 @@ class LlamaEngine:
                     if use_graph and graph is not None:
                         logits = self._replay(graph, step_tokens, step_pos)[: len(checked)]
                     else:
+                        added = cache.ensure(max(positions) + 1, limit)
+                        accounted += added
+                        self._account_kv(added)
                         logits = self._decode_static(
                             torch.tensor(step_tokens, dtype=torch.long, device=self._device),
                             torch.tensor(step_pos, dtype=torch.long, device=self._device), cache,
@@ -720,6 +823,7 @@ class LlamaEngine:
                     positions = [p + 1 for p in positions]
                 return outputs
         finally:
+            self._account_kv(-accounted)
             if use_graph and graph is not None:
                 graph.lock.release()
 
@@ -785,7 +889,9 @@ class LlamaEngine:
         }
 
     def save_prefix_kv(self, token_ids: Sequence[int], path: Path) -> None:
-        from safetensors.torch import save_file
+        """Persist this prefix's KV; a filesystem failure (ENOSPC, EROFS, ...) raises OSError
+        with its errno, and leaves no partial file behind."""
+        from safetensors.torch import save
 
         ids = self._check_prompt(token_ids)
         with torch.inference_mode():
@@ -800,8 +906,12 @@ class LlamaEngine:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        # Serialised in memory, written by Python: an I/O failure is then a plain OSError
+        # with its errno (safetensors' save_file wraps it in an opaque SafetensorError).
+        payload = save(tensors, metadata=self._prefix_metadata(ids))
         try:  # write then rename: a reader never sees half a file
-            save_file(tensors, str(tmp), metadata=self._prefix_metadata(ids))
+            with open(tmp, "wb") as handle:
+                handle.write(payload)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

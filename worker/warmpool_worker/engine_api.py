@@ -33,6 +33,16 @@ class RequestError(ValueError):
     """A request the engine cannot serve (prompt too long, bad parameters): answered with a 4xx."""
 
 
+class NonFiniteLogitsError(ModelLoadError):
+    """The model produced NaN/Inf logits: its weights (or its dtype) are unusable.
+
+    Raised by `Engine.prefill`/`generate` instead of sampling from garbage.  During warm-up it
+    fails the start (the worker exits non-zero, never ready); on a served request it is a 5xx
+    and the worker turns unready for good.  The message names the model and, where one is
+    found, the weight that holds the non-finite values.
+    """
+
+
 @dataclass(frozen=True)
 class GenerationStep:
     """One generated token; `text` is the detokenised increment (may be empty mid-codepoint)."""
@@ -83,13 +93,17 @@ class Engine(Protocol):
     def prefill(self, token_ids: Sequence[int]) -> None:
         """Run one forward pass over these tokens (warm-up; results discarded).
 
-        Raises RequestError if the prompt is empty or longer than max_context.
+        Raises RequestError if the prompt is empty or longer than max_context, and
+        NonFiniteLogitsError if the logits hold NaN/Inf.
         """
 
     def generate(
         self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0
     ) -> Iterator[GenerationStep]:
-        """Prefill then decode, yielding one step per token.  Greedy when temperature == 0."""
+        """Prefill then decode, yielding one step per token.  Greedy when temperature == 0.
+
+        Raises NonFiniteLogitsError (before yielding that step) if a step's logits hold NaN/Inf.
+        """
 
     def save_prefix_kv(self, token_ids: Sequence[int], path: Path) -> None:
         """Persist the KV cache of this prefix as safetensors, keyed by model digest and token hash."""
@@ -99,6 +113,16 @@ class Engine(Protocol):
 
         A corrupt file raises ModelLoadError naming the file.
         """
+
+
+@runtime_checkable
+class KVCacheStats(Protocol):
+    """Optional: an engine that reports the KV cache it holds for requests in flight."""
+
+    def kv_cache_tokens(self) -> int:
+        """Token slots (rows x positions) allocated now for live generations; grows with the
+        tokens generated, never sized up front for ``max_tokens``."""
+        ...
 
 
 @runtime_checkable

@@ -51,11 +51,18 @@ def make_tiny_llama(
     rope_scaling: dict[str, Any] | None = None,
     rope_theta: float = 10000.0,
     std: float = 0.15,
+    poison_layers: tuple[int, ...] = (),
+    poison_value: float = float("nan"),
+    with_eos: bool = True,
 ) -> Path:
     """Write a tiny checkpoint to `dest` (created) and return it.
 
     `std` is large on purpose: with the usual 0.02 a random model's logits are almost
     flat, so greedy decoding would hinge on rounding noise and dtype comparisons flake.
+    `poison_layers`: these layers' ``mlp.down_proj.weight`` gets one element set to
+    `poison_value` (NaN by default, or an infinity), as a corrupt export would carry.
+    `with_eos=False` declares no EOS token (as some base models do): a completion then always
+    runs to max_tokens, so a test decides how long a generation lasts.
     """
     import torch
     from safetensors.torch import save_file
@@ -93,11 +100,13 @@ def make_tiny_llama(
         tensors[p + "mlp.gate_proj.weight"] = rand(intermediate, hidden)
         tensors[p + "mlp.up_proj.weight"] = rand(intermediate, hidden)
         tensors[p + "mlp.down_proj.weight"] = rand(hidden, intermediate)
+    for i in poison_layers:
+        tensors[f"model.layers.{i}.mlp.down_proj.weight"][0, 0] = poison_value
     tensors["model.norm.weight"] = norm(hidden)
     if not tie:
         tensors["lm_head.weight"] = rand(vocab_size, hidden)
 
-    eos = SPECIAL_TOKENS.index("<|im_end|>")
+    eos: int | None = SPECIAL_TOKENS.index("<|im_end|>") if with_eos else None
     bos = SPECIAL_TOKENS.index("<|im_start|>")
     config: dict[str, Any] = {
         "architectures": ["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"],
