@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,13 @@ FAST = ["--buckets", "16,32,64", "--prompts-per-bucket", "1", "--decode-tokens",
 
 
 class Worker:
-    def __init__(self, model: Path, *extra: str, log_path: Path) -> None:
+    def __init__(self, model: Path, *extra: str, log_path: Path, wrap: Sequence[str] = ()) -> None:
+        """`wrap`: a command the worker's command line is appended to (it must exec it)."""
         self.port = free_port()
         self.base = f"http://{HOST}:{self.port}"
         self.log_path = log_path
         self.log = log_path.open("wb")
-        command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model)]
+        command = [*wrap, sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model)]
         command += ["--host", HOST, "--port", str(self.port), "--device", "cpu", *extra]
         self.proc = subprocess.Popen(command, env=subprocess_env(), stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
 
@@ -84,9 +87,12 @@ class Worker:
         }
 
     def tail(self) -> str:
+        return self.whole_log()[-4000:]
+
+    def whole_log(self) -> str:
         if not self.log.closed:
             self.log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.log_path.read_text(errors="replace")
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -386,3 +392,255 @@ def test_kv_prefix_persisted_and_reused(tiny_model: Path, tmp_path: Path) -> Non
         finally:
             handle.stop()
     assert len(list(kv_dir.glob("*.safetensors"))) == 1
+
+
+# -- issue #12: hardening of the request path and of warm-up --------------------------------------
+
+
+def test_health_path_answers_like_readyz(worker: Worker) -> None:
+    """vLLM, SGLang, TGI and llama.cpp answer GET /health; so does the built-in worker."""
+    status, body = worker.json("GET", "/health")
+    assert status == 200 and body == {"status": "ok"}
+    assert worker.readyz()[0] == 200
+
+
+class HangUpClient:
+    """A real HTTP/1.1 client on a bare loopback socket, so a test can hang up mid-response."""
+
+    def __init__(self, port: int, body: dict[str, Any]) -> None:
+        payload = json.dumps(body).encode()
+        self.sock = socket.create_connection((HOST, port), timeout=60)
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + payload)
+        self.received = b""
+
+    def read_until(self, marker: bytes, limit: int = 1 << 20) -> None:
+        """Read until `marker` arrived (bounded in size; each read by the socket's timeout)."""
+        while marker not in self.received:
+            chunk = self.sock.recv(65536)
+            if not chunk or len(self.received) > limit:
+                raise AssertionError(f"no {marker!r} in the response: {self.received[:500]!r}")
+            self.received += chunk
+
+    def hang_up(self) -> None:
+        self.sock.close()
+
+
+def _value(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+LONG_MAX_TOKENS = 4000
+LONG_PROMPT = list(range(20, 45))
+
+
+@pytest.fixture(scope="module")
+def long_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    """A model with a 4096-token context and no EOS: a completion runs to max_tokens, long enough
+    to hang up in the middle; at most one request may wait for the engine."""
+    from warmpool_worker.testing_models import make_tiny_llama
+
+    model = make_tiny_llama(
+        tmp_path_factory.mktemp("models") / "long", layers=8, hidden=128, intermediate=512,
+        max_position_embeddings=4096, with_eos=False,
+    )
+    log_path = tmp_path_factory.mktemp("logs") / "long-worker.log"
+    handle = Worker(model, *FAST, "--max-queued-requests", "1", "--max-tokens-limit", str(LONG_MAX_TOKENS),
+                    log_path=log_path)
+    try:
+        handle.wait_for("ready", lambda: handle.readyz()[0] == 200, timeout=180)
+        yield handle
+    finally:
+        handle.stop()
+
+
+def _wait_cancelled(worker: Worker, before: float, count: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def cancelled() -> bool:
+        return _value(worker.metrics(), "warmpool_requests_cancelled_total") >= before + count
+
+    worker.wait_for(f"{count} cancelled request(s)", cancelled, timeout=60)
+    return worker.metrics()
+
+
+def _assert_disconnect_logged_quietly(worker: Worker, since: int) -> None:
+    log = worker.whole_log()[since:]
+    assert "client disconnected" in log, log
+    for noise in ("Traceback", "unexpected error", "Error handling request", "generation failed"):
+        assert noise not in log, log
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+def test_client_hang_up_stops_generation_within_one_step(long_worker: Worker, stream: bool) -> None:
+    before = long_worker.metrics()
+    log_start = len(long_worker.whole_log())
+    tokens_before = _value(before, "warmpool_generated_tokens_total")
+    client = HangUpClient(long_worker.port, {"prompt": LONG_PROMPT, "max_tokens": LONG_MAX_TOKENS,
+                                             "temperature": 0, "stream": stream})
+    if stream:
+        client.read_until(b"data: ")  # a token is out: the generation is under way
+    else:
+        long_worker.wait_for(
+            "generation under way",
+            lambda: _value(long_worker.metrics(), "warmpool_generated_tokens_total") >= tokens_before + 5,
+            timeout=60,
+        )
+        # the KV cache held for it follows the tokens generated so far, not max_tokens
+        # (one scrape: the KV figure is read before the token count, which only grows)
+        metrics = long_worker.metrics()
+        positions = len(LONG_PROMPT) + _value(metrics, "warmpool_generated_tokens_total") - tokens_before
+        kv_slots = _value(metrics, "warmpool_kv_cache_tokens")
+        assert 0 < kv_slots <= 1.25 * positions + 64, (kv_slots, positions)
+        assert kv_slots < len(LONG_PROMPT) + LONG_MAX_TOKENS
+    client.hang_up()
+    after = _wait_cancelled(long_worker, _value(before, "warmpool_requests_cancelled_total"), 1)
+    generated = _value(after, "warmpool_generated_tokens_total") - tokens_before
+    after_hang_up = _value(after, "warmpool_tokens_after_disconnect_total") - _value(
+        before, "warmpool_tokens_after_disconnect_total")
+    assert 1 <= generated < LONG_MAX_TOKENS
+    assert after_hang_up <= 1  # the engine stopped within one decode step of the hang-up
+    assert _value(after, "warmpool_kv_cache_tokens") == 0  # and let go of its KV cache
+    _assert_disconnect_logged_quietly(long_worker, log_start)
+    status, _ = long_worker.json("POST", "/v1/completions", {"prompt": "still serving", "max_tokens": 2})
+    assert status == 200
+
+
+def test_max_tokens_above_the_limit_is_a_400_naming_the_field(long_worker: Worker) -> None:
+    status, body = long_worker.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": LONG_MAX_TOKENS + 1})
+    assert status == 400, body
+    assert body["error"]["param"] == "max_tokens"
+    assert "max_tokens" in body["error"]["message"] and str(LONG_MAX_TOKENS) in body["error"]["message"]
+
+
+def test_full_queue_is_a_429_with_retry_after(long_worker: Worker) -> None:
+    before = long_worker.metrics()
+    long_request = {"prompt": LONG_PROMPT, "max_tokens": LONG_MAX_TOKENS, "temperature": 0}
+    running = HangUpClient(long_worker.port, {**long_request, "stream": True})
+    waiting: HangUpClient | None = None
+    try:
+        running.read_until(b"data: ")  # holds the engine
+        waiting = HangUpClient(long_worker.port, long_request)
+        long_worker.wait_for("one request queued",
+                             lambda: _value(long_worker.metrics(), "warmpool_requests_queued") == 1, timeout=60)
+        request = urllib.request.Request(
+            long_worker.base + "/v1/completions", data=json.dumps({"prompt": "one more", "max_tokens": 2}).encode(),
+            method="POST",
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 429
+        assert refused.value.headers["Retry-After"] == "1"
+        body = json.loads(refused.value.read())
+        assert body["error"]["type"] == "queue_full" and "--max-queued-requests" in body["error"]["message"]
+        assert _value(long_worker.metrics(), "warmpool_requests_rejected_total", reason="queue_full") == _value(
+            before, "warmpool_requests_rejected_total", reason="queue_full") + 1
+    finally:
+        running.hang_up()
+        if waiting is not None:
+            waiting.hang_up()
+    _wait_cancelled(long_worker, _value(before, "warmpool_requests_cancelled_total"), 2)
+    assert _value(long_worker.metrics(), "warmpool_requests_queued") == 0
+    status, _ = long_worker.json("POST", "/v1/completions", {"prompt": "served again", "max_tokens": 2})
+    assert status == 200
+
+
+def _watch_until_exit(handle: Worker, seconds: float) -> list[tuple[int, int]]:
+    """(readyz, health) statuses polled until the worker exits (bounded in time)."""
+    seen: list[tuple[int, int]] = []
+    deadline = time.monotonic() + seconds
+    while handle.proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            seen.append((handle.readyz()[0], handle.request("GET", "/health")[0]))
+        time.sleep(0.1)
+    return seen
+
+
+def test_nan_checkpoint_never_ready_exits_naming_the_model(tmp_path: Path) -> None:
+    from warmpool_worker.testing_models import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "tiny-nan", layers=4, poison_layers=(1,))
+    handle = Worker(model, *FAST, log_path=tmp_path / "worker.log")
+    try:
+        seen = _watch_until_exit(handle, 120)
+        assert handle.proc.poll() is not None, "worker did not exit"
+    finally:
+        code = handle.stop()
+    assert code != 0
+    assert all(200 not in pair for pair in seen), seen
+    log = handle.whole_log()
+    assert "'tiny-nan'" in log and "non-finite logits" in log and "model.layers.1.mlp.down_proj.weight" in log
+
+
+def test_nan_in_a_layer_loaded_later_is_a_5xx_and_unready(tmp_path: Path) -> None:
+    """Paused tier: warm-up loads no decoder layer, so the poisoned one is first used by a request."""
+    from warmpool_worker.testing_models import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "tiny-late-nan", layers=4, poison_layers=(3,))
+    # a 1 MiB "capacity" is far below the worker's own usage: paused from the first reading
+    handle = Worker(model, *FAST, "--memory-capacity-bytes", str(1 << 20), log_path=tmp_path / "worker.log")
+    try:
+        handle.wait_for("ready", lambda: handle.readyz()[0] == 200, timeout=180)
+        body = handle.readyz()[1]
+        assert body["tier"] == "paused" and body["layers_resident"] == 0  # nothing touched the poison yet
+        assert handle.request("GET", "/health")[0] == 200
+        status, answer = handle.json("POST", "/v1/completions", {"prompt": "hello", "max_tokens": 3})
+        assert status == 500, answer
+        assert "'tiny-late-nan'" in answer["error"]["message"] and "non-finite" in answer["error"]["message"]
+        status, body = handle.readyz()
+        assert status == 503 and body["stage"] == "unhealthy"
+        assert "model.layers.3.mlp.down_proj.weight" in body["error"]
+        assert handle.request("GET", "/health")[0] == 503
+        status, _ = handle.json("POST", "/v1/completions", {"prompt": "again", "max_tokens": 3})
+        assert status == 503  # refused up front from now on
+        metrics = handle.metrics()
+        assert _value(metrics, "warmpool_ready") == 0
+        assert _value(metrics, "warmpool_non_finite_logits_total") == 1
+        assert handle.proc.poll() is None  # unready, still up to say why
+        assert "the worker is unready from now on" in handle.whole_log()
+    finally:
+        handle.stop()
+
+
+def _can_mount_in_user_namespace() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=4k tmpfs /mnt || exit 1"],
+                           capture_output=True, timeout=30, check=False)
+    return probe.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("mount_options", "reason"),
+    [("size=4k", "ENOSPC"), ("ro", "EROFS"), (None, "ENOTDIR")],
+    ids=["disk-full", "read-only", "not-a-directory"],
+)
+def test_failed_kv_prefix_save_is_counted_never_fatal(
+    tiny_model: Path, tmp_path: Path, mount_options: str | None, reason: str
+) -> None:
+    kv_dir = tmp_path / "kv"
+    wrap: list[str] = []
+    if mount_options is None:
+        (tmp_path / "file").write_text("a file, not a directory\n")
+        kv_dir = tmp_path / "file" / "kv"
+    else:
+        # a real small or read-only filesystem at kv_dir, in a mount namespace of the worker's own
+        if not _can_mount_in_user_namespace():
+            pytest.skip("unshare cannot mount a tmpfs in a user namespace here")
+        kv_dir.mkdir()
+        wrap = ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o {mount_options} tmpfs "{kv_dir}" && exec "$@"', "sh"]
+    handle = Worker(tiny_model, *FAST, "--buckets", "16", "--kv-prefix-dir", str(kv_dir),
+                    log_path=tmp_path / "worker.log", wrap=wrap)
+    try:
+        handle.wait_for("ready", lambda: handle.readyz()[0] == 200, timeout=180)
+        warm = handle.readyz()[1]["warmup"]
+        assert (warm["kv_saved"], warm["kv_save_errors"], warm["prefills"]) == (0, 1, {"16": 1})
+        assert _value(handle.metrics(), "warmpool_kv_prefix_save_errors_total", reason=reason) == 1
+        assert "cannot persist warm prefix KV" in handle.whole_log()
+        status, _ = handle.json("POST", "/v1/completions", {"prompt": "served anyway", "max_tokens": 2})
+        assert status == 200
+    finally:
+        handle.stop()
+    if mount_options is not None:
+        assert list(kv_dir.iterdir()) == []  # the tmpfs lived in the worker's namespace only

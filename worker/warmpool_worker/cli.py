@@ -133,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--control-token-file", type=Path, default=None, help="bearer token for /control/tier")
     serve.add_argument("--kv-prefix-dir", type=Path, default=None, help="persist/reload warm-prefix KV here")
     serve.add_argument(
+        "--max-queued-requests",
+        type=_positive_int,
+        default=64,
+        help="requests that may wait for the engine; beyond it a request gets 429 + Retry-After",
+    )
+    serve.add_argument(
+        "--max-tokens-limit",
+        type=_positive_int,
+        default=4096,
+        help="largest max_tokens a request may ask for (above it: 400 naming max_tokens)",
+    )
+    serve.add_argument(
         "--graph-capture",
         action=argparse.BooleanOptionalAction,
         default=True,

@@ -10,6 +10,7 @@ has no reading, so the operator sees Unknown rather than "0 % used".
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Mapping
@@ -30,9 +31,13 @@ from warmpool.contract import (
     LABEL_LAYER,
     LABEL_LAYERS,
     LABEL_PHASE,
+    LABEL_REASON,
     LABEL_SOURCE,
     LABEL_TIER,
     METRIC_DIRECTIVE_ACTIVE,
+    METRIC_GENERATED_TOKENS,
+    METRIC_KV_CACHE_TOKENS,
+    METRIC_KV_PREFIX_SAVE_ERRORS,
     METRIC_LAYER_HEAT,
     METRIC_LAYERS_RESIDENT,
     METRIC_LAYERS_TOTAL,
@@ -41,10 +46,15 @@ from warmpool.contract import (
     METRIC_MEMORY_USED_BYTES,
     METRIC_MEMORY_USED_RATIO,
     METRIC_MODEL_INFO,
+    METRIC_NON_FINITE_LOGITS,
     METRIC_PHASE_DURATION,
     METRIC_PHASE_TIMESTAMP,
     METRIC_READY,
+    METRIC_REQUESTS_CANCELLED,
+    METRIC_REQUESTS_QUEUED,
+    METRIC_REQUESTS_REJECTED,
     METRIC_TIER,
+    METRIC_TOKENS_AFTER_DISCONNECT,
     METRIC_TTFT,
     METRIC_WARMUP_PLANNED,
     METRIC_WARMUP_PREFILLS,
@@ -140,6 +150,35 @@ class WorkerMetrics:
             registry=r,
         )
         self.ready = Gauge(METRIC_READY, "1 when warm and serving", registry=r)
+        self.generated_tokens = Counter(
+            METRIC_GENERATED_TOKENS, "Tokens generated for served requests", registry=r
+        )
+        self.requests_queued = Gauge(
+            METRIC_REQUESTS_QUEUED, "Requests admitted and waiting for the engine", registry=r
+        )
+        self.requests_rejected = Counter(
+            METRIC_REQUESTS_REJECTED, "Requests refused before any work, by reason", [LABEL_REASON], registry=r
+        )
+        self.requests_cancelled = Counter(
+            METRIC_REQUESTS_CANCELLED, "Requests whose client disconnected before the end", registry=r
+        )
+        self.tokens_after_disconnect = Counter(
+            METRIC_TOKENS_AFTER_DISCONNECT,
+            "Decode steps run after the client was seen gone (at most one per cancelled request)",
+            registry=r,
+        )
+        self.kv_cache_tokens = Gauge(
+            METRIC_KV_CACHE_TOKENS, "KV-cache token slots allocated for the requests in flight", registry=r
+        )
+        self.kv_prefix_save_errors = Counter(
+            METRIC_KV_PREFIX_SAVE_ERRORS,
+            "Warm-prefix KV files that could not be saved, by errno name",
+            [LABEL_REASON],
+            registry=r,
+        )
+        self.non_finite_logits = Counter(
+            METRIC_NON_FINITE_LOGITS, "Requests and warm-up prefills whose logits held NaN/Inf", registry=r
+        )
         self.ready.set(0)
         self.directive_active.set(0)
         self._phases: set[str] = set()
@@ -204,6 +243,29 @@ class WorkerMetrics:
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.observe(seconds)
+
+    def token_generated(self) -> None:
+        self.generated_tokens.inc()
+
+    def set_queued(self, waiting: int) -> None:
+        self.requests_queued.set(waiting)
+
+    def request_rejected(self, reason: str) -> None:
+        self.requests_rejected.labels(reason).inc()
+
+    def request_cancelled(self, steps_after_disconnect: int) -> None:
+        self.requests_cancelled.inc()
+        self.tokens_after_disconnect.inc(steps_after_disconnect)
+
+    def set_kv_cache_tokens(self, slots: int) -> None:
+        self.kv_cache_tokens.set(slots)
+
+    def kv_prefix_save_failed(self, error: OSError) -> None:
+        reason = errno.errorcode.get(error.errno or 0, "unknown")
+        self.kv_prefix_save_errors.labels(reason).inc()
+
+    def logits_non_finite(self) -> None:
+        self.non_finite_logits.inc()
 
     def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)

@@ -17,7 +17,14 @@ from warmpool_worker.guard import GuardState, TierGuard
 from warmpool_worker.heatmap import layer_order, usable_heat
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
-from warmpool_worker.server import WorkerServer, WorkerStatus, cancel_tasks, start_site, stop_on_signals
+from warmpool_worker.server import (
+    ServingLimits,
+    WorkerServer,
+    WorkerStatus,
+    cancel_tasks,
+    start_site,
+    stop_on_signals,
+)
 from warmpool_worker.warmup import (
     PromptsError,
     WarmupPlan,
@@ -100,6 +107,7 @@ class WorkerRuntime:
                 on_prefill=self.metrics.warmup_prefill_done,
                 should_stop=self._stricter_than(plan, deadline),
                 kv_dir=self.args.kv_prefix_dir,
+                on_kv_save_error=self.metrics.kv_prefix_save_failed,
             )
         except WarmupStopped as stopped:
             log.warning("warm-up at tier %s cut short: %s", plan.tier.value, stopped)
@@ -253,8 +261,9 @@ async def serve(args: argparse.Namespace, thresholds: Thresholds) -> int:
 
     device = await asyncio.to_thread(resolve_device, args.device)
     runtime = WorkerRuntime(args, thresholds, device)
+    limits = ServingLimits(max_queued_requests=args.max_queued_requests, max_tokens_limit=args.max_tokens_limit)
     server = WorkerServer(
-        runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, args.control_token_file
+        runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, args.control_token_file, limits
     )
     started = await start_site(server.app(), args.host, args.port, log)
     if started is None:

@@ -4,7 +4,8 @@
   ``temperature``, ``stream`` (server-sent events ``data: {...}`` then ``data: [DONE]``).
 * ``GET /v1/models``; ``GET /livez`` (the process answers); ``GET /readyz`` (200 only when
   warm; JSON body with the stage, tier, layers resident/total and warm-up state);
-  ``GET /metrics`` (prometheus-client text format).
+  ``GET /health`` (the path vLLM, SGLang, TGI and llama.cpp answer: 200 exactly when
+  ``/readyz`` is); ``GET /metrics`` (prometheus-client text format).
 * ``POST /control/tier``: the operator's directive ``{"tier": "truncated", "ttl_seconds": 60}``,
   ``Authorization: Bearer <token>`` with the token read from a file (a mounted Secret; read
   on each call so a rotated Secret takes effect without a restart).
@@ -13,6 +14,15 @@ Engine calls run in threads (torch releases the GIL), so probes and metrics answ
 model loads or warms; one lock serialises engine work (generation and warm-up steps).
 A bad request is a 4xx with ``{"error": {"message", "type", "param"}}`` naming the problem;
 the server goes on serving.
+
+Request lifecycle (`ServingLimits`): at most ``max_queued_requests`` requests wait for the
+engine, a request beyond that is a 429 with ``Retry-After``; ``max_tokens`` above
+``max_tokens_limit`` is a 400 naming the field (what an OpenAI-compatible server answers, so a
+client learns its request was not served as asked, instead of a silently shorter completion).
+A client that disconnects cancels its generation before the next decode step (aiohttp's
+handler cancellation, plus a cancel flag the generating thread checks between steps); that is
+counted and logged at INFO, never as a 500.  Logits holding NaN/Inf fail the request with a
+500 and turn the worker unready for good (stage ``unhealthy``, the reason on /readyz).
 """
 
 from __future__ import annotations
@@ -33,7 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from warmpool_worker.engine_api import Engine, GenerationStep, RequestError, WeightsChangedError
+from warmpool_worker.engine_api import (
+    Engine,
+    GenerationStep,
+    KVCacheStats,
+    NonFiniteLogitsError,
+    RequestError,
+    WeightsChangedError,
+)
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
 from warmpool_worker.warmup import WarmupPlan, WarmupProgress
@@ -46,12 +63,14 @@ from warmpool.contract import (
     DIRECTIVE_TIERS,
     MAX_DIRECTIVE_TTL_SECONDS,
     PATH_CONTROL_TIER,
+    PATH_HEALTH,
     PATH_LIVEZ,
     PATH_METRICS,
     PATH_READYZ,
     STAGE_FAILED,
     STAGE_READY,
     STAGE_STARTING,
+    STAGE_UNHEALTHY,
     Tier,
 )
 
@@ -62,6 +81,64 @@ MAX_TEMPERATURE = 2.0
 #: Threads for engine work: requests beyond this wait in the executor's queue (the lock
 #: serialises the engine anyway; a few threads let tokenisation overlap).
 ENGINE_THREADS = 4
+DEFAULT_MAX_QUEUED_REQUESTS = 64
+#: Default ceiling on max_tokens: bounds one request's compute (its KV grows with what it
+#: generates, so the ceiling is about time held on the engine, not memory reserved up front).
+DEFAULT_MAX_TOKENS_LIMIT = 4096
+#: Seconds a client told 429 should wait before retrying (HTTP's Retry-After is whole seconds).
+RETRY_AFTER_SECONDS = 1
+REJECT_QUEUE_FULL = "queue_full"
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """Bounds of the request path (from `--max-queued-requests` and `--max-tokens-limit`)."""
+
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+
+    def __post_init__(self) -> None:
+        if self.max_queued_requests < 1 or self.max_tokens_limit < 1:
+            raise ValueError(f"serving limits must be positive: {self}")
+
+
+@dataclass
+class _Generation:
+    """One request's generation, shared by the handler (event loop) and the engine thread."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    steps: int = 0  # tokens generated so far (engine thread)
+    steps_at_disconnect: int | None = None  # `steps` when the client was seen gone (loop)
+    queued: bool = True  # admitted, not yet holding the engine
+
+    def disconnected(self) -> None:
+        if self.steps_at_disconnect is None:
+            self.steps_at_disconnect = self.steps
+        self.cancel.set()
+
+
+class RequestQueue:
+    """Requests admitted and waiting for the engine, bounded: over the bound, refuse at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.waiting = 0
+        self._lock = threading.Lock()
+
+    def try_enter(self) -> bool:
+        with self._lock:
+            if self.waiting >= self.limit:
+                return False
+            self.waiting += 1
+            return True
+
+    def leave(self, generation: _Generation) -> int:
+        """This request stopped waiting (it got the engine, or ended first); idempotent."""
+        with self._lock:
+            if generation.queued:
+                generation.queued = False
+                self.waiting -= 1
+            return self.waiting
 
 
 @dataclass
@@ -98,17 +175,27 @@ class WorkerStatus(WarmupStatus):
 
 class BadRequest(Exception):
     def __init__(
-        self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.param = param
+        self.headers = headers
 
 
-def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": param}}, status=status)
+def error_response(
+    status: int, message: str, kind: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": param}}, status=status, headers=headers
+    )
 
 
 @web.middleware
@@ -119,7 +206,7 @@ async def json_errors(
     try:
         return await handler(request)
     except BadRequest as error:
-        return error_response(error.status, error.message, error.kind, error.param)
+        return error_response(error.status, error.message, error.kind, error.param, error.headers)
     except web.HTTPException as error:
         if error.status < 400:
             raise
@@ -203,18 +290,22 @@ class WorkerServer:
         guard: TierGuard,
         engine_lock: threading.Lock,
         control_token_file: Path | None = None,
+        limits: ServingLimits | None = None,
     ) -> None:
         self.status = status
         self.metrics = metrics
         self.guard = guard
         self.engine_lock = engine_lock
         self.control_token_file = control_token_file
+        self.limits = limits or ServingLimits()
+        self.queue = RequestQueue(self.limits.max_queued_requests)
         self.executor = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="engine")
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[json_errors])
         app.router.add_get(PATH_LIVEZ, self.livez)
         app.router.add_get(PATH_READYZ, self.readyz)
+        app.router.add_get(PATH_HEALTH, self.health)
         app.router.add_get(PATH_METRICS, self.metrics_handler)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
@@ -247,10 +338,20 @@ class WorkerServer:
     async def readyz(self, _request: web.Request) -> web.Response:
         return web.json_response(self.readiness(), status=200 if self.status.ready else 503)
 
+    async def health(self, _request: web.Request) -> web.Response:
+        """The ecosystem's health probe, as llama.cpp answers it: 200 ``{"status": "ok"}`` when
+        requests can be served (here: warm, the same truth as /readyz), else 503 with why."""
+        if self.status.ready:
+            return web.json_response({"status": "ok"})
+        reason = self.status.error or f"not ready (stage {self.status.stage})"
+        return error_response(503, reason, "unavailable")
+
     async def metrics_handler(self, _request: web.Request) -> web.Response:
         engine = self.status.engine
         if engine is not None:
             self.metrics.set_layers(engine.layers_resident(), engine.num_layers)
+            if isinstance(engine, KVCacheStats):
+                self.metrics.set_kv_cache_tokens(engine.kv_cache_tokens())
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     # -- OpenAI-style API --------------------------------------------------------------
@@ -258,6 +359,8 @@ class WorkerServer:
         engine = self.status.engine
         if engine is None:
             raise BadRequest(503, f"model not loaded yet (stage {self.status.stage})", "unavailable")
+        if self.status.stage == STAGE_UNHEALTHY:
+            raise BadRequest(503, f"worker unhealthy: {self.status.error}", "unavailable")
         return engine
 
     async def models(self, _request: web.Request) -> web.Response:
@@ -286,10 +389,66 @@ class WorkerServer:
             raise BadRequest(400, "malformed JSON body: not UTF-8") from None
         engine = self._engine()
         parsed = _parse_completion(body, engine.model_name)
-        loop = asyncio.get_running_loop()
+        generation = self._admit()
+        producer: asyncio.Future[None] | None = None
+        ident = f"cmpl-{uuid.uuid4().hex[:24]}"
+        try:
+            prompt_ids = await self._prompt_ids(engine, parsed)
+            steps: asyncio.Queue[object] = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+            producer = loop.run_in_executor(
+                self.executor, self._produce, engine, prompt_ids, parsed, steps, loop, generation
+            )
+            first = await steps.get()
+            if isinstance(first, BaseException):
+                raise _answer_for(first)
+            if first is not _DONE:
+                self.metrics.observe_ttft(time.monotonic() - arrived)
+            created = int(time.time())
+            if parsed.stream:
+                return await self._stream(request, ident, created, engine.model_name, first, steps, generation)
+            return await self._collect(ident, created, engine, prompt_ids, first, steps)
+        except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
+            generation.disconnected()
+            raise
+        finally:
+            generation.cancel.set()  # whatever ended the handler, the engine stops at the next step
+            if producer is None:
+                self.metrics.set_queued(self.queue.leave(generation))
+            else:
+                with contextlib.suppress(Exception):
+                    await producer
+            if generation.steps_at_disconnect is not None:
+                after = generation.steps - generation.steps_at_disconnect
+                self.metrics.request_cancelled(after)
+                log.info(
+                    "%s: client disconnected after %d token(s); generation stopped %d step(s) later",
+                    ident,
+                    generation.steps_at_disconnect,
+                    after,
+                )
+
+    def _admit(self) -> _Generation:
+        """A place in the bounded queue of requests waiting for the engine, or a 429."""
+        generation = _Generation()
+        if not self.queue.try_enter():
+            self.metrics.request_rejected(REJECT_QUEUE_FULL)
+            raise BadRequest(
+                429,
+                f"too many requests waiting for the engine (the bound is {self.queue.limit}, "
+                "--max-queued-requests): retry later",
+                "queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        self.metrics.set_queued(self.queue.waiting)
+        return generation
+
+    async def _prompt_ids(self, engine: Engine, parsed: CompletionRequest) -> list[int]:
+        """The prompt's token ids, checked against the context and the max_tokens ceiling."""
         if parsed.prompt_ids is not None:
             prompt_ids = parsed.prompt_ids
         else:
+            loop = asyncio.get_running_loop()
             prompt_ids = await loop.run_in_executor(self.executor, engine.encode, parsed.prompt_text or "")
             if not prompt_ids:
                 raise BadRequest(400, "prompt encodes to no tokens", param="prompt")
@@ -301,30 +460,24 @@ class WorkerServer:
                 "context_length_exceeded",
                 "prompt",
             )
-        steps: asyncio.Queue[object] = asyncio.Queue()
-        cancel = threading.Event()
-        producer = loop.run_in_executor(
-            self.executor, self._produce, engine, prompt_ids, parsed, steps, loop, cancel
-        )
-        try:
-            first = await steps.get()
-            if isinstance(first, RequestError):
-                raise BadRequest(400, str(first))
-            if isinstance(first, WeightsChangedError):
-                raise BadRequest(503, str(first), "unavailable")
-            if isinstance(first, BaseException):
-                raise first
-            if first is not _DONE:
-                self.metrics.observe_ttft(time.monotonic() - arrived)
-            ident = f"cmpl-{uuid.uuid4().hex[:24]}"
-            created = int(time.time())
-            if parsed.stream:
-                return await self._stream(request, ident, created, engine.model_name, first, steps)
-            return await self._collect(ident, created, engine, prompt_ids, first, steps)
-        finally:
-            cancel.set()  # a client gone mid-stream stops the generation at the next token
-            with contextlib.suppress(Exception):
-                await producer
+        if parsed.max_tokens > self.limits.max_tokens_limit:
+            raise BadRequest(
+                400,
+                f"max_tokens {parsed.max_tokens} exceeds this worker's limit of "
+                f"{self.limits.max_tokens_limit} (--max-tokens-limit)",
+                param="max_tokens",
+            )
+        return prompt_ids
+
+    def _mark_unhealthy(self, error: NonFiniteLogitsError) -> None:
+        """Non-finite logits on a live request: the model is unusable, unready for good."""
+        self.metrics.logits_non_finite()
+        if self.status.stage == STAGE_UNHEALTHY:
+            return
+        self.status.error = str(error)
+        self.status.stage = STAGE_UNHEALTHY
+        self.metrics.set_ready(False)
+        log.error("%s; the worker is unready from now on (a restart re-runs the warm-up check)", error)
 
     def _produce(
         self,
@@ -333,26 +486,38 @@ class WorkerServer:
         parsed: CompletionRequest,
         steps: asyncio.Queue[object],
         loop: asyncio.AbstractEventLoop,
-        cancel: threading.Event,
+        generation: _Generation,
     ) -> None:
-        """Generate under the engine lock, handing each step to the event loop."""
+        """Generate under the engine lock, handing each step to the event loop.
+
+        The cancel flag is read before every step is asked for, so a client gone while a
+        step runs costs that one step and no more (and a request that never got the engine
+        costs none).
+        """
 
         def put(item: object) -> None:
             loop.call_soon_threadsafe(steps.put_nowait, item)
 
         try:
             with self.engine_lock:
+                self.metrics.set_queued(self.queue.leave(generation))
+                if generation.cancel.is_set():
+                    return
                 generator = engine.generate(prompt_ids, parsed.max_tokens, parsed.temperature)
                 try:
                     for step in generator:
+                        generation.steps += 1
+                        self.metrics.token_generated()
                         put(step)
-                        if cancel.is_set() or step.finished:
+                        if generation.cancel.is_set() or step.finished:
                             break
                 finally:
                     close = getattr(generator, "close", None)
                     if close is not None:
                         close()
         except BaseException as error:  # delivered to the handler, which answers for it
+            if isinstance(error, NonFiniteLogitsError):
+                self._mark_unhealthy(error)
             if isinstance(error, WeightsChangedError):
                 # The files under the mapping changed in place: unready now; the runtime sees
                 # STAGE_FAILED and exits non-zero for a restart (which maps the new files).
@@ -361,6 +526,8 @@ class WorkerServer:
                 self.status.error = str(error)
             put(error)
             return
+        finally:
+            self.metrics.set_queued(self.queue.leave(generation))
         put(_DONE)
 
     @staticmethod
@@ -376,7 +543,7 @@ class WorkerServer:
     async def _next(self, steps: asyncio.Queue[object]) -> object:
         item = await steps.get()
         if isinstance(item, BaseException):
-            raise item
+            raise _answer_for(item)
         return item
 
     async def _collect(
@@ -413,6 +580,7 @@ class WorkerServer:
         model: str,
         first: object,
         steps: asyncio.Queue[object],
+        generation: _Generation,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={
@@ -421,9 +589,10 @@ class WorkerServer:
                 "X-Accel-Buffering": "no",
             }
         )
-        await response.prepare(request)
-        item = first
         try:
+            await response.prepare(request)
+            item = first
+            failure: Exception | None = None
             while isinstance(item, GenerationStep):
                 chunk = self._chunk(
                     ident, created, model, item.text, item.finish_reason if item.finished else None
@@ -431,13 +600,24 @@ class WorkerServer:
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 if item.finished:
                     break
-                item = await self._next(steps)
-        except Exception as error:  # headers are sent: report in-band, as OpenAI's API does
-            log.exception("generation failed mid-stream")
-            payload = {"error": {"message": str(error), "type": "internal_error", "param": None}}
-            await response.write(f"data: {json.dumps(payload)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+                try:
+                    item = await self._next(steps)
+                except Exception as error:  # headers are sent: report in-band, as OpenAI's API does
+                    failure = error
+                    break
+            if failure is not None:
+                if not isinstance(failure, BadRequest):
+                    log.error("generation failed mid-stream", exc_info=failure)
+                kind = failure.kind if isinstance(failure, BadRequest) else "internal_error"
+                payload = {"error": {"message": str(failure), "type": kind, "param": None}}
+                await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            # The peer closed before aiohttp told us (a write to a closing transport): the
+            # same disconnect as a cancelled handler.  Returning the prepared response lets
+            # aiohttp drop it quietly; raising would be logged as a 500.
+            generation.disconnected()
         return response
 
     # -- control ------------------------------------------------------------------------
@@ -490,6 +670,18 @@ class WorkerServer:
         return web.json_response(state.describe())
 
 
+def _answer_for(error: BaseException) -> BaseException:
+    """The HTTP answer for an error the engine raised: a 4xx for the request's fault, a 503
+    while the worker cannot serve, a 500 naming the model for non-finite logits."""
+    if isinstance(error, RequestError):
+        return BadRequest(400, str(error))
+    if isinstance(error, WeightsChangedError):
+        return BadRequest(503, str(error), "unavailable")
+    if isinstance(error, NonFiniteLogitsError):
+        return BadRequest(500, f"{error}; the worker is now unready", "non_finite_logits")
+    return error
+
+
 # -- serving: the start-up and stop shared by the built-in worker and the sidecar ---------------
 
 
@@ -500,7 +692,9 @@ async def start_site(
 
     None when the address cannot be bound: said in ``logger``, the runner cleaned up.
     """
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # handler_cancellation: a client that disconnects cancels its handler at once (by default
+    # aiohttp lets the handler run on), which is what stops its generation.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

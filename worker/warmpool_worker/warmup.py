@@ -198,6 +198,7 @@ class WarmupProgress:
     prefills: dict[int, int] = field(default_factory=dict)  # bucket -> prompts done
     kv_loaded: int = 0
     kv_saved: int = 0
+    kv_save_errors: int = 0  # prefix KV files that could not be written (ENOSPC, read-only, ...)
 
     def remaining(self, plan: WarmupPlan) -> WarmupPlan:
         """The part of `plan` not yet done (buckets keep only prompts beyond those done)."""
@@ -211,6 +212,7 @@ class WarmupProgress:
             "prefills": {str(b): n for b, n in sorted(self.prefills.items())},
             "kv_loaded": self.kv_loaded,
             "kv_saved": self.kv_saved,
+            "kv_save_errors": self.kv_save_errors,
         }
 
 
@@ -282,6 +284,26 @@ def kv_prefix_path(kv_dir: Path, model_digest: str, token_ids: Sequence[int]) ->
     return kv_dir / f"{digest}-{token_hash}.safetensors"
 
 
+def _save_prefix(
+    engine: Engine,
+    ids: Sequence[int],
+    kv_path: Path,
+    progress: WarmupProgress,
+    on_error: Callable[[OSError], None] | None,
+) -> None:
+    """Persist one warm prefix; a filesystem failure costs only the persistence."""
+    try:
+        kv_path.parent.mkdir(parents=True, exist_ok=True)
+        engine.save_prefix_kv(ids, kv_path)
+    except OSError as error:
+        progress.kv_save_errors += 1
+        log.warning("cannot persist warm prefix KV to %s (continuing without it): %s", kv_path, error)
+        if on_error is not None:
+            on_error(error)
+        return
+    progress.kv_saved += 1
+
+
 class WarmupStopped(Exception):
     """The plan was cut short because the tier became stricter."""
 
@@ -297,11 +319,17 @@ def execute_plan(
     on_prefill: Callable[[int], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     kv_dir: Path | None = None,
+    on_kv_save_error: Callable[[OSError], None] | None = None,
 ) -> WarmupProgress:
     """Run `plan` on `engine`, recording into `progress`; stops early (WarmupStopped) when told to.
 
     `engine_lock` (e.g. a threading.Lock) is held around each engine call, so live requests
     interleave between warm-up steps instead of waiting for the whole warm-up.
+
+    Every prefill checks its logits: a model that yields NaN/Inf raises
+    `engine_api.NonFiniteLogitsError` (a ModelLoadError naming the model), which fails the
+    start.  Persisting a warm prefix is optional: a save that fails (disk full, read-only
+    directory) is logged, counted and reported to `on_kv_save_error`, never fatal.
     """
     todo = progress.remaining(plan)
     lock: AbstractContextManager[Any] = engine_lock if engine_lock is not None else nullcontext()
@@ -345,9 +373,7 @@ def execute_plan(
                 for _step in engine.generate(ids, max_new_tokens=plan.decode_tokens):
                     pass
                 if kv_path is not None and not kv_path.exists():
-                    kv_path.parent.mkdir(parents=True, exist_ok=True)
-                    engine.save_prefix_kv(ids, kv_path)
-                    progress.kv_saved += 1
+                    _save_prefix(engine, ids, kv_path, progress, on_kv_save_error)
             progress.prefills[bucket] = variant + 1
             if on_prefill is not None:
                 on_prefill(bucket)
