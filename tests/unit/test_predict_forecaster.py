@@ -119,7 +119,7 @@ def test_baselines_only_never_imports_or_trains_lightgbm() -> None:
 
 
 def test_missing_steps_are_not_scored_and_do_not_break_forecasts() -> None:
-    counts: list[int | None] = [10] * 30 + [None] * 5 + [10] * 5
+    counts: list[int | None] = [10] * 30 + [None, None] + [10] + [None, None] + [10] * 5
     forecaster = Forecaster()
     history = History()
     for offset, count in enumerate(counts):
@@ -127,5 +127,21 @@ def test_missing_steps_are_not_scored_and_do_not_break_forecasts() -> None:
         prediction = forecaster.update(history, (1,))
         assert prediction.p90 is not None and math.isfinite(prediction.p90)
     scored_steps = {step for losses in forecaster.scoreboard.losses.values() for step, _ in losses}
-    assert not scored_steps & set(range(STEP0 + 30, STEP0 + 35))
-    assert np.isnan(as_series(history.rates())[32])
+    assert not scored_steps & {STEP0 + 30, STEP0 + 31, STEP0 + 33, STEP0 + 34}
+    assert np.isnan(as_series(history.rates())[33]) and history.rates()[32] == 10.0
+
+
+def test_missing_or_garbage_metrics_mean_no_forecast_and_the_reason() -> None:
+    forecaster = Forecaster()
+    history = _history([10] * 30)
+    assert forecaster.update(history, (1,)).p90 is not None
+    history.record(history.end, None)
+    history.record(history.end, None)
+    assert forecaster.update(history, (1,)).p90 is not None  # two gaps: a scrape can fail
+    history.record(history.end, None)
+    prediction = forecaster.update(history, (1,))
+    assert prediction.model is None and prediction.p90 is None and prediction.forecasts == ()
+    assert "missing or unusable for the last 3 steps" in prediction.reason
+    assert "reactive scaling only" in prediction.reason
+    history.record(history.end, StepObservation(requests=10))  # metrics are back
+    assert forecaster.update(history, (1,)).p90 is not None

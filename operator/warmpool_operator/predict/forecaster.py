@@ -6,6 +6,8 @@ observed, then asks every candidate for the horizons wanted, and uses the candid
 the lowest recent quantile loss (:mod:`.evaluation`).  Before any candidate has enough
 scores, and whenever the history is too short for the others, it uses a baseline
 (last value): a short history gives a baseline's forecast and a reason, never an error.
+When the last few steps are all missing (the workers' request metrics are gone or garbage),
+there is no forecast at all, and the reason says why: the caller scales reactively.
 
 :meth:`Forecaster.maybe_train` (re)trains the model every ``retrain_every_steps`` steps,
 or at once when the horizons change; the operator calls it from a background thread
@@ -41,6 +43,9 @@ class ForecasterConfig:
     eval_window: int = 60
     min_scored: int = 5
     fallback: Baseline = Baseline.LAST_VALUE
+    #: This many missing steps in a row at the end (metrics gone or garbage) and there is no forecast:
+    #: a forecast from stale steps would hold capacity for traffic nobody has seen; reactive scaling only.
+    max_recent_missing_steps: int = 3
     use_model: bool = True  # False: baselines only (no LightGBM import, no training)
     only: str | None = None  # use this candidate whenever it can forecast (a benchmark's per-forecaster run)
 
@@ -132,6 +137,10 @@ class Forecaster:
         series = as_series(history.rates())
         if not np.any(~np.isnan(series)):
             return Prediction(last_step, None, "no observed steps yet", (), {}, None)
+        missing = _trailing_missing(series)
+        if missing >= self.config.max_recent_missing_steps:
+            return Prediction(last_step, None, f"request metrics missing or unusable for the last {missing} steps: "
+                              "no forecast (reactive scaling only)", (), {}, None)
         offered = self._candidates(series, history.start, horizons)
         for name, forecasts in offered.items():
             for forecast in forecasts:
@@ -177,3 +186,8 @@ class Forecaster:
             return best.candidate, (f"lowest recent quantile loss {best.loss:.3g} over {best.scored} steps"
                                     + (f" (then {others})" if others else ""))
         return fallback, f"no candidate scored on {self.config.min_scored} steps yet: {fallback}"
+
+
+def _trailing_missing(series: FloatArray) -> int:
+    observed = np.flatnonzero(~np.isnan(series))
+    return len(series) - 1 - int(observed[-1]) if len(observed) else len(series)
