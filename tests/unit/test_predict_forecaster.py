@@ -145,3 +145,18 @@ def test_missing_or_garbage_metrics_mean_no_forecast_and_the_reason() -> None:
     assert "reactive scaling only" in prediction.reason
     history.record(history.end, StepObservation(requests=10))  # metrics are back
     assert forecaster.update(history, (1,)).p90 is not None
+
+
+def test_a_restart_from_the_stored_history_forecasts_as_the_running_one_would() -> None:
+    from warmpool_operator.predict.history import dumps, loads
+
+    history = _history([(i * 7) % 40 + (i // 10) for i in range(90)])
+    running = Forecaster()
+    running.maybe_train(history, (1, 2))
+    before = running.predict(history, (1, 2))
+    restarted = Forecaster()  # a new operator process: nothing in memory but what was stored
+    restored = loads(dumps(history))
+    restarted.maybe_train(restored, (1, 2))
+    after = restarted.predict(restored, (1, 2))
+    assert restarted.model is not None and running.model is not None
+    assert after.candidates == before.candidates  # every baseline and the retrained LightGBM, exactly
