@@ -33,6 +33,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(_positive_float(part) for part in text.split(",") if part.strip())
 
@@ -55,16 +62,17 @@ def add_predict_parser(commands: Any, results: Path) -> None:
     p.add_argument("--decode-tokens-per-s", type=_positive_float, default=DERIVED_DECODE_TOKENS_PER_S,
                    help=f"per-pod decode speed (default {DERIVED_DECODE_TOKENS_PER_S:g}: derived from that run's "
                         "warm-up time)")
-    p.add_argument("--min-warm", type=_non_negative_int, default=1)
-    p.add_argument("--max-replicas", type=_non_negative_int, default=64)
+    p.add_argument("--min-warm", type=_non_negative_int, default=1, help="pods kept warm by every policy")
+    p.add_argument("--max-replicas", type=_positive_int, default=64, help="most pods any policy may have")
     p.add_argument("--max-extra-replicas", type=_non_negative_int, default=None,
                    help="predictive pods above the reactive count (default: up to maxReplicas; the default "
                         "cap of the library is also replayed for comparison)")
     p.add_argument("--idle-timeout", type=_positive_float, default=60.0, help="no pre-warm: idle pod stops after")
     p.add_argument("--forecasters", default="auto," + ",".join(CANDIDATES),
                    help="predictive runs: auto (best recent performer) and/or " + ",".join(CANDIDATES))
-    p.add_argument("--max-context", type=_positive_float, default=8192, help="model context for learned buckets")
-    p.add_argument("--repeat", type=int, default=1,
+    p.add_argument("--max-context", type=_positive_int, default=8192,
+                   help="model context in tokens, the ceiling of learned buckets (default 8192: SmolLM2-135M)")
+    p.add_argument("--repeat", type=_positive_int, default=1,
                    help="play the trace N times back to back (the output says so; default 1)")
     p.add_argument("--out", type=Path, default=results, help="results folder")
     p.add_argument("--name", default="predict", help="results file stem (.json, .md, .png)")
@@ -89,7 +97,7 @@ def run_predict_command(args: argparse.Namespace) -> int:
             cold_start_s=args.cold_start, extra_cold_starts_s=args.extra_cold_starts,
             prefill_tokens_per_s=args.prefill_tokens_per_s, decode_tokens_per_s=args.decode_tokens_per_s,
             min_warm=args.min_warm, max_replicas=args.max_replicas, max_extra_replicas=args.max_extra_replicas,
-            idle_timeout_s=args.idle_timeout, forecasters=forecasters, max_context=int(args.max_context),
+            idle_timeout_s=args.idle_timeout, forecasters=forecasters, max_context=args.max_context,
             repeat=args.repeat)
         result, chart = run_predict(trace, settings)
     except (TraceError, ValueError) as error:
