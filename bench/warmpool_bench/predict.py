@@ -251,7 +251,7 @@ def forecast_quality(predictions: Sequence[Prediction], history: History) -> dic
                 if target in actual:
                     made.setdefault(name, {})[(prediction.last_step, f.horizon)] = f
     out: dict[str, Any] = {"per_candidate": {}, "note": "counts per 60 s step; losses over the steps every "
-                           "listed candidate forecast (LightGBM joins once trained, so the common steps are few)"}
+                           "listed candidate forecast (LightGBM only joins once it is trained)"}
     if not made:
         return out
     common = set.intersection(*(set(m) for m in made.values()))
