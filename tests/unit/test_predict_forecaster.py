@@ -160,3 +160,22 @@ def test_a_restart_from_the_stored_history_forecasts_as_the_running_one_would() 
     after = restarted.predict(restored, (1, 2))
     assert restarted.model is not None and running.model is not None
     assert after.candidates == before.candidates  # every baseline and the retrained LightGBM, exactly
+
+
+def test_lightgbm_is_imported_only_when_a_model_is_trained() -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from warmpool_operator.predict.forecaster import Forecaster, ForecasterConfig\n"
+        "from warmpool_operator.predict.history import History, StepObservation\n"
+        "h = History()\n"
+        "for i in range(60): h.record(29_000_000 + i, StepObservation(requests=i % 6))\n"
+        "Forecaster(ForecasterConfig(use_model=False)).update(h, (1,))\n"
+        "assert 'lightgbm' not in sys.modules, 'imported by the baselines'\n"
+        "Forecaster().update(h, (1,))\n"
+        "assert 'lightgbm' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
