@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from warmpool_worker.cpu_threads import choose_threads
-from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError
+from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError, NonFiniteLogitsError
 from warmpool_worker.guard import GuardState, TierGuard
 from warmpool_worker.heatmap import layer_order, usable_heat
 from warmpool_worker.memory import make_probe
@@ -159,6 +159,8 @@ class WorkerRuntime:
                 log.warning("warm-up timeout (%.0fs) reached: ready with what is warm", args.warmup_timeout)
                 break
         self._capture_graphs(engine)
+        if self.status.unhealthy:  # a request met NaN/Inf logits while the warm-up ran
+            raise NonFiniteLogitsError(self.status.error or f"model {engine.model_name!r}: non-finite logits")
         self.metrics.mark_phase("warmup_done")
         self.status.stage = STAGE_READY
         self.metrics.set_ready(True)

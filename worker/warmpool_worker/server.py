@@ -167,10 +167,13 @@ class WorkerStatus(WarmupStatus):
     model_name: str = field(kw_only=True)
     engine: Engine | None = None
     started_at: float = field(default_factory=time.time)
+    #: Set for good once a request met NaN/Inf logits (sticky: a stage written later by the
+    #: start-up sequence cannot make the worker ready again).
+    unhealthy: bool = False
 
     @property
     def ready(self) -> bool:
-        return self.stage == STAGE_READY and self.engine is not None
+        return self.stage == STAGE_READY and self.engine is not None and not self.unhealthy
 
 
 class BadRequest(Exception):
@@ -359,7 +362,7 @@ class WorkerServer:
         engine = self.status.engine
         if engine is None:
             raise BadRequest(503, f"model not loaded yet (stage {self.status.stage})", "unavailable")
-        if self.status.stage == STAGE_UNHEALTHY:
+        if self.status.unhealthy:
             raise BadRequest(503, f"worker unhealthy: {self.status.error}", "unavailable")
         return engine
 
@@ -472,9 +475,10 @@ class WorkerServer:
     def _mark_unhealthy(self, error: NonFiniteLogitsError) -> None:
         """Non-finite logits on a live request: the model is unusable, unready for good."""
         self.metrics.logits_non_finite()
-        if self.status.stage == STAGE_UNHEALTHY:
+        if self.status.unhealthy:
             return
         self.status.error = str(error)
+        self.status.unhealthy = True
         self.status.stage = STAGE_UNHEALTHY
         self.metrics.set_ready(False)
         log.error("%s; the worker is unready from now on (a restart re-runs the warm-up check)", error)
