@@ -210,22 +210,38 @@ async def ensure(kube: Kube, desired: Obj, owner: Mapping[str, Any], state: Mode
         state.settled[key] = (want, _version(actual))
         return actual
     log.info("%s %s/%s differs from the spec: applying", kind, namespace, name)
-    result = await kube.apply(desired)
-    if child_drifted(result, desired):
-        log.info("%s %s/%s still differs (fields of another manager): replacing it whole", kind, namespace, name)
-        whole = copy.deepcopy(desired)
-        live_meta = result.get("metadata") or {}
-        whole["metadata"]["resourceVersion"] = live_meta.get("resourceVersion")
-        whole["metadata"]["ownerReferences"] = live_meta.get("ownerReferences") or meta["ownerReferences"]
-        for field_name in ("labels", "annotations"):  # others' keys stay, ours win
-            whole["metadata"][field_name] = {**(live_meta.get(field_name) or {}), **(meta.get(field_name) or {})}
-        if kind == "Service":  # allocated fields are immutable: carry them over
-            for key_name in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
-                if key_name in (result.get("spec") or {}):
-                    whole["spec"][key_name] = result["spec"][key_name]
-        result = await kube.replace(whole)
+    try:
+        result = await kube.apply(desired)
+    except KubeError as error:
+        # Merged with what another manager holds, the object can be invalid (a hand-edited port
+        # keeps its name beside ours: "Duplicate value"): only the whole desired object is valid.
+        if error.status not in (400, 409, 422):
+            raise
+        log.info("%s %s/%s: apply refused (%s): replacing it whole", kind, namespace, name, error)
+        result = await _replace_whole(kube, desired, actual)
+    else:
+        if child_drifted(result, desired):
+            log.info("%s %s/%s still differs (fields of another manager): replacing it whole", kind, namespace, name)
+            result = await _replace_whole(kube, desired, result)
     state.settled[key] = (want, _version(result))
     return result
+
+
+async def _replace_whole(kube: Kube, desired: Obj, live: Mapping[str, Any]) -> Obj:
+    """PUT ``desired`` over ``live`` (at its resourceVersion): list items and fields another
+    manager added go; others' labels, annotations and owner references stay."""
+    whole = copy.deepcopy(desired)
+    meta = whole["metadata"]
+    live_meta = live.get("metadata") or {}
+    meta["resourceVersion"] = live_meta.get("resourceVersion")
+    meta["ownerReferences"] = live_meta.get("ownerReferences") or meta["ownerReferences"]
+    for field_name in ("labels", "annotations"):  # others' keys stay, ours win
+        meta[field_name] = {**(live_meta.get(field_name) or {}), **(meta.get(field_name) or {})}
+    if whole["kind"] == "Service":  # allocated fields are immutable: carry them over
+        for key_name in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+            if key_name in (live.get("spec") or {}):
+                whole["spec"][key_name] = live["spec"][key_name]
+    return await kube.replace(whole)
 
 
 async def ensure_secret(kube: Kube, target: Target, owner: Mapping[str, Any]) -> str:

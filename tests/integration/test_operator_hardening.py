@@ -259,8 +259,10 @@ def test_hand_edits_of_children_are_undone(make_world: MakeWorld, tiny_model: Pa
     world.wait(lambda: world.get("pdb", "drift")["spec"]["selector"] == want_pdb["spec"]["selector"], 30,
                "the PDB restored")
     world.wait_ready("drift", warm=1, timeout=120)
-    managers = {m["manager"] for m in world.get("deployment", "drift")["metadata"]["managedFields"]
-                if m.get("operation") == "Apply"}
+    # The PDB came back by server-side apply as warmpool-operator (the Deployment's merged ports were
+    # invalid, a duplicate port name, so it was replaced whole: see the operator log).
+    live = json.loads(world.kubectl("get", "pdb", "drift", "-o", "json", "--show-managed-fields"))
+    managers = {m["manager"] for m in live["metadata"]["managedFields"] if m.get("operation") == "Apply"}
     assert managers == {"warmpool-operator"}, managers
 
 
