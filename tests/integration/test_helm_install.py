@@ -24,6 +24,7 @@ from warmpool_devcluster import build
 from warmpool_devcluster.testing import ClusterHandle
 
 from warmpool import contract
+from warmpool.e2e_support import model_root, tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -124,8 +125,6 @@ def operator_log(cluster: ClusterHandle, namespace: str, pod: str) -> str:
 def test_install_run_rbac_warm_uninstall(
     cluster: ClusterHandle, namespace: str, models_namespace: str, tmp_path: Path
 ) -> None:
-    from warmpool_worker.testing_models import make_tiny_llama
-
     release = f"wp{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-warmpool"
     sa = f"system:serviceaccount:{namespace}:{fullname}"
@@ -136,8 +135,9 @@ def test_install_run_rbac_warm_uninstall(
         "watch": {"namespaces": [namespace, models_namespace]},
         # Loopback pod IPs only (the local cluster); fast ticks keep the test short.
         "operator": {"scrapeNetworks": ["127.0.0.0/8"], "scrapeInterval": 2, "logLevel": "INFO",
-                     # the tiny model below is written under tmp_path: a node directory to allow
-                     "allowedHostPaths": [str(tmp_path)]},
+                     # the tiny model's directory (not under /tmp: the local kubelet maps an argument
+                     # under a container's mount path, and the operator mounts an emptyDir at /tmp)
+                     "allowedHostPaths": [str(model_root())]},
         "probes": {"readiness": {"initialDelaySeconds": 1, "periodSeconds": 2, "timeoutSeconds": 5,
                                  "failureThreshold": 3}},
     }
@@ -204,7 +204,7 @@ def test_install_run_rbac_warm_uninstall(
         assert listed.returncode == 0
 
         # --- a WarmModel applied afterwards goes warm
-        model_dir = make_tiny_llama(tmp_path / "tiny-llama")
+        model_dir = tiny_model()
         cluster.kubectl("apply", "-n", models_namespace, "-f", "-", input=warm_model_manifest("tiny", model_dir))
 
         def warm() -> dict[str, Any] | None:
