@@ -344,7 +344,3 @@ def compute_status(
     )
     return dump_status(status)
 
-
-def status_differs(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
-    """Whether a patch is needed (skips writes, and the watch events they cause, when equal)."""
-    return dict(new) != {k: v for k, v in (old or {}).items() if k in new} or set(new) - set(old or {}) != set()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from warmpool_operator import builders
 from warmpool_operator.api import parse_spec
 from warmpool_operator.builders import Target
+from warmpool_worker.config import ServeConfig
 from warmpool_worker.engine_api import GraphCapture
 from warmpool_worker.runtime import WorkerRuntime
 
@@ -53,7 +55,7 @@ def test_graphs_are_captured_only_after_a_full_warmup(tier: Tier, enabled: bool,
     engine = _Recorder()
     assert isinstance(engine, GraphCapture)
     runtime: Any = WorkerRuntime.__new__(WorkerRuntime)  # only the fields _capture_graphs reads
-    runtime.args = argparse.Namespace(graph_capture=enabled)
+    runtime.config = ServeConfig(model=Path("/models/tiny"), graph_capture=enabled)
     runtime.status = argparse.Namespace(warmup_tier=tier)
     runtime._capture_graphs(engine)
     assert engine.calls == expected_calls

@@ -1,60 +1,59 @@
-"""`warmpool worker serve|sidecar ...`: the worker's command line and start-up sequence.
+"""`warmpool worker serve|sidecar ...`: the worker's command line, the edge where settings are checked.
 
-Start-up order (cold start is the product, and the probes must tell the truth throughout):
+The flags are parsed here and turned into the frozen configuration objects of `config`
+(`ServeConfig`, `SidecarConfig`); a value the worker cannot run with is refused here with an
+error naming the flag (exit 2), and nothing below this module sees an ``argparse.Namespace``.
+The start-up sequences themselves, and their order, are documented where they are
+implemented: `runtime.serve` (built-in engine) and `sidecar.serve_sidecar`.
 
-1. bind the HTTP server first, so ``/livez`` and ``/metrics`` answer from the first second;
-2. start the local tier guard and take one memory reading (the warm-up depth depends on it);
-3. map the weights (``load_engine``: headers validated, nothing read yet) -> ``weights_mapped``;
-4. load layers in heat order per the tier's plan, logging each -> ``first_layer_ready``;
-5. warm up per the tier (prefill + short decode per bucket) -> ``warmup_done``;
-6. ``/readyz`` turns 200 -> ``ready``.  Afterwards, if the tier relaxes, the warm-up is
-   topped up to the deeper plan in the background (never undone when it tightens).
-
-A load failure is logged, ``/readyz`` never turns 200, and the process exits non-zero.
-Only argparse and the standard library are imported before arguments are parsed, so
-``--help`` is instant; aiohttp and the engine come after.
+Only argparse and the standard library are imported before the arguments are parsed, so
+``--help`` is instant; the configuration objects, aiohttp and the engine come after.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmpool_worker.defaults import (
+    DEFAULT_CGROUP_ROOT,
+    DEFAULT_CHARS_PER_TOKEN,
+    DEFAULT_DECODE_TOKENS,
+    DEFAULT_ENGINE_METRICS_PATH,
+    DEFAULT_GUARD_INTERVAL_S,
+    DEFAULT_HOST,
+    DEFAULT_LOST_AFTER,
+    DEFAULT_MAX_QUEUED_REQUESTS,
+    DEFAULT_MAX_TOKENS_LIMIT,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PROBE_TIMEOUT_S,
+    DEFAULT_PROMPTS_PER_BUCKET,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_RETRIES,
+    DEFAULT_RETRY_BACKOFF_S,
+)
+
 from warmpool.contract import (
+    DEFAULT_ENGINE_HEALTH_PATH,
     DEFAULT_HOT_LAYER_PERCENT,
     DEFAULT_HYSTERESIS_PERCENT,
     DEFAULT_LENGTH_BUCKETS,
     DEFAULT_PAUSE_AT_PERCENT,
     DEFAULT_TRUNCATE_AT_PERCENT,
+    DEFAULT_WARMUP_TIMEOUT_SECONDS,
     DEFAULT_WORKER_PORT,
     ENV_POD_IP,
 )
 
 if TYPE_CHECKING:
+    from warmpool_worker.config import GuardConfig, ListenConfig, ServeConfig, SidecarConfig, WarmupConfig
+
     from warmpool.tiering import Thresholds
 
 log = logging.getLogger("warmpool.worker")
-
-DEFAULT_ENGINE_FACTORY = "warmpool_worker.engine:load_engine"
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _percent(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be a percentage 0..100, got {text}")
-    return value
 
 
 def _buckets(text: str) -> tuple[int, ...]:
@@ -74,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", required=True, type=Path, help="model directory (HF layout, safetensors)")
     serve.add_argument(
         "--host",
-        default=os.environ.get(ENV_POD_IP) or "127.0.0.1",
-        help=f"address to bind (default: ${ENV_POD_IP}, else 127.0.0.1)",
+        default=os.environ.get(ENV_POD_IP) or DEFAULT_HOST,
+        help=f"address to bind (default: ${ENV_POD_IP}, else {DEFAULT_HOST})",
     )
     serve.add_argument(
         "--port", type=int, default=DEFAULT_WORKER_PORT, help="port to bind (0: any free port)"
@@ -97,51 +96,52 @@ def build_parser() -> argparse.ArgumentParser:
         "--buckets", type=_buckets, default=DEFAULT_LENGTH_BUCKETS, help="warm-up prompt lengths in tokens"
     )
     serve.add_argument(
-        "--prompts-per-bucket", type=_positive_int, default=2, help="warm-up prompts per bucket"
+        "--prompts-per-bucket", type=int, default=DEFAULT_PROMPTS_PER_BUCKET, help="warm-up prompts per bucket"
     )
     serve.add_argument(
-        "--decode-tokens", type=_positive_int, default=4, help="tokens decoded per warm-up prompt"
+        "--decode-tokens", type=int, default=DEFAULT_DECODE_TOKENS, help="tokens decoded per warm-up prompt"
     )
     serve.add_argument("--tier-thresholds", default=None, help="'truncate,pause[,hysteresis]' in percent")
     serve.add_argument(
-        "--truncate-at", type=_percent, default=None, help=f"default {DEFAULT_TRUNCATE_AT_PERCENT}"
+        "--truncate-at", type=float, default=None, help=f"default {DEFAULT_TRUNCATE_AT_PERCENT}"
     )
-    serve.add_argument("--pause-at", type=_percent, default=None, help=f"default {DEFAULT_PAUSE_AT_PERCENT}")
+    serve.add_argument("--pause-at", type=float, default=None, help=f"default {DEFAULT_PAUSE_AT_PERCENT}")
     serve.add_argument(
-        "--hysteresis", type=_percent, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}"
+        "--hysteresis", type=float, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}"
     )
     serve.add_argument(
         "--hot-layer-percent",
-        type=_percent,
+        type=float,
         default=DEFAULT_HOT_LAYER_PERCENT,
         help="layers kept when truncated",
     )
     serve.add_argument(
         "--memory-capacity-bytes",
-        type=_positive_int,
+        type=int,
         default=None,
         help="measure against this capacity: used = this process tree's real usage (+ --memory-account-pid)",
     )
     serve.add_argument(
         "--memory-account-pid",
-        type=_positive_int,
+        type=int,
         action="append",
         default=[],
         help="also count this process (and its children) against the configured capacity; repeatable",
     )
-    serve.add_argument("--guard-interval", type=float, default=0.5, help="seconds between memory readings")
+    serve.add_argument("--guard-interval", type=float, default=DEFAULT_GUARD_INTERVAL_S,
+                       help="seconds between memory readings")
     serve.add_argument("--control-token-file", type=Path, default=None, help="bearer token for /control/tier")
     serve.add_argument("--kv-prefix-dir", type=Path, default=None, help="persist/reload warm-prefix KV here")
     serve.add_argument(
         "--max-queued-requests",
-        type=_positive_int,
-        default=64,
+        type=int,
+        default=DEFAULT_MAX_QUEUED_REQUESTS,
         help="requests that may wait for the engine; beyond it a request gets 429 + Retry-After",
     )
     serve.add_argument(
         "--max-tokens-limit",
-        type=_positive_int,
-        default=4096,
+        type=int,
+        default=DEFAULT_MAX_TOKENS_LIMIT,
         help="largest max_tokens a request may ask for (above it: 400 naming max_tokens)",
     )
     serve.add_argument(
@@ -151,19 +151,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="capture CUDA graphs of the decode step after a full warm-up (CUDA only; graphs cost memory)",
     )
     serve.add_argument(
-        "--warmup-timeout", type=float, default=600.0, help="seconds of optional warm-up before ready anyway"
+        "--warmup-timeout",
+        type=float,
+        default=float(DEFAULT_WARMUP_TIMEOUT_SECONDS),
+        help="seconds of optional warm-up before ready anyway",
     )
     serve.add_argument(
         "--threads",
-        type=_positive_int,
+        type=int,
         default=None,
         help="torch intra-op threads (default: the container's CPU quota, cgroup v2 cpu.max, "
         "capped by the CPUs this process may use; torch's own default is every core of the node)",
     )
     serve.add_argument(
-        "--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"), help="where cgroup v2 is mounted"
+        "--cgroup-root", type=Path, default=Path(DEFAULT_CGROUP_ROOT), help="where cgroup v2 is mounted"
     )
-    serve.add_argument("--engine-factory", default=DEFAULT_ENGINE_FACTORY, help=argparse.SUPPRESS)
     serve.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
 
     _add_sidecar_parser(commands)
@@ -175,80 +177,159 @@ def _add_sidecar_parser(commands: Any) -> None:
     sc = commands.add_parser("sidecar", help="prefetch, warm and gate readiness of an external engine")
     sc.add_argument("--engine-url", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
     sc.add_argument("--model-dir", type=Path, default=None, help="the engine's weights (prefetched in heat order)")
-    sc.add_argument("--health-path", default="/health", help="the engine's health path (default /health)")
-    sc.add_argument("--engine-metrics-path", default="/metrics", help="the engine's Prometheus path")
+    sc.add_argument("--health-path", default=DEFAULT_ENGINE_HEALTH_PATH,
+                    help=f"the engine's health path (default {DEFAULT_ENGINE_HEALTH_PATH})")
+    sc.add_argument("--engine-metrics-path", default=DEFAULT_ENGINE_METRICS_PATH, help="the engine's Prometheus path")
     sc.add_argument("--served-model-name", default=None, help="model name for requests (default: /v1/models)")
     sc.add_argument("--api-key-file", type=Path, default=None, help="bearer token for the engine's API")
-    sc.add_argument("--max-context", type=_positive_int, default=None,
+    sc.add_argument("--max-context", type=int, default=None,
                     help="engine context in tokens (default: /v1/models, else config.json)")
-    sc.add_argument("--host", default=os.environ.get(ENV_POD_IP) or "127.0.0.1",
-                    help=f"address to bind (default: ${ENV_POD_IP}, else 127.0.0.1)")
+    sc.add_argument("--host", default=os.environ.get(ENV_POD_IP) or DEFAULT_HOST,
+                    help=f"address to bind (default: ${ENV_POD_IP}, else {DEFAULT_HOST})")
     sc.add_argument("--port", type=int, default=DEFAULT_WORKER_PORT, help="port to bind (0: any free port)")
     sc.add_argument("--device", default="auto", help="memory probe: auto | cpu | cuda | cuda:N")
     sc.add_argument("--heat-map", type=Path, default=None, help="heat map JSON (hottest layers prefetched first)")
     sc.add_argument("--prompts", type=Path, default=None, help="warm-up prompts file (JSON list or text)")
     sc.add_argument("--buckets", type=_buckets, default=DEFAULT_LENGTH_BUCKETS, help="warm-up lengths in tokens")
-    sc.add_argument("--prompts-per-bucket", type=_positive_int, default=2, help="warm-up prompts per bucket")
-    sc.add_argument("--decode-tokens", type=_positive_int, default=4, help="tokens decoded per warm-up prompt")
-    sc.add_argument("--chars-per-token", type=float, default=None,
-                    help="prompt sizing without a tokenizer.json (default 4)")
+    sc.add_argument("--prompts-per-bucket", type=int, default=DEFAULT_PROMPTS_PER_BUCKET,
+                    help="warm-up prompts per bucket")
+    sc.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE_TOKENS,
+                    help="tokens decoded per warm-up prompt")
+    sc.add_argument("--chars-per-token", type=float, default=DEFAULT_CHARS_PER_TOKEN,
+                    help=f"prompt sizing without a tokenizer.json (default {DEFAULT_CHARS_PER_TOKEN:g})")
     sc.add_argument("--tier-thresholds", default=None, help="'truncate,pause[,hysteresis]' in percent")
-    sc.add_argument("--truncate-at", type=_percent, default=None, help=f"default {DEFAULT_TRUNCATE_AT_PERCENT}")
-    sc.add_argument("--pause-at", type=_percent, default=None, help=f"default {DEFAULT_PAUSE_AT_PERCENT}")
-    sc.add_argument("--hysteresis", type=_percent, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}")
-    sc.add_argument("--hot-layer-percent", type=_percent, default=DEFAULT_HOT_LAYER_PERCENT,
+    sc.add_argument("--truncate-at", type=float, default=None, help=f"default {DEFAULT_TRUNCATE_AT_PERCENT}")
+    sc.add_argument("--pause-at", type=float, default=None, help=f"default {DEFAULT_PAUSE_AT_PERCENT}")
+    sc.add_argument("--hysteresis", type=float, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}")
+    sc.add_argument("--hot-layer-percent", type=float, default=DEFAULT_HOT_LAYER_PERCENT,
                     help="share of layers prefetched when truncated")
     sc.add_argument("--memory-source", choices=("device", "engine-kv"), default="device",
                     help="tier from the device's memory (probe chain) or the engine's KV-cache usage "
                     "(vLLM pre-allocates the GPU, so device-wide readings sit near 90%%)")
-    sc.add_argument("--memory-capacity-bytes", type=_positive_int, default=None,
+    sc.add_argument("--memory-capacity-bytes", type=int, default=None,
                     help="measure against this capacity (used = this process tree + --memory-account-pid)")
-    sc.add_argument("--memory-account-pid", type=_positive_int, action="append", default=[],
+    sc.add_argument("--memory-account-pid", type=int, action="append", default=[],
                     help="count this process (e.g. the engine) against the capacity; repeatable")
-    sc.add_argument("--guard-interval", type=float, default=0.5, help="seconds between memory readings")
+    sc.add_argument("--guard-interval", type=float, default=DEFAULT_GUARD_INTERVAL_S,
+                    help="seconds between memory readings")
     sc.add_argument("--control-token-file", type=Path, default=None, help="bearer token for /control/tier")
     sc.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                     help="page-cache prefetch of --model-dir (default on)")
     sc.add_argument("--prefetch-mode", choices=("read", "advise"), default="read",
                     help="read: fadvise + read (certain); advise: fadvise WILLNEED only (no copy)")
-    sc.add_argument("--poll-interval", type=float, default=0.5, help="seconds between engine health probes")
-    sc.add_argument("--lost-after", type=_positive_int, default=3,
+    sc.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL_S,
+                    help="seconds between engine health probes")
+    sc.add_argument("--lost-after", type=int, default=DEFAULT_LOST_AFTER,
                     help="consecutive failed health probes that mean the engine is lost")
-    sc.add_argument("--probe-timeout", type=float, default=2.0, help="seconds per health/metrics probe")
-    sc.add_argument("--request-timeout", type=float, default=120.0, help="seconds per warm-up request")
-    sc.add_argument("--retries", type=int, default=3, help="retries per warm-up request (5xx, garbage, refused)")
-    sc.add_argument("--retry-backoff", type=float, default=0.5, help="first retry delay in seconds (doubles)")
-    sc.add_argument("--warmup-timeout", type=float, default=600.0,
+    sc.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT_S,
+                    help="seconds per health/metrics probe")
+    sc.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
+                    help="seconds per warm-up request")
+    sc.add_argument("--retries", type=int, default=DEFAULT_RETRIES,
+                    help="retries per warm-up request (5xx, garbage, refused)")
+    sc.add_argument("--retry-backoff", type=float, default=DEFAULT_RETRY_BACKOFF_S,
+                    help="first retry delay in seconds (doubles)")
+    sc.add_argument("--warmup-timeout", type=float, default=float(DEFAULT_WARMUP_TIMEOUT_SECONDS),
                     help="seconds of warm-up before ready with what is warm (if any prompt passed)")
     sc.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
 
 
-def thresholds_from(args: argparse.Namespace) -> Thresholds:
-    from warmpool.tiering import Thresholds
+# -- from flags to configuration objects (the one place a flag meets its field) -------------
+def _thresholds(args: argparse.Namespace) -> Thresholds:
+    from warmpool_worker.config import ConfigError
 
-    base = Thresholds.parse(args.tier_thresholds) if args.tier_thresholds else Thresholds()
-    return Thresholds(
-        truncate_at=base.truncate_at if args.truncate_at is None else args.truncate_at,
-        pause_at=base.pause_at if args.pause_at is None else args.pause_at,
-        hysteresis=base.hysteresis if args.hysteresis is None else args.hysteresis,
+    from warmpool.tiering import ThresholdError, Thresholds
+
+    try:
+        base = Thresholds.parse(args.tier_thresholds) if args.tier_thresholds else Thresholds()
+        return Thresholds(
+            truncate_at=base.truncate_at if args.truncate_at is None else args.truncate_at,
+            pause_at=base.pause_at if args.pause_at is None else args.pause_at,
+            hysteresis=base.hysteresis if args.hysteresis is None else args.hysteresis,
+        )
+    except ThresholdError as error:
+        raise ConfigError("--tier-thresholds/--truncate-at/--pause-at/--hysteresis:", str(error)) from None
+
+
+def _listen(args: argparse.Namespace) -> ListenConfig:
+    from warmpool_worker.config import ListenConfig
+
+    return ListenConfig(host=args.host, port=args.port, control_token_file=args.control_token_file)
+
+
+def _guard(args: argparse.Namespace) -> GuardConfig:
+    from warmpool_worker.config import GuardConfig
+
+    return GuardConfig(
+        thresholds=_thresholds(args),
+        memory_capacity_bytes=args.memory_capacity_bytes,
+        memory_account_pids=tuple(args.memory_account_pid),
+        interval_s=args.guard_interval,
     )
 
 
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch
-        except ImportError:
-            return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def _warmup(args: argparse.Namespace) -> WarmupConfig:
+    from warmpool_worker.config import WarmupConfig
+
+    return WarmupConfig(
+        buckets=tuple(args.buckets),
+        prompts_per_bucket=args.prompts_per_bucket,
+        decode_tokens=args.decode_tokens,
+        hot_layer_percent=args.hot_layer_percent,
+        prompts_file=args.prompts,
+        timeout_s=args.warmup_timeout,
+    )
 
 
-def load_factory(spec: str) -> Any:
-    module_name, _, attribute = spec.partition(":")
-    return getattr(importlib.import_module(module_name), attribute or "load_engine")
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """`warmpool worker serve`'s flags as a checked `ServeConfig` (raises `ConfigError`)."""
+    from warmpool_worker.config import ServeConfig, ServingLimits
+
+    return ServeConfig(
+        model=args.model,
+        model_name=args.model_name,
+        device=args.device,
+        dtype=args.dtype,
+        heat_map=args.heat_map,
+        kv_prefix_dir=args.kv_prefix_dir,
+        graph_capture=args.graph_capture,
+        threads=args.threads,
+        cgroup_root=args.cgroup_root,
+        listen=_listen(args),
+        guard=_guard(args),
+        warmup=_warmup(args),
+        limits=ServingLimits(max_queued_requests=args.max_queued_requests, max_tokens_limit=args.max_tokens_limit),
+    )
+
+
+def sidecar_config(args: argparse.Namespace) -> SidecarConfig:
+    """`warmpool worker sidecar`'s flags as a checked `SidecarConfig` (raises `ConfigError`)."""
+    from warmpool_worker.config import SidecarConfig
+
+    return SidecarConfig(
+        engine_url=args.engine_url,
+        model_dir=args.model_dir,
+        health_path=args.health_path,
+        engine_metrics_path=args.engine_metrics_path,
+        served_model_name=args.served_model_name,
+        api_key_file=args.api_key_file,
+        max_context=args.max_context,
+        device=args.device,
+        heat_map=args.heat_map,
+        chars_per_token=args.chars_per_token,
+        memory_source=args.memory_source,
+        prefetch=args.prefetch,
+        prefetch_mode=args.prefetch_mode,
+        poll_interval_s=args.poll_interval,
+        lost_after=args.lost_after,
+        probe_timeout_s=args.probe_timeout,
+        request_timeout_s=args.request_timeout,
+        retries=args.retries,
+        retry_backoff_s=args.retry_backoff,
+        listen=_listen(args),
+        guard=_guard(args),
+        warmup=_warmup(args),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,18 +339,21 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from warmpool.tiering import ThresholdError
-
-    try:
-        thresholds = thresholds_from(args)
-    except ThresholdError as error:
-        parser.error(str(error))
     import asyncio
 
+    from warmpool_worker.config import ConfigError
+
+    try:
+        if args.command == "sidecar":
+            sidecar = sidecar_config(args)
+        else:
+            serve = serve_config(args)
+    except ConfigError as error:
+        parser.error(str(error))  # exits 2, naming the flag
     if args.command == "sidecar":
         from warmpool_worker.sidecar import serve_sidecar
 
-        return asyncio.run(serve_sidecar(args, thresholds))
-    from warmpool_worker.runtime import serve
+        return asyncio.run(serve_sidecar(sidecar))
+    from warmpool_worker.runtime import serve_worker
 
-    return asyncio.run(serve(args, thresholds))
+    return asyncio.run(serve_worker(serve))

@@ -17,14 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from warmpool_worker.defaults import DEFAULT_GUARD_INTERVAL_S
 from warmpool_worker.memory import MemoryProbe, MemoryReading
 
 from warmpool.contract import DIRECTIVE_TIERS, MAX_DIRECTIVE_TTL_SECONDS, Tier
 from warmpool.tiering import Thresholds, decide_tier, stricter
 
 log = logging.getLogger(__name__)
-
-DEFAULT_GUARD_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
 """The worker's Prometheus metrics (shared with the sidecar: same names, same meanings).
 
+`WorkerMetrics` holds every series both modes export; `SidecarMetrics` adds the external
+engine's and the prefetch's figures.  `WorkerMetrics.publish_guard` is the one place the
+tier guard's state becomes series, for both modes.
+
 Every name comes from `warmpool.contract`; the operator scrapes them with
 `prometheus_client.parser`.  A dedicated CollectorRegistry (not the global one) keeps tests
 and several workers in one process apart and exports nothing we did not declare.
@@ -15,6 +19,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -35,6 +40,9 @@ from warmpool.contract import (
     LABEL_SOURCE,
     LABEL_TIER,
     METRIC_DIRECTIVE_ACTIVE,
+    METRIC_ENGINE_MEMORY_RATIO,
+    METRIC_ENGINE_RESTARTS,
+    METRIC_ENGINE_UP,
     METRIC_GENERATED_TOKENS,
     METRIC_KV_CACHE_TOKENS,
     METRIC_KV_PREFIX_SAVE_ERRORS,
@@ -49,6 +57,10 @@ from warmpool.contract import (
     METRIC_NON_FINITE_LOGITS,
     METRIC_PHASE_DURATION,
     METRIC_PHASE_TIMESTAMP,
+    METRIC_PREFETCH_FILE_ERRORS,
+    METRIC_PREFETCH_READ_BYTES,
+    METRIC_PREFETCH_RESIDENT_BYTES,
+    METRIC_PREFETCH_TARGET_BYTES,
     METRIC_READY,
     METRIC_REQUESTS_CANCELLED,
     METRIC_REQUESTS_QUEUED,
@@ -56,6 +68,7 @@ from warmpool.contract import (
     METRIC_TIER,
     METRIC_TOKENS_AFTER_DISCONNECT,
     METRIC_TTFT,
+    METRIC_WARMUP_ERRORS,
     METRIC_WARMUP_PLANNED,
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
@@ -63,10 +76,18 @@ from warmpool.contract import (
     Tier,
 )
 
+if TYPE_CHECKING:
+    from warmpool_worker.guard import GuardState
+    from warmpool_worker.prefetch import PrefetchReport
+
 #: TTFT buckets: from a warm tiny model on a GPU (ms) to a cold large one on a CPU (a minute).
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+#: The memory source of a reading that is a ratio, not bytes (the sidecar's engine KV-cache
+#: usage, scaled to the guard's byte-speaking probe): only its ratio series is exported.
+ENGINE_KV_SOURCE = "engine_kv"
 
 
 def process_start_time(proc: Path = Path("/proc")) -> float:
@@ -207,6 +228,18 @@ class WorkerMetrics:
         self.memory_capacity.labels(source).set(capacity_bytes)
         self.memory_ratio.labels(source).set(used_bytes / capacity_bytes)
 
+    def publish_guard(self, state: GuardState) -> None:
+        """The tier guard's update callback (both modes): its reading and tiers as series."""
+        reading = state.reading
+        if reading is None:
+            self.set_memory(None, None, None)
+        elif reading.source == ENGINE_KV_SOURCE:
+            self.set_memory(None, None, None)  # a ratio, not bytes: only the ratio series
+            self.memory_ratio.labels(reading.source).set(reading.ratio)
+        else:
+            self.set_memory(reading.used_bytes, reading.capacity_bytes, reading.source)
+        self.set_tier(state.effective, state.local, state.directive is not None)
+
     @staticmethod
     def _set_tier(gauge: Gauge, tier: Tier) -> None:
         for each in Tier:
@@ -272,3 +305,45 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class SidecarMetrics(WorkerMetrics):
+    """The worker's metrics (same names) plus the external engine's and the prefetch's figures."""
+
+    def __init__(self, process_start: float | None = None) -> None:
+        super().__init__(process_start)
+        r = self.registry
+        self.engine_up = Gauge(METRIC_ENGINE_UP, "1 while the engine answers its health endpoint", registry=r)
+        self.engine_restarts = Counter(
+            METRIC_ENGINE_RESTARTS, "Engine restarts or outages seen after it had answered", registry=r
+        )
+        self.warmup_errors = Counter(
+            METRIC_WARMUP_ERRORS, "Failed warm-up requests to the engine", [LABEL_REASON], registry=r
+        )
+        self.engine_memory = Gauge(
+            METRIC_ENGINE_MEMORY_RATIO,
+            "The engine's own memory figure (vLLM KV-cache usage, 0..1; absent when unknown)",
+            [LABEL_SOURCE],
+            registry=r,
+        )
+        self.prefetch_target = Gauge(METRIC_PREFETCH_TARGET_BYTES, "Weight bytes the prefetch targets", registry=r)
+        self.prefetch_read = Gauge(METRIC_PREFETCH_READ_BYTES, "Weight bytes the prefetch has read", registry=r)
+        self.prefetch_resident = Gauge(
+            METRIC_PREFETCH_RESIDENT_BYTES, "Target bytes resident in the page cache (mincore)", registry=r
+        )
+        self.prefetch_file_errors = Gauge(
+            METRIC_PREFETCH_FILE_ERRORS, "Weight files the prefetch could not use", registry=r
+        )
+        self.engine_up.set(0)
+
+    def set_engine_memory(self, ratio: float | None, source: str | None) -> None:
+        self.engine_memory.clear()  # unknown is absent, never 0
+        if ratio is not None and source is not None:
+            self.engine_memory.labels(source).set(ratio)
+
+    def set_prefetch(self, report: PrefetchReport, file_errors: int) -> None:
+        self.prefetch_target.set(report.target_bytes)
+        self.prefetch_read.set(report.read_bytes)
+        self.prefetch_file_errors.set(file_errors)
+        if report.resident_after is not None:
+            self.prefetch_resident.set(report.resident_after)

@@ -1,8 +1,25 @@
-"""The worker's start-up sequence and its background loops (see `cli` for the order and why)."""
+"""``warmpool worker serve``: the built-in worker's start-up sequence and its background loops.
+
+Start-up order (`serve_worker`; cold start is the product, and the probes must tell the
+truth throughout):
+
+1. bind the HTTP server first, so ``/livez`` and ``/metrics`` answer from the first second;
+2. start the local tier guard and take one memory reading (the warm-up depth depends on it);
+3. size torch's thread pool to the pod's CPU, then map the weights (``load_engine``: headers
+   validated, nothing read yet) -> ``weights_mapped``;
+4. load layers in heat order per the tier's plan, logging each -> ``first_layer_ready``;
+5. warm up per the tier (prefill + short decode per bucket) -> ``warmup_done``;
+6. capture CUDA graphs of the decode step, after a full warm-up only;
+7. ``/readyz`` turns 200 -> ``ready``.  Afterwards, if the tier relaxes, the warm-up is
+   topped up to the deeper plan in the background (never undone when it tightens).
+
+Steps 3-7 are `WorkerRuntime.startup`, in a thread.  A load failure is logged, ``/readyz``
+never turns 200, and the process exits non-zero; so does a failure after ready that no retry
+can fix (the weights changed under the mapping), so the pod restarts on the new files.
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -11,56 +28,46 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from warmpool_worker.config import ServeConfig
+from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.cpu_threads import choose_threads
+from warmpool_worker.device import resolve_device
 from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError, NonFiniteLogitsError
-from warmpool_worker.guard import GuardState, TierGuard
+from warmpool_worker.guard import TierGuard
 from warmpool_worker.heatmap import layer_order, usable_heat
+from warmpool_worker.http_app import cancel_tasks, start_site, stop_on_signals
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
-from warmpool_worker.server import (
-    ServingLimits,
-    WorkerServer,
-    WorkerStatus,
-    cancel_tasks,
-    start_site,
-    stop_on_signals,
-)
+from warmpool_worker.server import WorkerServer
 from warmpool_worker.warmup import (
     PromptsError,
     WarmupPlan,
     WarmupStopped,
     execute_plan,
     load_prompts,
-    plan_from_args,
+    plan_for_tier,
 )
+from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import STAGE_FAILED, STAGE_LOADING, STAGE_READY, STAGE_WARMING, Tier
-from warmpool.tiering import Thresholds
 
 log = logging.getLogger("warmpool.worker")
 
 
 class WorkerRuntime:
-    def __init__(self, args: argparse.Namespace, thresholds: Thresholds, device: str) -> None:
-        self.args = args
+    def __init__(self, config: ServeConfig, device: str) -> None:
+        self.config = config
         self.device = device
         self.metrics = WorkerMetrics()
-        self.status = WorkerStatus(model_name=args.model_name or Path(args.model).name)
+        self.status = WorkerStatus(model_name=config.served_name)
         self.engine_lock = threading.Lock()
-        probe = make_probe(device, args.memory_capacity_bytes, args.memory_account_pid)
-        self.guard = TierGuard(probe, thresholds, on_update=self._on_guard_update)
+        guard = config.guard
+        probe = make_probe(device, guard.memory_capacity_bytes, guard.memory_account_pids)
+        self.guard = TierGuard(probe, guard.thresholds, on_update=self.metrics.publish_guard)
         self.order: list[int] = []
         self.prompts: list[str] = []
         self.stop = asyncio.Event()
         self.exit_code = 0  # non-zero once serving has failed for good (a restart is the fix)
-
-    def _on_guard_update(self, state: GuardState) -> None:
-        reading = state.reading
-        if reading is None:
-            self.metrics.set_memory(None, None, None)
-        else:
-            self.metrics.set_memory(reading.used_bytes, reading.capacity_bytes, reading.source)
-        self.metrics.set_tier(state.effective, state.local, state.directive is not None)
 
     def _refresh_engine_metrics(self) -> None:
         engine = self.status.engine
@@ -70,7 +77,7 @@ class WorkerRuntime:
 
     # -- planning and running warm-up --------------------------------------------------
     def plan(self, tier: Tier, engine: Engine) -> WarmupPlan:
-        return plan_from_args(tier, self.args, self.order, engine.max_context)
+        return plan_for_tier(tier, self.config.warmup, self.order, engine.max_context)
 
     def _on_layer(self, resident: int, total: int, index: int) -> None:
         self.metrics.mark_phase("first_layer_ready")
@@ -106,7 +113,7 @@ class WorkerRuntime:
                 on_layer=self._on_layer,
                 on_prefill=self.metrics.warmup_prefill_done,
                 should_stop=self._stricter_than(plan, deadline),
-                kv_dir=self.args.kv_prefix_dir,
+                kv_dir=self.config.kv_prefix_dir,
                 on_kv_save_error=self.metrics.kv_prefix_save_failed,
             )
         except WarmupStopped as stopped:
@@ -118,12 +125,13 @@ class WorkerRuntime:
 
     def startup(self) -> None:
         """Blocking: map, load in heat order, warm per tier, ready.  Raises on load failure."""
-        args = self.args
-        self.prompts = load_prompts(args.prompts)
-        set_torch_threads(args.threads, args.cgroup_root)
-        factory = _load_factory(args.engine_factory)
+        config = self.config
+        self.prompts = load_prompts(config.warmup.prompts_file)
+        set_torch_threads(config.threads, config.cgroup_root)
+        from warmpool_worker.engine import load_engine  # torch and the engine: after the thread sizing
+
         started = time.monotonic()
-        engine: Engine = factory(args.model, self.device, args.dtype, args.model_name)
+        engine: Engine = load_engine(config.model, self.device, config.dtype, config.model_name)
         self.metrics.mark_phase("weights_mapped")
         log.info(
             "weights mapped: %s (%d layers, context %d, device %s, digest %s) in %.2fs",
@@ -140,7 +148,7 @@ class WorkerRuntime:
         self.status.stage = STAGE_LOADING
         self.metrics.set_layers(engine.layers_resident(), engine.num_layers)
         self.order = self._heat_order(engine)
-        deadline = time.monotonic() + args.warmup_timeout
+        deadline = time.monotonic() + config.warmup.timeout_s
         for _attempt in range(4):  # a stricter tier mid-way re-plans at it; bounded
             tier = self.guard.state.effective
             plan = self.plan(tier, engine)
@@ -156,7 +164,7 @@ class WorkerRuntime:
                 self.metrics.set_warmup_tier(plan.tier)
                 break
             if time.monotonic() > deadline:
-                log.warning("warm-up timeout (%.0fs) reached: ready with what is warm", args.warmup_timeout)
+                log.warning("warm-up timeout (%.0fs) reached: ready with what is warm", config.warmup.timeout_s)
                 break
         self._capture_graphs(engine)
         if self.status.unhealthy:  # a request met NaN/Inf logits while the warm-up ran
@@ -176,7 +184,7 @@ class WorkerRuntime:
     def _capture_graphs(self, engine: Engine) -> None:
         """CUDA graphs of the decode step, only after a FULL warm-up: graphs hold memory, so a
         truncated or paused tier (memory pressure) skips them. A no-op off CUDA."""
-        if not self.args.graph_capture or self.status.warmup_tier != Tier.FULL:
+        if not self.config.graph_capture or self.status.warmup_tier != Tier.FULL:
             return
         if not isinstance(engine, GraphCapture):
             return
@@ -186,7 +194,7 @@ class WorkerRuntime:
                      sorted(timings), sum(timings.values()))
 
     def _heat_order(self, engine: Engine) -> list[int]:
-        heat = usable_heat(self.args.heat_map, engine.model_digest, engine.num_layers)
+        heat = usable_heat(self.config.heat_map, engine.model_digest, engine.num_layers)
         order = layer_order(heat, engine.num_layers)
         log.info("layer load order (%s): %s", "heat map" if heat else "default: forward", order)
         return order
@@ -234,7 +242,7 @@ class WorkerRuntime:
             if self._exit_if_failed():
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), timeout=self.args.guard_interval)
+                await asyncio.wait_for(self.stop.wait(), timeout=self.config.guard.interval_s)
 
 
 def set_torch_threads(requested: int | None, cgroup_root: Path) -> int:
@@ -251,32 +259,23 @@ def set_torch_threads(requested: int | None, cgroup_root: Path) -> int:
     return actual
 
 
-def _load_factory(spec: str) -> Callable[..., Engine]:
-    from warmpool_worker.cli import load_factory
-
-    factory: Callable[..., Engine] = load_factory(spec)
-    return factory
-
-
-async def serve(args: argparse.Namespace, thresholds: Thresholds) -> int:
-    from warmpool_worker.cli import resolve_device
-
-    device = await asyncio.to_thread(resolve_device, args.device)
-    runtime = WorkerRuntime(args, thresholds, device)
-    limits = ServingLimits(max_queued_requests=args.max_queued_requests, max_tokens_limit=args.max_tokens_limit)
-    server = WorkerServer(
-        runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, args.control_token_file, limits
-    )
-    started = await start_site(server.app(), args.host, args.port, log)
+async def serve_worker(config: ServeConfig) -> int:
+    """The start-up order of the module docstring; the process's exit code."""
+    device = await asyncio.to_thread(resolve_device, config.device)
+    runtime = WorkerRuntime(config, device)
+    listen = config.listen
+    control = ControlEndpoint(runtime.guard, listen.control_token_file)
+    server = WorkerServer(runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, control, config.limits)
+    started = await start_site(server.app(), listen.host, listen.port, log)
     if started is None:
         return 1
     runner, sockets = started
     log.info(
-        "listening on %s (model %s, device %s)", sockets or f"{args.host}:{args.port}", args.model, device
+        "listening on %s (model %s, device %s)", sockets or f"{listen.host}:{listen.port}", config.model, device
     )
     stop_on_signals(runtime.stop)
 
-    guard_task = asyncio.create_task(runtime.guard.run(runtime.stop, args.guard_interval))
+    guard_task = asyncio.create_task(runtime.guard.run(runtime.stop, config.guard.interval_s))
     await asyncio.to_thread(runtime.guard.wait_first_tick, 10.0)
     exit_code = 0
     background: asyncio.Task[None] | None = None

@@ -3,7 +3,8 @@
 The pod's readiness probe points here, not at the engine.  Start-up, all at once:
 
 * bind ``/livez``, ``/readyz``, ``/metrics``, ``/control/tier`` first (same surface and
-  metric names as the built-in worker; the control endpoint *is* the worker's handler);
+  metric names as the built-in worker; the control endpoint is the worker's own
+  `control.ControlEndpoint`);
 * the local tier guard ticks (shared `TierGuard`: memory probe, hysteresis, operator
   directive, stricter wins);
 * the page-cache prefetch of the engine's weight files runs in a thread, hottest layers
@@ -30,7 +31,6 @@ cache (the engine's own residency is not visible from outside it).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -43,44 +43,26 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge
+from warmpool_worker.config import SidecarConfig
+from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.engine_client import EngineClient, EngineError, EngineScrape, EngineUnavailable
-from warmpool_worker.guard import GuardState, TierGuard
+from warmpool_worker.guard import TierGuard
 from warmpool_worker.heatmap import layer_order, usable_heat
+from warmpool_worker.http_app import cancel_tasks, json_errors, start_site, stop_on_signals
 from warmpool_worker.memory import MemoryProbe, MemoryReading, make_probe
-from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
+from warmpool_worker.metrics import CONTENT_TYPE, ENGINE_KV_SOURCE, SidecarMetrics
 from warmpool_worker.prefetch import Prefetcher, PrefetchReport, PrefetchStopped, WeightMap, map_weights, plan_prefetch
-from warmpool_worker.server import (
-    WarmupStatus,
-    WorkerServer,
-    WorkerStatus,
-    cancel_tasks,
-    json_errors,
-    start_site,
-    stop_on_signals,
-)
 from warmpool_worker.warmup import (
-    DEFAULT_CHARS_PER_TOKEN,
     WarmupPlan,
     WarmupProgress,
     load_prompts,
-    plan_from_args,
+    plan_for_tier,
     sized_prompt_text,
     sized_prompt_tokens,
 )
+from warmpool_worker.worker_status import WarmupStatus
 
 from warmpool.contract import (
-    LABEL_REASON,
-    LABEL_SOURCE,
-    METRIC_ENGINE_MEMORY_RATIO,
-    METRIC_ENGINE_RESTARTS,
-    METRIC_ENGINE_UP,
-    METRIC_PREFETCH_FILE_ERRORS,
-    METRIC_PREFETCH_READ_BYTES,
-    METRIC_PREFETCH_RESIDENT_BYTES,
-    METRIC_PREFETCH_TARGET_BYTES,
-    METRIC_WARMUP_ERRORS,
-    PATH_CONTROL_TIER,
     PATH_LIVEZ,
     PATH_METRICS,
     PATH_READYZ,
@@ -89,7 +71,6 @@ from warmpool.contract import (
     STAGE_WARMING,
     Tier,
 )
-from warmpool.tiering import Thresholds
 
 log = logging.getLogger("warmpool.sidecar")
 
@@ -138,51 +119,8 @@ class SidecarStatus(WarmupStatus):
         self.errors = [*self.errors, message][-RECENT_ERRORS:]
 
 
-class SidecarMetrics(WorkerMetrics):
-    """The worker's metrics (same names) plus the engine's and the prefetch's figures."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        r = self.registry
-        self.engine_up = Gauge(METRIC_ENGINE_UP, "1 while the engine answers its health endpoint", registry=r)
-        self.engine_restarts = Counter(
-            METRIC_ENGINE_RESTARTS, "Engine restarts or outages seen after it had answered", registry=r
-        )
-        self.warmup_errors = Counter(
-            METRIC_WARMUP_ERRORS, "Failed warm-up requests to the engine", [LABEL_REASON], registry=r
-        )
-        self.engine_memory = Gauge(
-            METRIC_ENGINE_MEMORY_RATIO,
-            "The engine's own memory figure (vLLM KV-cache usage, 0..1; absent when unknown)",
-            [LABEL_SOURCE],
-            registry=r,
-        )
-        self.prefetch_target = Gauge(METRIC_PREFETCH_TARGET_BYTES, "Weight bytes the prefetch targets", registry=r)
-        self.prefetch_read = Gauge(METRIC_PREFETCH_READ_BYTES, "Weight bytes the prefetch has read", registry=r)
-        self.prefetch_resident = Gauge(
-            METRIC_PREFETCH_RESIDENT_BYTES, "Target bytes resident in the page cache (mincore)", registry=r
-        )
-        self.prefetch_file_errors = Gauge(
-            METRIC_PREFETCH_FILE_ERRORS, "Weight files the prefetch could not use", registry=r
-        )
-        self.engine_up.set(0)
-
-    def set_engine_memory(self, ratio: float | None, source: str | None) -> None:
-        self.engine_memory.clear()  # unknown is absent, never 0
-        if ratio is not None and source is not None:
-            self.engine_memory.labels(source).set(ratio)
-
-    def set_prefetch(self, report: PrefetchReport, file_errors: int) -> None:
-        self.prefetch_target.set(report.target_bytes)
-        self.prefetch_read.set(report.read_bytes)
-        self.prefetch_file_errors.set(file_errors)
-        if report.resident_after is not None:
-            self.prefetch_resident.set(report.resident_after)
-
-
 #: Scale of the engine-KV "reading": the guard's probe speaks bytes, the engine gives a ratio.
 ENGINE_KV_SCALE = 1_000_000
-ENGINE_KV_SOURCE = "engine_kv"
 
 
 class EngineKvProbe:
@@ -205,24 +143,24 @@ class EngineKvProbe:
 
 
 class Sidecar:
-    def __init__(self, args: argparse.Namespace, thresholds: Thresholds) -> None:
-        self.args = args
+    def __init__(self, config: SidecarConfig) -> None:
+        self.config = config
         self.metrics = SidecarMetrics()
         self.status = SidecarStatus()
-        self.engine = EngineState(url=args.engine_url)
+        self.engine = EngineState(url=config.engine_url)
         self.client = EngineClient(
-            args.engine_url,
-            health_path=args.health_path,
-            request_timeout=args.request_timeout,
-            probe_timeout=args.probe_timeout,
-            api_key=_read_secret(args.api_key_file),
+            config.engine_url,
+            health_path=config.health_path,
+            request_timeout=config.request_timeout_s,
+            probe_timeout=config.probe_timeout_s,
+            api_key=_read_secret(config.api_key_file),
         )
         probe: MemoryProbe = (
             EngineKvProbe(self.engine)
-            if args.memory_source == "engine-kv"
-            else make_probe(args.device, args.memory_capacity_bytes, args.memory_account_pid)
+            if config.memory_source == "engine-kv"
+            else make_probe(config.device, config.guard.memory_capacity_bytes, config.guard.memory_account_pids)
         )
-        self.guard = TierGuard(probe, thresholds, on_update=self._on_guard_update)
+        self.guard = TierGuard(probe, config.guard.thresholds, on_update=self.metrics.publish_guard)
         self.stop = asyncio.Event()
         self.prompts: list[str] = []
         self.order: list[int] = []
@@ -231,24 +169,9 @@ class Sidecar:
         self._encode: Callable[[str], list[int]] | None = None
         self._decode: Callable[[list[int]], str] | None = None
         self._prefetch_stop = threading.Event()
-        # the worker's own control handler (token from a file, TTL, validation), reused as is
-        self._control = WorkerServer(
-            WorkerStatus(model_name=args.engine_url), self.metrics, self.guard, threading.Lock(),
-            args.control_token_file,
-        )
+        self.control = ControlEndpoint(self.guard, config.listen.control_token_file)
 
     # -- state published to probes and metrics ----------------------------------------------
-    def _on_guard_update(self, state: GuardState) -> None:
-        reading = state.reading
-        if reading is None:
-            self.metrics.set_memory(None, None, None)
-        elif reading.source == ENGINE_KV_SOURCE:
-            self.metrics.set_memory(None, None, None)  # a ratio, not bytes: only the ratio series
-            self.metrics.memory_ratio.labels(reading.source).set(reading.ratio)
-        else:
-            self.metrics.set_memory(reading.used_bytes, reading.capacity_bytes, reading.source)
-        self.metrics.set_tier(state.effective, state.local, state.directive is not None)
-
     def _set_ready(self, ready: bool, stage: str) -> None:
         self.status.ready = ready
         self.status.stage = stage
@@ -284,7 +207,7 @@ class Sidecar:
         app.router.add_get(PATH_LIVEZ, self.livez)
         app.router.add_get(PATH_READYZ, self.readyz)
         app.router.add_get(PATH_METRICS, self.metrics_handler)
-        app.router.add_post(PATH_CONTROL_TIER, self._control.control_tier)
+        self.control.mount(app)
         return app
 
     async def livez(self, _request: web.Request) -> web.Response:
@@ -299,9 +222,9 @@ class Sidecar:
     # -- set-up -----------------------------------------------------------------------------
     def prepare(self) -> None:
         """Blocking: prompts, tokenizer, weight map and heat order (cheap: headers only)."""
-        args = self.args
-        self.prompts = load_prompts(args.prompts)
-        model_dir: Path | None = args.model_dir
+        config = self.config
+        self.prompts = load_prompts(config.warmup.prompts_file)
+        model_dir: Path | None = config.model_dir
         if model_dir is None:
             return
         tokenizer_path = model_dir / "tokenizer.json"
@@ -318,14 +241,14 @@ class Sidecar:
         for problem in self.weights.errors:
             log.warning("prefetch: %s", problem)
         self.order = self._heat_order(model_dir, self.weights.num_layers)
-        self.prefetcher = Prefetcher(self.weights, mode=args.prefetch_mode)
+        self.prefetcher = Prefetcher(self.weights, mode=config.prefetch_mode)
         self.metrics.set_layers(0, self.weights.num_layers)
         self.metrics.set_prefetch(self.prefetcher.report, len(self.weights.errors))
 
     def _heat_order(self, model_dir: Path, num_layers: int) -> list[int]:
         # The digest costs a read of every header: only worth it when there is a map to check.
-        digest = _checkpoint_digest(model_dir) if self.args.heat_map is not None else None
-        return layer_order(usable_heat(self.args.heat_map, digest, num_layers), num_layers)
+        digest = _checkpoint_digest(model_dir) if self.config.heat_map is not None else None
+        return layer_order(usable_heat(self.config.heat_map, digest, num_layers), num_layers)
 
     def prompt_for(self, bucket: int, variant: int) -> str:
         if self._encode is not None and self._decode is not None:
@@ -333,13 +256,13 @@ class Sidecar:
                 return self._decode(sized_prompt_tokens(self.prompts, bucket, self._encode, variant))
             except ValueError as error:
                 log.warning("sizing with the tokenizer failed (%s): by characters", error)
-        return sized_prompt_text(self.prompts, bucket, variant, self.args.chars_per_token or DEFAULT_CHARS_PER_TOKEN)
+        return sized_prompt_text(self.prompts, bucket, variant, self.config.chars_per_token)
 
     # -- prefetch ---------------------------------------------------------------------------
     async def prefetch_loop(self) -> None:
         """Prefetch at the current tier; re-plan when it tightens, top up when it relaxes."""
         prefetcher, weights = self.prefetcher, self.weights
-        if prefetcher is None or weights is None or not self.args.prefetch:
+        if prefetcher is None or weights is None or not self.config.prefetch:
             return  # `supervise` marks weights_mapped when the engine answers (it has mapped them)
         file_errors = len(weights.errors)
 
@@ -349,7 +272,7 @@ class Sidecar:
 
         while not self.stop.is_set():
             tier = self.guard.state.effective
-            groups = plan_prefetch(weights, tier, self.order, self.args.hot_layer_percent)
+            groups = plan_prefetch(weights, tier, self.order, self.config.warmup.hot_layer_percent)
 
             def should_stop(tier: Tier = tier) -> bool:
                 return self._prefetch_stop.is_set() or self.guard.state.effective.strictness > tier.strictness
@@ -366,13 +289,13 @@ class Sidecar:
                 prefetcher.report.state = "failed"
                 return
             with contextlib.suppress(TimeoutError):  # then watch for a relaxed tier
-                await asyncio.wait_for(self.stop.wait(), timeout=self.args.guard_interval)
+                await asyncio.wait_for(self.stop.wait(), timeout=self.config.guard.interval_s)
 
     # -- engine -----------------------------------------------------------------------------
     async def scrape_loop(self) -> None:
         """The engine's memory figure and process identity, every few seconds."""
         while not self.stop.is_set():
-            scrape = await self.client.scrape(self.args.engine_metrics_path)
+            scrape = await self.client.scrape(self.config.engine_metrics_path)
             self._apply_scrape(scrape)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), timeout=SCRAPE_INTERVAL_S)
@@ -396,26 +319,27 @@ class Sidecar:
         last_log = started
         while not self.stop.is_set():
             if await self.client.health():
-                log.info("engine healthy at %s after %.1fs", self.args.engine_url, time.monotonic() - started)
+                log.info("engine healthy at %s after %.1fs", self.config.engine_url, time.monotonic() - started)
                 return True
             if time.monotonic() - last_log >= 10.0:
-                log.info("still waiting for the engine at %s (%.0fs)", self.args.engine_url, time.monotonic() - started)
+                log.info("still waiting for the engine at %s (%.0fs)", self.config.engine_url,
+                         time.monotonic() - started)
                 last_log = time.monotonic()
-            if await self._sleep(self.args.poll_interval):
+            if await self._sleep(self.config.poll_interval_s):
                 return False
         return False
 
     async def _engine_gone(self) -> bool:
         """After a failed request: is the engine down (health fails) rather than just failing prompts?"""
-        for _ in range(max(1, self.args.lost_after)):
+        for _ in range(max(1, self.config.lost_after)):
             if await self.client.health():
                 return False
-            if await self._sleep(self.args.poll_interval):
+            if await self._sleep(self.config.poll_interval_s):
                 return True
         return True
 
     def _plan(self, tier: Tier) -> WarmupPlan:
-        return plan_from_args(tier, self.args, self.order, self.engine.max_context)
+        return plan_for_tier(tier, self.config.warmup, self.order, self.engine.max_context)
 
     def _count_error(self, error: EngineError) -> None:
         self.metrics.warmup_errors.labels(error.reason).inc()
@@ -444,7 +368,7 @@ class Sidecar:
                         break
                     if deadline is not None and time.monotonic() > deadline:
                         done = sum(progress.prefills.values())
-                        log.warning("warm-up timeout (%.0fs): %d prefill(s) done", self.args.warmup_timeout, done)
+                        log.warning("warm-up timeout (%.0fs): %d prefill(s) done", self.config.warmup.timeout_s, done)
                         return "ok" if done else "failed"
                     variant = progress.prefills.get(bucket, 0)
                     prompt = await asyncio.to_thread(self.prompt_for, bucket, variant)
@@ -453,8 +377,8 @@ class Sidecar:
                             prompt,
                             plan.decode_tokens,
                             self.engine.model,
-                            retries=self.args.retries,
-                            backoff=self.args.retry_backoff,
+                            retries=self.config.retries,
+                            backoff=self.config.retry_backoff_s,
                             on_error=self._count_error,
                         )
                     except EngineUnavailable as error:
@@ -496,12 +420,12 @@ class Sidecar:
                 return
             self._set_engine_up(True)
             self.metrics.mark_phase("first_layer_ready")
-            if self.prefetcher is None or not self.args.prefetch:
+            if self.prefetcher is None or not self.config.prefetch:
                 self.metrics.mark_phase("weights_mapped")
             info = await self.client.describe()
-            self.engine.model = self.args.served_model_name or info.model_id
-            self.engine.max_context = self.args.max_context or info.max_context or self._config_context()
-            self._apply_scrape(await self.client.scrape(self.args.engine_metrics_path))
+            self.engine.model = self.config.served_model_name or info.model_id
+            self.engine.max_context = self.config.max_context or info.max_context or self._config_context()
+            self._apply_scrape(await self.client.scrape(self.config.engine_metrics_path))
             await asyncio.to_thread(self.guard.tick)  # decide on this figure, not the last tick's
             incarnation = self.engine.identity
             # a new engine process has cold caches: warm-up starts from nothing
@@ -510,7 +434,7 @@ class Sidecar:
             self.status.error = None
             self._set_ready(False, STAGE_WARMING)
             started = time.monotonic()
-            outcome = await self.warm(time.monotonic() + self.args.warmup_timeout)
+            outcome = await self.warm(time.monotonic() + self.config.warmup.timeout_s)
             if outcome == "stopped":
                 return
             if outcome == "ok" and None not in (incarnation, self.engine.identity) and (
@@ -550,12 +474,12 @@ class Sidecar:
         """While ready: probe health; top up on a relaxed tier.  Why the engine was lost, or None on stop."""
         failures = 0
         next_top_up = 0.0  # after a failed top-up, leave a failing engine alone for a while
-        while not await self._sleep(self.args.poll_interval):
+        while not await self._sleep(self.config.poll_interval_s):
             if await self.client.health():
                 failures = 0
             else:
                 failures += 1
-                if failures >= self.args.lost_after:
+                if failures >= self.config.lost_after:
                     return f"health probe failed {failures} times in a row"
                 continue
             identity = self.engine.identity
@@ -576,7 +500,7 @@ class Sidecar:
         return None
 
     def _config_context(self) -> int | None:
-        model_dir: Path | None = self.args.model_dir
+        model_dir: Path | None = self.config.model_dir
         if model_dir is None:
             return None
         try:
@@ -605,15 +529,16 @@ def _checkpoint_digest(model_dir: Path) -> str | None:
         return None
 
 
-async def serve_sidecar(args: argparse.Namespace, thresholds: Thresholds) -> int:
-    sidecar = Sidecar(args, thresholds)
-    started = await start_site(sidecar.app(), args.host, args.port, log)
+async def serve_sidecar(config: SidecarConfig) -> int:
+    """The start-up of the module docstring, in that order; the process's exit code."""
+    sidecar = Sidecar(config)
+    started = await start_site(sidecar.app(), config.listen.host, config.listen.port, log)
     if started is None:
         return 1
     runner, _ = started
-    log.info("sidecar listening on %s:%s for engine %s", args.host, args.port, args.engine_url)
+    log.info("sidecar listening on %s:%s for engine %s", config.listen.host, config.listen.port, config.engine_url)
     stop_on_signals(sidecar.stop)
-    tasks: list[asyncio.Task[None]] = [asyncio.create_task(sidecar.guard.run(sidecar.stop, args.guard_interval))]
+    tasks: list[asyncio.Task[None]] = [asyncio.create_task(sidecar.guard.run(sidecar.stop, config.guard.interval_s))]
     exit_code = 0
     try:
         await asyncio.to_thread(sidecar.guard.wait_first_tick, 10.0)

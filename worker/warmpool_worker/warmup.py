@@ -26,7 +26,6 @@ Depth by tier:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -39,6 +38,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from warmpool_worker.config import WarmupConfig
+from warmpool_worker.defaults import DEFAULT_CHARS_PER_TOKEN, DEFAULT_DECODE_TOKENS, DEFAULT_PROMPTS_PER_BUCKET
 from warmpool_worker.engine_api import Engine, LayerProgress, ModelLoadError
 from warmpool_worker.heatmap import hot_layers
 
@@ -46,11 +47,7 @@ from warmpool.contract import DEFAULT_HOT_LAYER_PERCENT, DEFAULT_LENGTH_BUCKETS,
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROMPTS_PER_BUCKET = 2
-DEFAULT_DECODE_TOKENS = 4
 DEFAULT_TRUNCATED_BUCKETS = 1
-#: English BPE text averages about 4 characters a token; used only where no tokenizer is at hand.
-DEFAULT_CHARS_PER_TOKEN = 4.0
 MAX_PROMPTS = 1024
 MAX_PROMPT_CHARS = 1 << 20
 
@@ -190,6 +187,22 @@ def plan_warmup(
     return WarmupPlan(tier, fitted, prompts_per_bucket, tuple(layer_order), decode_tokens)
 
 
+def plan_for_tier(
+    tier: Tier, config: WarmupConfig, layer_order: Sequence[int], max_context: int | None
+) -> WarmupPlan:
+    """The plan for this tier from the warm-up settings `serve` and `sidecar` share
+    (--buckets, --hot-layer-percent, --prompts-per-bucket, --decode-tokens)."""
+    return plan_warmup(
+        tier,
+        layer_order=layer_order,
+        buckets=config.buckets,
+        hot_layer_percent=config.hot_layer_percent,
+        prompts_per_bucket=config.prompts_per_bucket,
+        decode_tokens=config.decode_tokens,
+        max_context=max_context,
+    )
+
+
 @dataclass
 class WarmupProgress:
     """What warm-up has already done in this process, so a deeper plan only tops up."""
@@ -217,22 +230,6 @@ class WarmupProgress:
 
 
 # -- sizing prompts to a bucket ----------------------------------------------------------
-
-def plan_from_args(
-    tier: Tier, args: argparse.Namespace, layer_order: Sequence[int], max_context: int | None
-) -> WarmupPlan:
-    """The plan for this tier from the command line both `serve` and `sidecar` share
-    (--buckets, --hot-layer-percent, --prompts-per-bucket, --decode-tokens)."""
-    return plan_warmup(
-        tier,
-        layer_order=layer_order,
-        buckets=args.buckets,
-        hot_layer_percent=args.hot_layer_percent,
-        prompts_per_bucket=args.prompts_per_bucket,
-        decode_tokens=args.decode_tokens,
-        max_context=max_context,
-    )
-
 def _rotated(prompts: Sequence[str], variant: int) -> list[str]:
     if not prompts:
         raise ValueError("no prompts to size")

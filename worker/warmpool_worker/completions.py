@@ -1,0 +1,467 @@
+"""The worker's OpenAI-style API: ``POST /v1/completions`` and ``GET /v1/models``.
+
+* ``POST /v1/completions``: prompt as a string or a list of token ids, ``max_tokens``,
+  ``temperature``, ``stream`` (server-sent events ``data: {...}`` then ``data: [DONE]``).
+* ``GET /v1/models``: the one model this worker serves, and whether it is ready.
+
+Engine calls run in threads (torch releases the GIL), so probes and metrics answer while a
+model loads or warms; one lock serialises engine work (generation and warm-up steps).
+
+Request lifecycle (`config.ServingLimits`): at most ``max_queued_requests`` requests wait for
+the engine, a request beyond that is a 429 with ``Retry-After``; ``max_tokens`` above
+``max_tokens_limit`` is a 400 naming the field (what an OpenAI-compatible server answers, so a
+client learns its request was not served as asked, instead of a silently shorter completion).
+A client that disconnects cancels its generation before the next decode step (aiohttp's
+handler cancellation, plus a cancel flag the generating thread checks between steps); that is
+counted and logged at INFO, never as a 500.  Logits holding NaN/Inf fail the request with a
+500 and turn the worker unready for good (stage ``unhealthy``, the reason on /readyz).  The
+weights changing under the mapping is a 503 and stage ``failed`` (the runtime then exits for
+a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from warmpool_worker.config import ServingLimits
+from warmpool_worker.engine_api import (
+    Engine,
+    GenerationStep,
+    NonFiniteLogitsError,
+    RequestError,
+    WeightsChangedError,
+)
+from warmpool_worker.http_app import BadRequest
+from warmpool_worker.metrics import WorkerMetrics
+from warmpool_worker.worker_status import WorkerStatus
+
+from warmpool.contract import STAGE_FAILED, STAGE_UNHEALTHY
+
+log = logging.getLogger("warmpool_worker.server")
+
+DEFAULT_MAX_TOKENS = 16
+MAX_TEMPERATURE = 2.0
+#: Threads for engine work: requests beyond this wait in the executor's queue (the lock
+#: serialises the engine anyway; a few threads let tokenisation overlap).
+ENGINE_THREADS = 4
+#: Seconds a client told 429 should wait before retrying (HTTP's Retry-After is whole seconds).
+RETRY_AFTER_SECONDS = 1
+REJECT_QUEUE_FULL = "queue_full"
+
+
+@dataclass
+class _Generation:
+    """One request's generation, shared by the handler (event loop) and the engine thread."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    steps: int = 0  # tokens generated so far (engine thread)
+    steps_at_disconnect: int | None = None  # `steps` when the client was seen gone (loop)
+    queued: bool = True  # admitted, not yet holding the engine
+
+    def disconnected(self) -> None:
+        if self.steps_at_disconnect is None:
+            self.steps_at_disconnect = self.steps
+        self.cancel.set()
+
+
+class RequestQueue:
+    """Requests admitted and waiting for the engine, bounded: over the bound, refuse at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.waiting = 0
+        self._lock = threading.Lock()
+
+    def try_enter(self) -> bool:
+        with self._lock:
+            if self.waiting >= self.limit:
+                return False
+            self.waiting += 1
+            return True
+
+    def leave(self, generation: _Generation) -> int:
+        """This request stopped waiting (it got the engine, or ended first); idempotent."""
+        with self._lock:
+            if generation.queued:
+                generation.queued = False
+                self.waiting -= 1
+            return self.waiting
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt_ids: list[int] | None
+    prompt_text: str | None
+    max_tokens: int
+    temperature: float
+    stream: bool
+
+
+def _parse_completion(body: object, model_name: str) -> CompletionRequest:
+    if not isinstance(body, dict):
+        raise BadRequest(400, "request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise BadRequest(
+            404, f"unknown model {model!r}; this worker serves {model_name!r}", "model_not_found", "model"
+        )
+    prompt = body.get("prompt")
+    # OpenAI allows a batch (a list of prompts); accept a batch of one, refuse more clearly
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    prompt_ids: list[int] | None = None
+    prompt_text: str | None = None
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest(400, "prompt is empty", param="prompt")
+        prompt_text = prompt
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not prompt:
+            raise BadRequest(400, "prompt is empty", param="prompt")
+        if any(t < 0 for t in prompt):
+            raise BadRequest(400, "prompt token ids must be non-negative", param="prompt")
+        prompt_ids = list(prompt)
+    elif isinstance(prompt, list):
+        raise BadRequest(
+            400, "batched prompts are not supported: send one prompt per request", param="prompt"
+        )
+    else:
+        raise BadRequest(400, "prompt must be a string or a list of token ids", param="prompt")
+    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadRequest(
+            400, f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens"
+        )
+    temperature = body.get("temperature", 1.0)
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not 0 <= temperature <= MAX_TEMPERATURE
+    ):
+        raise BadRequest(
+            400,
+            f"temperature must be a number within 0..{MAX_TEMPERATURE:g}, got {temperature!r}",
+            param="temperature",
+        )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(400, "stream must be true or false", param="stream")
+    return CompletionRequest(prompt_ids, prompt_text, max_tokens, float(temperature), stream)
+
+
+_DONE = object()
+
+
+class CompletionsApi:
+    """The OpenAI-style routes over one engine; `mount` them on the worker's app."""
+
+    def __init__(
+        self,
+        status: WorkerStatus,
+        metrics: WorkerMetrics,
+        engine_lock: threading.Lock,
+        limits: ServingLimits,
+    ) -> None:
+        self.status = status
+        self.metrics = metrics
+        self.engine_lock = engine_lock
+        self.limits = limits
+        self.queue = RequestQueue(limits.max_queued_requests)
+        self.executor = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="engine")
+
+    def mount(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.on_cleanup.append(self._shutdown_executor)
+
+    async def _shutdown_executor(self, _app: web.Application) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def _engine(self) -> Engine:
+        engine = self.status.engine
+        if engine is None:
+            raise BadRequest(503, f"model not loaded yet (stage {self.status.stage})", "unavailable")
+        if self.status.unhealthy:
+            raise BadRequest(503, f"worker unhealthy: {self.status.error}", "unavailable")
+        return engine
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.status.model_name,
+                        "object": "model",
+                        "created": int(self.status.started_at),
+                        "owned_by": "warmpool",
+                        "ready": self.status.ready,
+                    }
+                ],
+            }
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as error:
+            raise BadRequest(400, f"malformed JSON body: {error}") from None
+        except UnicodeDecodeError:
+            raise BadRequest(400, "malformed JSON body: not UTF-8") from None
+        engine = self._engine()
+        parsed = _parse_completion(body, engine.model_name)
+        generation = self._admit()
+        producer: asyncio.Future[None] | None = None
+        ident = f"cmpl-{uuid.uuid4().hex[:24]}"
+        try:
+            prompt_ids = await self._prompt_ids(engine, parsed)
+            steps: asyncio.Queue[object] = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+            producer = loop.run_in_executor(
+                self.executor, self._produce, engine, prompt_ids, parsed, steps, loop, generation
+            )
+            first = await steps.get()
+            if isinstance(first, BaseException):
+                raise _answer_for(first)
+            if first is not _DONE:
+                self.metrics.observe_ttft(time.monotonic() - arrived)
+            created = int(time.time())
+            if parsed.stream:
+                return await self._stream(request, ident, created, engine.model_name, first, steps, generation)
+            return await self._collect(ident, created, engine, prompt_ids, first, steps)
+        except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
+            generation.disconnected()
+            raise
+        finally:
+            generation.cancel.set()  # whatever ended the handler, the engine stops at the next step
+            if producer is None:
+                self.metrics.set_queued(self.queue.leave(generation))
+            else:
+                with contextlib.suppress(Exception):
+                    await producer
+            if generation.steps_at_disconnect is not None:
+                after = generation.steps - generation.steps_at_disconnect
+                self.metrics.request_cancelled(after)
+                log.info(
+                    "%s: client disconnected after %d token(s); generation stopped %d step(s) later",
+                    ident,
+                    generation.steps_at_disconnect,
+                    after,
+                )
+
+    def _admit(self) -> _Generation:
+        """A place in the bounded queue of requests waiting for the engine, or a 429."""
+        generation = _Generation()
+        if not self.queue.try_enter():
+            self.metrics.request_rejected(REJECT_QUEUE_FULL)
+            raise BadRequest(
+                429,
+                f"too many requests waiting for the engine (the bound is {self.queue.limit}, "
+                "--max-queued-requests): retry later",
+                "queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        self.metrics.set_queued(self.queue.waiting)
+        return generation
+
+    async def _prompt_ids(self, engine: Engine, parsed: CompletionRequest) -> list[int]:
+        """The prompt's token ids, checked against the context and the max_tokens ceiling."""
+        if parsed.prompt_ids is not None:
+            prompt_ids = parsed.prompt_ids
+        else:
+            loop = asyncio.get_running_loop()
+            prompt_ids = await loop.run_in_executor(self.executor, engine.encode, parsed.prompt_text or "")
+            if not prompt_ids:
+                raise BadRequest(400, "prompt encodes to no tokens", param="prompt")
+        if len(prompt_ids) + parsed.max_tokens > engine.max_context:
+            raise BadRequest(
+                400,
+                f"prompt too long: {len(prompt_ids)} prompt tokens + max_tokens {parsed.max_tokens} "
+                f"exceeds the model's context of {engine.max_context}",
+                "context_length_exceeded",
+                "prompt",
+            )
+        if parsed.max_tokens > self.limits.max_tokens_limit:
+            raise BadRequest(
+                400,
+                f"max_tokens {parsed.max_tokens} exceeds this worker's limit of "
+                f"{self.limits.max_tokens_limit} (--max-tokens-limit)",
+                param="max_tokens",
+            )
+        return prompt_ids
+
+    def _mark_unhealthy(self, error: NonFiniteLogitsError) -> None:
+        """Non-finite logits on a live request: the model is unusable, unready for good."""
+        self.metrics.logits_non_finite()
+        if self.status.unhealthy:
+            return
+        self.status.error = str(error)
+        self.status.unhealthy = True
+        self.status.stage = STAGE_UNHEALTHY
+        self.metrics.set_ready(False)
+        log.error("%s; the worker is unready from now on (a restart re-runs the warm-up check)", error)
+
+    def _produce(
+        self,
+        engine: Engine,
+        prompt_ids: Sequence[int],
+        parsed: CompletionRequest,
+        steps: asyncio.Queue[object],
+        loop: asyncio.AbstractEventLoop,
+        generation: _Generation,
+    ) -> None:
+        """Generate under the engine lock, handing each step to the event loop.
+
+        The cancel flag is read before every step is asked for, so a client gone while a
+        step runs costs that one step and no more (and a request that never got the engine
+        costs none).
+        """
+
+        def put(item: object) -> None:
+            loop.call_soon_threadsafe(steps.put_nowait, item)
+
+        try:
+            with self.engine_lock:
+                self.metrics.set_queued(self.queue.leave(generation))
+                if generation.cancel.is_set():
+                    return
+                generator = engine.generate(prompt_ids, parsed.max_tokens, parsed.temperature)
+                try:
+                    for step in generator:
+                        generation.steps += 1
+                        self.metrics.token_generated()
+                        put(step)
+                        if generation.cancel.is_set() or step.finished:
+                            break
+                finally:
+                    close = getattr(generator, "close", None)
+                    if close is not None:
+                        close()
+        except BaseException as error:  # delivered to the handler, which answers for it
+            if isinstance(error, NonFiniteLogitsError):
+                self._mark_unhealthy(error)
+            if isinstance(error, WeightsChangedError):
+                # The files under the mapping changed in place: unready now; the runtime sees
+                # STAGE_FAILED and exits non-zero for a restart (which maps the new files).
+                log.error("weights changed under the live worker, turning unready: %s", error)
+                self.status.stage = STAGE_FAILED
+                self.status.error = str(error)
+            put(error)
+            return
+        finally:
+            self.metrics.set_queued(self.queue.leave(generation))
+        put(_DONE)
+
+    @staticmethod
+    def _chunk(ident: str, created: int, model: str, text: str, finish: str | None) -> dict[str, Any]:
+        return {
+            "id": ident,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        }
+
+    async def _next(self, steps: asyncio.Queue[object]) -> object:
+        item = await steps.get()
+        if isinstance(item, BaseException):
+            raise _answer_for(item)
+        return item
+
+    async def _collect(
+        self,
+        ident: str,
+        created: int,
+        engine: Engine,
+        prompt_ids: Sequence[int],
+        first: object,
+        steps: asyncio.Queue[object],
+    ) -> web.Response:
+        produced: list[GenerationStep] = []
+        item = first
+        while isinstance(item, GenerationStep):
+            produced.append(item)
+            if item.finished:
+                break
+            item = await self._next(steps)
+        finish = produced[-1].finish_reason if produced and produced[-1].finished else "length"
+        text = "".join(step.text for step in produced)
+        body = self._chunk(ident, created, engine.model_name, text, finish)
+        body["usage"] = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(produced),
+            "total_tokens": len(prompt_ids) + len(produced),
+        }
+        return web.json_response(body)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        ident: str,
+        created: int,
+        model: str,
+        first: object,
+        steps: asyncio.Queue[object],
+        generation: _Generation,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        try:
+            await response.prepare(request)
+            item = first
+            failure: Exception | None = None
+            while isinstance(item, GenerationStep):
+                chunk = self._chunk(
+                    ident, created, model, item.text, item.finish_reason if item.finished else None
+                )
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if item.finished:
+                    break
+                try:
+                    item = await self._next(steps)
+                except Exception as error:  # headers are sent: report in-band, as OpenAI's API does
+                    failure = error
+                    break
+            if failure is not None:
+                if not isinstance(failure, BadRequest):
+                    log.error("generation failed mid-stream", exc_info=failure)
+                kind = failure.kind if isinstance(failure, BadRequest) else "internal_error"
+                payload = {"error": {"message": str(failure), "type": kind, "param": None}}
+                await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            # The peer closed before aiohttp told us (a write to a closing transport): the
+            # same disconnect as a cancelled handler.  Returning the prepared response lets
+            # aiohttp drop it quietly; raising would be logged as a 500.
+            generation.disconnected()
+        return response
+
+
+def _answer_for(error: BaseException) -> BaseException:
+    """The HTTP answer for an error the engine raised: a 4xx for the request's fault, a 503
+    while the worker cannot serve, a 500 naming the model for non-finite logits."""
+    if isinstance(error, RequestError):
+        return BadRequest(400, str(error))
+    if isinstance(error, WeightsChangedError):
+        return BadRequest(503, str(error), "unavailable")
+    if isinstance(error, NonFiniteLogitsError):
+        return BadRequest(500, f"{error}; the worker is now unready", "non_finite_logits")
+    return error

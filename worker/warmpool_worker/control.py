@@ -1,0 +1,91 @@
+"""``POST /control/tier``: the operator's directive to the local tier guard, for both modes.
+
+``{"tier": "truncated", "ttl_seconds": 60}`` with ``Authorization: Bearer <token>``; the
+token is read from a file (a mounted Secret) on each call, so a rotated Secret takes effect
+without a restart.  Without a token file the endpoint refuses every call (403).  The answer
+is the guard's state after the directive (the effective tier is the stricter of the local
+one and the directive's; `guard.TierGuard`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from pathlib import Path
+
+from aiohttp import web
+from warmpool_worker.guard import TierGuard
+from warmpool_worker.http_app import BadRequest
+
+from warmpool.contract import (
+    CONTROL_FIELD_TIER,
+    CONTROL_FIELD_TTL,
+    CONTROL_TOKEN_HEADER,
+    DEFAULT_DIRECTIVE_TTL_SECONDS,
+    DIRECTIVE_TIERS,
+    MAX_DIRECTIVE_TTL_SECONDS,
+    PATH_CONTROL_TIER,
+    Tier,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ControlEndpoint:
+    """The control handler one guard answers to; `mount` it on an app (serve and sidecar do)."""
+
+    def __init__(self, guard: TierGuard, token_file: Path | None) -> None:
+        self.guard = guard
+        self.token_file = token_file
+
+    def mount(self, app: web.Application) -> None:
+        app.router.add_post(PATH_CONTROL_TIER, self.control_tier)
+
+    def _check_token(self, request: web.Request) -> None:
+        if self.token_file is None:
+            raise BadRequest(
+                403, "control endpoint disabled: the worker has no --control-token-file", "forbidden"
+            )
+        header = request.headers.get(CONTROL_TOKEN_HEADER, "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            raise BadRequest(
+                401, f"missing bearer token in the {CONTROL_TOKEN_HEADER} header", "unauthorized"
+            )
+        try:
+            expected = self.token_file.read_text(encoding="utf-8").strip()
+        except OSError as error:
+            log.error("cannot read control token file %s: %s", self.token_file, error)
+            raise BadRequest(403, "control token unavailable on the worker", "forbidden") from None
+        if not expected or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+            raise BadRequest(403, "wrong bearer token", "forbidden")
+
+    async def control_tier(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise BadRequest(400, f"malformed JSON body: {error}") from None
+        if not isinstance(body, dict):
+            raise BadRequest(400, "request body must be a JSON object")
+        names = [t.value for t in DIRECTIVE_TIERS]
+        raw_tier = body.get(CONTROL_FIELD_TIER)
+        if raw_tier not in names:
+            raise BadRequest(
+                400, f"{CONTROL_FIELD_TIER} must be one of {names}, got {raw_tier!r}", param="tier"
+            )
+        ttl = body.get(CONTROL_FIELD_TTL, DEFAULT_DIRECTIVE_TTL_SECONDS)
+        if (
+            isinstance(ttl, bool)
+            or not isinstance(ttl, int | float)
+            or not 0 < ttl <= MAX_DIRECTIVE_TTL_SECONDS
+        ):
+            raise BadRequest(
+                400,
+                f"{CONTROL_FIELD_TTL} must be a number within "
+                f"(0, {MAX_DIRECTIVE_TTL_SECONDS:g}], got {ttl!r}",
+                param=CONTROL_FIELD_TTL,
+            )
+        state = self.guard.set_directive(Tier(raw_tier), float(ttl))
+        return web.json_response(state.describe())

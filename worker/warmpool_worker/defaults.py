@@ -1,0 +1,35 @@
+"""The worker's own default settings, in one place.
+
+Plain constants with nothing imported: the command line reads them for its flags and
+``--help`` (which must stay instant), and `config` for its dataclass defaults.  Names both
+the operator and the worker use (port, buckets, tier thresholds, warm-up timeout) live in
+`warmpool.contract` instead.
+"""
+
+from __future__ import annotations
+
+#: Warm-up prompts per length bucket at the full tier, and tokens decoded after each prefill.
+DEFAULT_PROMPTS_PER_BUCKET = 2
+DEFAULT_DECODE_TOKENS = 4
+#: English BPE text averages about 4 characters a token; used only where no tokenizer is at hand.
+DEFAULT_CHARS_PER_TOKEN = 4.0
+#: Seconds between two readings of the local tier guard's memory probe.
+DEFAULT_GUARD_INTERVAL_S = 0.5
+#: Where the worker binds when neither --host nor the pod IP says otherwise.
+DEFAULT_HOST = "127.0.0.1"
+#: Requests that may wait for the engine before the next one gets 429 + Retry-After.
+DEFAULT_MAX_QUEUED_REQUESTS = 64
+#: Default ceiling on max_tokens: bounds one request's compute (its KV grows with what it
+#: generates, so the ceiling is about time held on the engine, not memory reserved up front).
+DEFAULT_MAX_TOKENS_LIMIT = 4096
+#: Where cgroup v2 is mounted (the CPU quota sizes torch's thread pool).
+DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
+
+# -- sidecar: how the external engine is reached and watched ---------------------------
+DEFAULT_ENGINE_METRICS_PATH = "/metrics"
+DEFAULT_POLL_INTERVAL_S = 0.5
+DEFAULT_LOST_AFTER = 3
+DEFAULT_PROBE_TIMEOUT_S = 2.0
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
+DEFAULT_RETRIES = 3
+DEFAULT_RETRY_BACKOFF_S = 0.5
