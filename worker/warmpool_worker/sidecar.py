@@ -8,7 +8,7 @@ The pod's readiness probe points here, not at the engine.  Start-up, all at once
 * the local tier guard ticks (shared `TierGuard`: memory probe, hysteresis, operator
   directive, stricter wins);
 * the page-cache prefetch of the engine's weight files runs in a thread, hottest layers
-  first, bounded by the tier (`prefetch`), and tops up if the tier relaxes;
+  first, bounded by the tier (`sidecar_prefetch`, `prefetch`), and tops up if the tier relaxes;
 * the engine supervisor waits for the engine's health endpoint, then sends the warm-up
   plan of the shared core (`warmup.plan_warmup`: buckets and prompt counts by tier,
   prompts sized to buckets with the model's tokenizer.json when there is one) through
@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,11 +46,10 @@ from warmpool_worker.config import SidecarConfig
 from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.engine_client import EngineClient, EngineError, EngineScrape, EngineUnavailable
 from warmpool_worker.guard import TierGuard
-from warmpool_worker.heatmap import layer_order, usable_heat
 from warmpool_worker.http_app import cancel_tasks, json_errors, start_site, stop_on_signals
 from warmpool_worker.memory import MemoryProbe, MemoryReading, make_probe
 from warmpool_worker.metrics import CONTENT_TYPE, ENGINE_KV_SOURCE, SidecarMetrics
-from warmpool_worker.prefetch import Prefetcher, PrefetchReport, PrefetchStopped, WeightMap, map_weights, plan_prefetch
+from warmpool_worker.sidecar_prefetch import WeightPrefetch
 from warmpool_worker.warmup import (
     WarmupPlan,
     WarmupProgress,
@@ -142,6 +140,37 @@ class EngineKvProbe:
         return MemoryReading(round(ratio * ENGINE_KV_SCALE), ENGINE_KV_SCALE, ENGINE_KV_SOURCE)
 
 
+class PromptSizer:
+    """Warm-up prompts sized to a bucket: exactly with the model's tokenizer.json when it is
+    usable, else approximately by characters (the engine is reached over HTTP)."""
+
+    def __init__(self, prompts: list[str], chars_per_token: float) -> None:
+        self.prompts = prompts
+        self.chars_per_token = chars_per_token
+        self._encode: Callable[[str], list[int]] | None = None
+        self._decode: Callable[[list[int]], str] | None = None
+
+    def use_tokenizer(self, tokenizer_path: Path) -> None:
+        if not tokenizer_path.is_file():
+            return
+        try:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+            self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False).ids)
+            self._decode = lambda ids: str(tokenizer.decode(ids))
+        except Exception as error:  # an unusable tokenizer costs precision, not the warm-up
+            log.warning("tokenizer %s unusable (%s): sizing prompts by characters", tokenizer_path, error)
+
+    def prompt_for(self, bucket: int, variant: int) -> str:
+        if self._encode is not None and self._decode is not None:
+            try:
+                return self._decode(sized_prompt_tokens(self.prompts, bucket, self._encode, variant))
+            except ValueError as error:
+                log.warning("sizing with the tokenizer failed (%s): by characters", error)
+        return sized_prompt_text(self.prompts, bucket, variant, self.chars_per_token)
+
+
 class Sidecar:
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
@@ -162,13 +191,8 @@ class Sidecar:
         )
         self.guard = TierGuard(probe, config.guard.thresholds, on_update=self.metrics.publish_guard)
         self.stop = asyncio.Event()
-        self.prompts: list[str] = []
-        self.order: list[int] = []
-        self.weights: WeightMap | None = None
-        self.prefetcher: Prefetcher | None = None
-        self._encode: Callable[[str], list[int]] | None = None
-        self._decode: Callable[[list[int]], str] | None = None
-        self._prefetch_stop = threading.Event()
+        self.prompts = PromptSizer([], config.chars_per_token)  # the set comes in `prepare`
+        self.prefetch = WeightPrefetch(config, self.guard, self.metrics, self.stop)
         self.control = ControlEndpoint(self.guard, config.listen.control_token_file)
 
     # -- state published to probes and metrics ----------------------------------------------
@@ -194,8 +218,8 @@ class Sidecar:
                 "skipped_buckets": {str(b): why for b, why in sorted(status.skipped.items())},
                 "recent_errors": list(status.errors),
             },
-            "prefetch": None if self.prefetcher is None else self.prefetcher.report.describe(),
-            "layers_total": None if self.weights is None else self.weights.num_layers,
+            "prefetch": self.prefetch.describe(),
+            "layers_total": self.prefetch.num_layers,
             "error": status.error,
         }
         body.update(self.guard.state.describe())
@@ -223,73 +247,10 @@ class Sidecar:
     def prepare(self) -> None:
         """Blocking: prompts, tokenizer, weight map and heat order (cheap: headers only)."""
         config = self.config
-        self.prompts = load_prompts(config.warmup.prompts_file)
-        model_dir: Path | None = config.model_dir
-        if model_dir is None:
-            return
-        tokenizer_path = model_dir / "tokenizer.json"
-        if tokenizer_path.is_file():
-            try:
-                from tokenizers import Tokenizer
-
-                tokenizer = Tokenizer.from_file(str(tokenizer_path))
-                self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False).ids)
-                self._decode = lambda ids: str(tokenizer.decode(ids))
-            except Exception as error:  # an unusable tokenizer costs precision, not the warm-up
-                log.warning("tokenizer %s unusable (%s): sizing prompts by characters", tokenizer_path, error)
-        self.weights = map_weights(model_dir)
-        for problem in self.weights.errors:
-            log.warning("prefetch: %s", problem)
-        self.order = self._heat_order(model_dir, self.weights.num_layers)
-        self.prefetcher = Prefetcher(self.weights, mode=config.prefetch_mode)
-        self.metrics.set_layers(0, self.weights.num_layers)
-        self.metrics.set_prefetch(self.prefetcher.report, len(self.weights.errors))
-
-    def _heat_order(self, model_dir: Path, num_layers: int) -> list[int]:
-        # The digest costs a read of every header: only worth it when there is a map to check.
-        digest = _checkpoint_digest(model_dir) if self.config.heat_map is not None else None
-        return layer_order(usable_heat(self.config.heat_map, digest, num_layers), num_layers)
-
-    def prompt_for(self, bucket: int, variant: int) -> str:
-        if self._encode is not None and self._decode is not None:
-            try:
-                return self._decode(sized_prompt_tokens(self.prompts, bucket, self._encode, variant))
-            except ValueError as error:
-                log.warning("sizing with the tokenizer failed (%s): by characters", error)
-        return sized_prompt_text(self.prompts, bucket, variant, self.config.chars_per_token)
-
-    # -- prefetch ---------------------------------------------------------------------------
-    async def prefetch_loop(self) -> None:
-        """Prefetch at the current tier; re-plan when it tightens, top up when it relaxes."""
-        prefetcher, weights = self.prefetcher, self.weights
-        if prefetcher is None or weights is None or not self.config.prefetch:
-            return  # `supervise` marks weights_mapped when the engine answers (it has mapped them)
-        file_errors = len(weights.errors)
-
-        def on_progress(report: PrefetchReport) -> None:
-            self.metrics.set_prefetch(report, file_errors)
-            self.metrics.set_layers(report.layers_done, weights.num_layers)
-
-        while not self.stop.is_set():
-            tier = self.guard.state.effective
-            groups = plan_prefetch(weights, tier, self.order, self.config.warmup.hot_layer_percent)
-
-            def should_stop(tier: Tier = tier) -> bool:
-                return self._prefetch_stop.is_set() or self.guard.state.effective.strictness > tier.strictness
-
-            try:
-                await asyncio.to_thread(prefetcher.run, groups, tier, should_stop, on_progress)
-                self.metrics.mark_phase("weights_mapped")
-            except PrefetchStopped:
-                log.info("prefetch at tier %s cut short: the tier became stricter", tier.value)
-                continue
-            except Exception as error:  # a prefetch bug must never take readiness down with it
-                log.exception("prefetch failed")
-                prefetcher.report.errors.append(f"prefetch failed: {error}")
-                prefetcher.report.state = "failed"
-                return
-            with contextlib.suppress(TimeoutError):  # then watch for a relaxed tier
-                await asyncio.wait_for(self.stop.wait(), timeout=self.config.guard.interval_s)
+        self.prompts = PromptSizer(load_prompts(config.warmup.prompts_file), config.chars_per_token)
+        if config.model_dir is not None:
+            self.prompts.use_tokenizer(config.model_dir / "tokenizer.json")
+            self.prefetch.prepare(config.model_dir)
 
     # -- engine -----------------------------------------------------------------------------
     async def scrape_loop(self) -> None:
@@ -339,7 +300,7 @@ class Sidecar:
         return True
 
     def _plan(self, tier: Tier) -> WarmupPlan:
-        return plan_for_tier(tier, self.config.warmup, self.order, self.engine.max_context)
+        return plan_for_tier(tier, self.config.warmup, self.prefetch.order, self.engine.max_context)
 
     def _count_error(self, error: EngineError) -> None:
         self.metrics.warmup_errors.labels(error.reason).inc()
@@ -371,7 +332,7 @@ class Sidecar:
                         log.warning("warm-up timeout (%.0fs): %d prefill(s) done", self.config.warmup.timeout_s, done)
                         return "ok" if done else "failed"
                     variant = progress.prefills.get(bucket, 0)
-                    prompt = await asyncio.to_thread(self.prompt_for, bucket, variant)
+                    prompt = await asyncio.to_thread(self.prompts.prompt_for, bucket, variant)
                     try:
                         _text, seconds = await self.client.complete_with_retries(
                             prompt,
@@ -420,11 +381,13 @@ class Sidecar:
                 return
             self._set_engine_up(True)
             self.metrics.mark_phase("first_layer_ready")
-            if self.prefetcher is None or not self.config.prefetch:
+            if not self.prefetch.active:
                 self.metrics.mark_phase("weights_mapped")
             info = await self.client.describe()
             self.engine.model = self.config.served_model_name or info.model_id
-            self.engine.max_context = self.config.max_context or info.max_context or self._config_context()
+            self.engine.max_context = (
+                self.config.max_context or info.max_context or config_context(self.config.model_dir)
+            )
             self._apply_scrape(await self.client.scrape(self.config.engine_metrics_path))
             await asyncio.to_thread(self.guard.tick)  # decide on this figure, not the last tick's
             incarnation = self.engine.identity
@@ -499,34 +462,22 @@ class Sidecar:
                 next_top_up = time.monotonic() + RETRY_WARMUP_MAX_S
         return None
 
-    def _config_context(self) -> int | None:
-        model_dir: Path | None = self.config.model_dir
-        if model_dir is None:
-            return None
-        try:
-            raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        value = raw.get("max_position_embeddings") if isinstance(raw, dict) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+def config_context(model_dir: Path | None) -> int | None:
+    """The context length in the checkpoint's config.json, when there is a readable one."""
+    if model_dir is None:
+        return None
+    try:
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = raw.get("max_position_embeddings") if isinstance(raw, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _read_secret(path: Path | None) -> str | None:
     if path is None:
         return None
     return path.read_text(encoding="utf-8").strip() or None
-
-
-def _checkpoint_digest(model_dir: Path) -> str | None:
-    """The built-in engine's model digest (heat maps are keyed by it), when the reader accepts the dir."""
-    from warmpool_worker.checkpoint import open_checkpoint
-    from warmpool_worker.engine_api import ModelLoadError
-
-    try:
-        return open_checkpoint(model_dir).digest
-    except (ModelLoadError, OSError) as error:
-        log.info("no model digest for %s: %s", model_dir, error)
-        return None
 
 
 async def serve_sidecar(config: SidecarConfig) -> int:
@@ -550,14 +501,14 @@ async def serve_sidecar(config: SidecarConfig) -> int:
             exit_code = 1
             return exit_code
         tasks += [
-            asyncio.create_task(sidecar.prefetch_loop()),
+            asyncio.create_task(sidecar.prefetch.run()),
             asyncio.create_task(sidecar.scrape_loop()),
             asyncio.create_task(sidecar.supervise()),
         ]
         await sidecar.stop.wait()
     finally:
         sidecar.stop.set()
-        sidecar._prefetch_stop.set()
+        sidecar.prefetch.cancel.set()
         await cancel_tasks(tasks)
         await sidecar.client.close()
         await runner.cleanup()
