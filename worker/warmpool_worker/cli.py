@@ -53,9 +53,6 @@ if TYPE_CHECKING:
 
     from warmpool.tiering import Thresholds
 
-log = logging.getLogger("warmpool.worker")
-
-
 def _buckets(text: str) -> tuple[int, ...]:
     from warmpool_worker.warmup import parse_buckets
 
@@ -339,21 +336,18 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    import asyncio
-
-    from warmpool_worker.config import ConfigError
+    from warmpool_worker.config import ConfigError, SidecarConfig
 
     try:
-        if args.command == "sidecar":
-            sidecar = sidecar_config(args)
-        else:
-            serve = serve_config(args)
+        config = sidecar_config(args) if args.command == "sidecar" else serve_config(args)
     except ConfigError as error:
         parser.error(str(error))  # exits 2, naming the flag
-    if args.command == "sidecar":
+    import asyncio
+
+    if isinstance(config, SidecarConfig):
         from warmpool_worker.sidecar import serve_sidecar
 
-        return asyncio.run(serve_sidecar(sidecar))
+        return asyncio.run(serve_sidecar(config))
     from warmpool_worker.runtime import serve_worker
 
-    return asyncio.run(serve_worker(serve))
+    return asyncio.run(serve_worker(config))

@@ -48,7 +48,7 @@ from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import STAGE_FAILED, STAGE_UNHEALTHY
 
-log = logging.getLogger("warmpool_worker.server")
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TEMPERATURE = 2.0
