@@ -14,10 +14,11 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from warmpool import contract
-from warmpool_operator.api import EnvVar, WarmModelSpec
+from warmpool_operator.api import EnvVar, ResourceRequirements, WarmModelSpec
 
 Obj = dict[str, Any]
 
@@ -240,7 +241,44 @@ def _worker_args(target: Target) -> list[str]:
         ]
         if warmup.kv_prefix_persistence:
             args.append(f"--kv-prefix-dir={contract.KV_PREFIX_MOUNT_PATH}")
+        threads = torch_threads(spec.pod.resources)
+        if threads is not None:
+            args.append(f"--threads={threads}")
     return args + list(spec.pod.worker_args or [])
+
+
+def _cpu_cores(quantity: int | str | None) -> Decimal | None:
+    """A CPU quantity ("2", "1.5", "500m") in cores; None when absent or not a plain CPU figure."""
+    if quantity is None:
+        return None
+    text = str(quantity).strip()
+    scale = Decimal(1)
+    if text.endswith("m"):
+        text, scale = text[:-1], Decimal("0.001")
+    try:
+        cores = Decimal(text) * scale
+    except InvalidOperation:
+        return None
+    return cores if cores.is_finite() and cores > 0 else None
+
+
+def torch_threads(resources: ResourceRequirements | None) -> int | None:
+    """Intra-op threads for the built-in engine: the container's CPU limit, else its request.
+
+    The worker would read its cgroup quota itself, but a pod with only a CPU request has no
+    quota to read, and torch would then spin one thread per node core against every other
+    worker on the node (a 32-token prefill went from ~0.2 s to 2 s with two workers on two
+    cores).  The request is what the scheduler reserved for the pod, so it is the honest share.
+    Rounded down (1.5 CPUs -> 1 thread: two busy threads on 1.5 CPUs are throttled), at least 1.
+    None when neither is set: the worker then sizes itself from its cgroup.
+    """
+    if resources is None:
+        return None
+    for values in (resources.limits, resources.requests):
+        cores = _cpu_cores((values or {}).get("cpu"))
+        if cores is not None:
+            return max(1, int(cores))
+    return None
 
 
 def _model_volume(spec: WarmModelSpec) -> tuple[Obj, Obj]:

@@ -191,3 +191,24 @@ def test_kv_prefix_emptydir_has_a_size_limit() -> None:
     assert volumes["kv-prefix"]["emptyDir"] == {"sizeLimit": builders.KV_PREFIX_SIZE_LIMIT}
     mounts = {m["name"]: m["mountPath"] for m in worker(pod)["volumeMounts"]}
     assert mounts["kv-prefix"] == contract.KV_PREFIX_MOUNT_PATH
+
+
+@pytest.mark.parametrize(
+    ("resources", "threads"),
+    [
+        ({"requests": {"cpu": "1"}, "limits": {"memory": "2Gi"}}, 1),  # the demo's example: a request only
+        ({"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}, 2),  # the limit wins: it is the quota
+        ({"limits": {"cpu": "1500m"}}, 1),  # rounded down: 2 threads on 1.5 CPUs get throttled
+        ({"requests": {"cpu": "250m"}}, 1),  # at least one
+        ({"requests": {"cpu": 3}}, 3),  # an integer quantity
+    ],
+)
+def test_builtin_worker_threads_follow_the_pods_cpu(resources: dict[str, Any], threads: int) -> None:
+    args = worker(builders.build_deployment(target(pod={"resources": resources})))["args"]
+    assert [a for a in args if a.startswith("--threads=")] == [f"--threads={threads}"]
+
+
+def test_no_cpu_figure_leaves_threads_to_the_workers_cgroup() -> None:
+    for pod in ({}, {"resources": {"limits": {"memory": "2Gi"}}}):
+        args = worker(builders.build_deployment(target(pod=pod)))["args"]
+        assert not any(a.startswith("--threads") for a in args)
