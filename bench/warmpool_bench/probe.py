@@ -49,7 +49,7 @@ def _inject_eager(engine: Any, state: dict[str, Any]) -> None:
     """
     dtype = engine.dtype
     engine.checkpoint.get_tensor = state.__getitem__
-    engine._materialise = lambda tensor: tensor if tensor.dtype == dtype else tensor.to(dtype)
+    engine.weights.materialise = lambda tensor: tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def _engine_requests(engine: Any, prompt: list[int], steady: int) -> tuple[float, float, list[float]]:

@@ -108,7 +108,7 @@ FAULT_IN_CHILD = r"""
 import sys
 from pathlib import Path
 from safetensors import safe_open
-from warmpool_worker.engine import _fault_in
+from warmpool_worker.engine import fault_in
 from warmpool_worker.engine_api import WeightsChangedError
 
 weights, cut = Path(sys.argv[1]), int(sys.argv[2])
@@ -116,7 +116,7 @@ tensor = safe_open(str(weights), framework="pt", device="cpu").get_tensor("lm_he
 with weights.open("r+b") as handle:
     handle.truncate(cut)
 try:
-    _fault_in(tensor)
+    fault_in(tensor)
 except WeightsChangedError as error:
     print(f"WeightsChangedError: {error}", flush=True)
     sys.exit(3)

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-from warmpool_worker.engine import LlamaEngine, bucket_for, load_engine, order_from_heat, token_hash
+from warmpool_worker.engine import LlamaEngine, bucket_for, load_engine, token_hash
 from warmpool_worker.engine_api import RequestError
+from warmpool_worker.heatmap import layer_order
 from warmpool_worker.testing_models import make_tiny_llama
 
 pytestmark = pytest.mark.unit
@@ -139,7 +140,8 @@ def test_heat_decays_with_time(model_dir: Path) -> None:
 
 
 def test_order_from_heat() -> None:
-    assert order_from_heat({3: 5.0, 1: 9.0, 0: 5.0, 99: 1.0}, 5) == [1, 0, 3, 2, 4]
+    # the engine's own copy of heat ordering is gone: the one shared ordering decides
+    assert layer_order({3: 5.0, 1: 9.0, 0: 5.0, 99: 1.0}, 5) == [1, 0, 3, 2, 4]
 
 
 def test_greedy_generation_matches_full_recompute(model_dir: Path) -> None:
@@ -168,9 +170,9 @@ def test_eos_ids_from_generation_config(model_dir: Path) -> None:
 
 def test_sampling_with_temperature(model_dir: Path) -> None:
     engine = load_engine(model_dir)
-    engine._sample_generator.manual_seed(0)
+    engine.seed_sampling(0)
     first = [s.token_id for s in engine.generate([5, 6, 7], 12, temperature=1.5)]
-    engine._sample_generator.manual_seed(0)
+    engine.seed_sampling(0)
     again = [s.token_id for s in engine.generate([5, 6, 7], 12, temperature=1.5)]
     assert first == again
     assert len(first) == 12 and all(0 <= t < 272 for t in first)
@@ -214,8 +216,8 @@ def test_prefix_kv_round_trip(tmp_path: Path, model_dir: Path) -> None:
 
     reader = load_engine(model_dir)
     assert reader.load_prefix_kv(prefix, path) is True
-    hit = reader._lookup_prefix(prompt)
-    assert hit is not None and hit[2] == len(prefix)
+    hit = reader.prefix_kv.lookup(prompt)
+    assert hit is not None and hit.length == len(prefix)
     assert [s.token_id for s in reader.generate(prompt, 6)] == expected
     # the prompt equal to the prefix itself still runs its last token
     assert [s.token_id for s in reader.generate(prefix, 3)] == _reference_greedy(reader, prefix, 3)

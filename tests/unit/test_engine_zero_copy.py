@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from warmpool_worker.engine import load_engine
+from warmpool_worker.checkpoint import expected_tensors
+from warmpool_worker.engine import LlamaEngine, load_engine
 from warmpool_worker.testing_models import make_tiny_llama
 
 pytestmark = [
@@ -33,13 +34,11 @@ def _file_mappings(path: Path) -> list[tuple[int, int]]:
     return spans
 
 
-def _weights(engine: object) -> dict[str, torch.Tensor]:
-    core = engine._core  # type: ignore[attr-defined]
-    layers = engine._layers  # type: ignore[attr-defined]
-    assert core is not None and all(layer is not None for layer in layers)
-    out = {f"core.{k}": v for k, v in core.items()}
-    for index, layer in enumerate(layers):
-        out.update({f"layers.{index}.{k}": v for k, v in layer.items()})
+def _weights(engine: LlamaEngine) -> dict[str, torch.Tensor]:
+    """Every weight the engine holds, by checkpoint name: all of them, once everything is loaded."""
+    assert engine.layers_resident() == engine.num_layers
+    out = dict(engine.weights.resident())
+    assert set(out) == set(expected_tensors(engine.config))
     return out
 
 
@@ -73,4 +72,4 @@ def test_other_dtype_cpu_load_converts_into_private_memory(model_dir: Path) -> N
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
     assert not any(_inside(t, spans) for t in weights.values())
     reference = engine.checkpoint.get_tensor("model.layers.0.self_attn.q_proj.weight").to(torch.bfloat16)
-    assert torch.equal(weights["layers.0.wq"], reference)
+    assert torch.equal(weights["model.layers.0.self_attn.q_proj.weight"], reference)

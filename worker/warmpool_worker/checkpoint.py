@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmpool_worker.engine_api import ModelLoadError, WeightsChangedError
+from warmpool_worker.weight_table import LM_HEAD, WEIGHT_TABLES, weight_table
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +70,8 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 #: How much of each file's tensor data goes into the model digest (see Checkpoint.digest).
 DIGEST_SAMPLE_BYTES = 64 * 1024
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+#: The architectures with a weight table (the table decides names and shapes).
+SUPPORTED_MODEL_TYPES = tuple(WEIGHT_TABLES)
 
 #: Upper bounds for every config.json size that drives an allocation (the engine's layer
 #: table, rotary tables, KV caches, the expected-tensor table).  Each is several times the
@@ -396,18 +398,7 @@ def parse_config(path: Path, raw: dict[str, Any]) -> LlamaConfig:
 
 def expected_parameters(config: LlamaConfig) -> int:
     """Weight elements the config needs, by arithmetic (no table built): what `expected_tensors` sums to."""
-    h, v, i = config.hidden_size, config.vocab_size, config.intermediate_size
-    q_out = config.num_attention_heads * config.head_dim
-    kv_out = config.num_key_value_heads * config.head_dim
-    per_layer = 2 * h + q_out * h + 2 * kv_out * h + h * q_out + 3 * i * h
-    if config.attention_bias:
-        per_layer += q_out + 2 * kv_out
-    if config.o_bias:
-        per_layer += h
-    if config.mlp_bias:
-        per_layer += 2 * i + h
-    core = v * h + h + (0 if config.tie_word_embeddings else v * h)
-    return core + config.num_hidden_layers * per_layer
+    return weight_table(config).parameters()
 
 
 def check_config_fits_files(config_path: Path, config: LlamaConfig, headers: Iterable[SafetensorsHeader]) -> None:
@@ -426,42 +417,16 @@ def check_config_fits_files(config_path: Path, config: LlamaConfig, headers: Ite
 
 
 def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the config needs, with its shape (the lm_head only when untied)."""
-    h, v, i = config.hidden_size, config.vocab_size, config.intermediate_size
-    q_out = config.num_attention_heads * config.head_dim
-    kv_out = config.num_key_value_heads * config.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (v, h)
-    for layer in range(config.num_hidden_layers):
-        p = f"model.layers.{layer}."
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
-        shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
-        shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
-        shapes[p + "self_attn.o_proj.weight"] = (h, q_out)
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (q_out,)
-            shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
-            shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
-        if config.o_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (h,)
-        shapes[p + "mlp.gate_proj.weight"] = (i, h)
-        shapes[p + "mlp.up_proj.weight"] = (i, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, i)
-        if config.mlp_bias:
-            shapes[p + "mlp.gate_proj.bias"] = (i,)
-            shapes[p + "mlp.up_proj.bias"] = (i,)
-            shapes[p + "mlp.down_proj.bias"] = (h,)
-    return shapes
+    """Every tensor the config needs, with its shape (the lm_head only when untied): the
+    architecture's weight table, the one the engine loads by."""
+    return weight_table(config).shapes()
 
 
 def _ignorable(name: str, config: LlamaConfig) -> bool:
     # Old Llama exports carry the rotary buffer; tied checkpoints sometimes still carry a
     # copy of the head.  Both are harmless and ignored (the head is checked for shape).
     return name.endswith(".self_attn.rotary_emb.inv_freq") or (
-        config.tie_word_embeddings and name == "lm_head.weight"
+        config.tie_word_embeddings and name == LM_HEAD
     )
 
 
@@ -681,8 +646,8 @@ def open_checkpoint(model_dir: Path | str) -> Checkpoint:
                     f"with this config: {shown}")
     tables = {name: info for h in headers for name, info in h.tensors.items()}
     h, v = config.hidden_size, config.vocab_size
-    if config.tie_word_embeddings and "lm_head.weight" in tables:
-        expected = {**expected, "lm_head.weight": (v, h)}
+    if config.tie_word_embeddings and LM_HEAD in tables:
+        expected = {**expected, LM_HEAD: (v, h)}
     for name, shape in expected.items():
         info = tables[name]
         if info.shape != shape:

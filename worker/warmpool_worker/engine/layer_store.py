@@ -1,0 +1,157 @@
+"""The engine's weights: mapped at start, materialised on the device layer by layer.
+
+The weight table names every tensor (the same table validated the checkpoint), so a tensor
+the table needs and the checkpoint lacks fails the load naming it; nothing is skipped.
+Embeddings, final norm and head ("core") come first, then decoder layers in whatever order
+they are asked for; a layer a forward pass needs before the loader got to it is loaded
+right there, under the same lock, so a request never sees a missing weight.
+
+On CPU, in the checkpoint's own dtype, a weight is the file's mapping itself (zero copy):
+loading a layer faults its pages in, in order.  Other dtypes convert in one pass.  On CUDA,
+copies go through the pinned stager.  Before any page of a layer is touched, the files under
+it are checked to be the ones validated (WeightsChangedError otherwise, never a SIGBUS).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+from warmpool_worker.checkpoint import Checkpoint
+from warmpool_worker.engine.mapped_pages import fault_in, read_ahead
+from warmpool_worker.engine.pinned_stager import PinnedStager
+from warmpool_worker.engine_api import LayerProgress, ModelLoadError, WeightsChangedError
+from warmpool_worker.weight_table import WeightTable, weight_table
+
+#: key -> tensor for one group (core or one decoder layer); keys are the weight table's.
+Weights = dict[str, torch.Tensor]
+
+
+class LayerStore:
+    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> None:
+        self.checkpoint = checkpoint
+        self.table: WeightTable = weight_table(checkpoint.config)
+        self.device = device
+        self.dtype = dtype
+        self._core: Weights | None = None
+        self._layers: list[Weights | None] = [None] * self.table.num_layers
+        self._lock = threading.RLock()
+        self._stager: PinnedStager | None = None
+        self.load_seconds: dict[int, float] = {}
+        self.bytes_loaded = 0
+
+    @property
+    def num_layers(self) -> int:
+        return self.table.num_layers
+
+    def layers_resident(self) -> int:
+        return sum(layer is not None for layer in self._layers)
+
+    def is_layer_resident(self, index: int) -> bool:
+        return self._layers[index] is not None
+
+    def materialise(self, tensor: torch.Tensor) -> torch.Tensor:
+        """One checkpoint tensor (a CPU view of the mapping) as the compute tensor on the device."""
+        if self.device.type == "cuda":
+            if self._stager is None:
+                self._stager = PinnedStager(self.device)
+            return self._stager.to_device(tensor, self.dtype)
+        if tensor.dtype == self.dtype:
+            # CPU, same dtype: use the weights where they lie, in the file's mapping (no
+            # copy, no second resident copy).  safetensors maps the file copy-on-write
+            # (MAP_PRIVATE), so the tensor is writable and a stray in-place op could never
+            # reach the file -- but nothing here writes to a weight.  Loading = mapping
+            # every page now, sequentially, instead of a fault per page in the first request.
+            fault_in(tensor)
+            return tensor
+        # CPU, another dtype: convert in one pass into a preallocated tensor.
+        out = torch.empty(tensor.shape, dtype=self.dtype)
+        out.copy_(tensor)
+        return out
+
+    def _load_named(self, parts: Sequence[tuple[str, str]]) -> Weights:
+        tensors = self.checkpoint.tensors
+        missing = [name for _, name in parts if name not in tensors]
+        if missing:  # the table needs it: loading without it would compute a different model
+            raise ModelLoadError(f"{self.checkpoint.model_dir}: tensors the {self.checkpoint.config.model_type} "
+                                 f"weight table needs are not in the checkpoint: {', '.join(missing)}")
+        # The files under the mapping must still be the ones validated: a file truncated in
+        # place would SIGBUS on the first page touched below, one rewritten would be garbage.
+        self.checkpoint.verify_unchanged({tensors[name].file for _, name in parts})
+        keys = {name: key for key, name in parts}
+        out: Weights = {}
+        with torch.inference_mode():
+            sources = list(self.checkpoint.iter_weights(name for _, name in parts))
+            if self.device.type == "cpu":
+                for _, source in sources:  # start reading the whole layer ahead (cold cache)
+                    read_ahead(source)
+            for name, source in sources:
+                try:
+                    tensor = self.materialise(source)
+                except WeightsChangedError as error:
+                    raise WeightsChangedError(f"{tensors[name].file}: tensor {name!r}: {error}") from None
+                out[keys[name]] = tensor
+                self.bytes_loaded += tensor.numel() * tensor.element_size()
+            if self._stager is not None:
+                self._stager.finish()
+        return out
+
+    def core(self) -> Weights:
+        """Embeddings, final norm and head (the embedding matrix when tied), loaded on first use."""
+        core = self._core
+        if core is not None:
+            return core
+        with self._lock:
+            if self._core is None:
+                loaded = self._load_named(self.table.core_names())
+                if self.table.tied_head:
+                    loaded["head"] = loaded["embed"]
+                self._core = loaded
+            return self._core
+
+    def layer(self, index: int) -> Weights:
+        """Decoder layer `index`, loaded on first use."""
+        layer = self._layers[index]
+        if layer is not None:  # fast path: no lock once resident
+            return layer
+        with self._lock:
+            layer = self._layers[index]
+            if layer is None:
+                started = time.perf_counter()
+                layer = self._load_named(self.table.layer_names(index))
+                self.load_seconds[index] = time.perf_counter() - started
+                self._layers[index] = layer  # published only once complete
+            return layer
+
+    def load_layers(self, order: Sequence[int], progress: LayerProgress | None = None) -> None:
+        total = self.num_layers
+        bad = [i for i in order if not isinstance(i, int) or not 0 <= i < total]
+        if bad:
+            raise ValueError(f"layer indices out of range 0..{total - 1}: {bad[:5]}")
+        self.core()
+        for index in order:
+            self.layer(index)
+            if progress is not None:
+                progress(self.layers_resident(), total, index)
+
+    def resident(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(checkpoint name, tensor) of every weight materialised now, core first (a tied head
+        is the embedding and is not listed twice)."""
+        core = self._core or {}
+        for key, name in self.table.core_names():
+            if key in core:
+                yield name, core[key]
+        for index, layer in enumerate(self._layers):
+            if layer is not None:
+                for key, name in self.table.layer_names(index):
+                    yield name, layer[key]
+
+    def first_non_finite(self) -> str | None:
+        """The checkpoint name of the first resident weight holding NaN/Inf (an error path only)."""
+        with torch.inference_mode():
+            for name, tensor in self.resident():
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    return name
+        return None

@@ -1,0 +1,314 @@
+"""LlamaEngine: implements `engine_api.Engine` (plus batched decode and CUDA graphs) for the
+Llama family by orchestrating its parts: the layer store (weights), the maths (pure
+functions), the KV caches, the warm-prefix store, the decode graphs and the layer heat."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from warmpool_worker.checkpoint import Checkpoint, read_generation_eos
+from warmpool_worker.engine import maths
+from warmpool_worker.engine.decoding import check_generation, check_prompt, sample, text_increment
+from warmpool_worker.engine.graphs import DEFAULT_BATCH_BUCKETS, DecodeGraph, DecodeGraphs, bucket_for
+from warmpool_worker.engine.kv_cache import KVCache, LiveKVSlots, kv_capacity
+from warmpool_worker.engine.layer_store import LayerStore, Weights
+from warmpool_worker.engine.prefix_kv import PrefixKVStore
+from warmpool_worker.engine_api import GenerationStep, LayerProgress, NonFiniteLogitsError, RequestError
+from warmpool_worker.layer_heat import DEFAULT_HEAT_HALF_LIFE_S, LayerHeat
+
+
+class LlamaEngine:
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        tokenizer: Any,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        model_name: str | None = None,
+        heat_half_life_s: float = DEFAULT_HEAT_HALF_LIFE_S,
+        clock: Callable[[], float] = time.monotonic,
+        graph_max_len: int = 2048,
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.config = cfg = checkpoint.config
+        self.tokenizer = tokenizer
+        self._device = torch.device(device)
+        if self._device.type == "cuda" and self._device.index is None:
+            self._device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = dtype or torch.float32
+        self._model_name = model_name or checkpoint.model_dir.resolve().name
+        self.eos_token_ids = frozenset(read_generation_eos(checkpoint.model_dir, cfg))
+        self._model = maths.Model.build(cfg, self.dtype, self._device)
+        self.weights = LayerStore(checkpoint, self._device, self.dtype)
+        self.heat = LayerHeat(cfg.num_hidden_layers, heat_half_life_s, clock)
+        self.prefix_kv = PrefixKVStore(cfg, self.dtype, self._device, lambda: self.model_digest)
+        self.graph_max_len = min(graph_max_len, cfg.max_position_embeddings)
+        self.graphs = DecodeGraphs(self._device, self.graph_max_len)
+        self._kv_live = LiveKVSlots()
+        self._sample_generator = torch.Generator(device="cpu")
+        self._sample_generator.seed()
+
+    # ---- identity ------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def model_digest(self) -> str:
+        return self.checkpoint.digest
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def device(self) -> str:
+        return str(self._device)
+
+    # ---- weights -------------------------------------------------------------------------
+    @property
+    def bytes_loaded(self) -> int:
+        return self.weights.bytes_loaded
+
+    @property
+    def load_seconds(self) -> dict[int, float]:
+        return self.weights.load_seconds
+
+    def layers_resident(self) -> int:
+        return self.weights.layers_resident()
+
+    def is_layer_resident(self, index: int) -> bool:
+        return self.weights.is_layer_resident(index)
+
+    def load_layers(self, order: Sequence[int], progress: LayerProgress | None = None) -> None:
+        self.weights.load_layers(order, progress)
+
+    def load_all(self, progress: LayerProgress | None = None) -> None:
+        self.load_layers(range(self.num_layers), progress)
+
+    def layer_heat(self) -> dict[int, float]:
+        return self.heat.snapshot()
+
+    def _layer_in_use(self, index: int) -> Weights:
+        """A forward pass reaching this layer: loaded if it is not yet, and counted as heat."""
+        weights = self.weights.layer(index)
+        self.heat.touch(index)
+        return weights
+
+    # ---- tokenizer -----------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    # ---- forward passes ------------------------------------------------------------------
+    def _forward(self, token_ids: torch.Tensor, start: int, cache: KVCache, all_logits: bool = False
+                 ) -> torch.Tensor:
+        core = self.weights.core()
+        return maths.forward(self._model, core, self._layer_in_use, token_ids, start, cache, all_logits)
+
+    def _decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        return maths.decode_step(self._model, self.weights.core(), self._layer_in_use, tokens, positions, cache)
+
+    def _tensor(self, values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self._device)
+
+    def _check_prompt(self, token_ids: Sequence[int]) -> list[int]:
+        return check_prompt(token_ids, self.max_context, self.config.vocab_size)
+
+    def _new_cache(self, batch: int, capacity: int) -> KVCache:
+        cfg = self.config
+        return KVCache.empty(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim,
+                             self.dtype, self._device)
+
+    def forward_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Logits [T, vocab] for every position of one prompt (tests and evaluation)."""
+        ids = self._check_prompt(token_ids)
+        with torch.inference_mode():
+            return self._forward(self._tensor([ids]), 0, self._new_cache(1, len(ids)), all_logits=True)[0]
+
+    def prefill(self, token_ids: Sequence[int]) -> None:
+        ids = self._check_prompt(token_ids)
+        with torch.inference_mode():
+            logits = self._forward(self._tensor([ids]), 0, self._new_cache(1, len(ids)))
+            self._check_finite(logits, f"at the prefill of a {len(ids)}-token prompt")
+
+    def _prefill_into(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        start = self.prefix_kv.seed(ids, cache)  # a stored warm prefix skips its positions
+        return self._forward(self._tensor([ids[start:]]), start, cache)
+
+    def _check_finite(self, logits: torch.Tensor, where: str) -> None:
+        """Raise NonFiniteLogitsError if any logit is NaN/Inf: never sample from garbage.
+
+        One reduction over [B, V] per step (the sampler syncs on the same values anyway).
+        """
+        if bool(torch.isfinite(logits).all()):
+            return
+        culprit = self.weights.first_non_finite()
+        cause = (f"weight {culprit} holds NaN/Inf" if culprit is not None
+                 else f"no resident weight holds NaN/Inf: activations overflowed in {self.dtype}")
+        raise NonFiniteLogitsError(f"model {self.model_name!r} produced non-finite logits (NaN/Inf) {where}: {cause}")
+
+    # ---- generation ----------------------------------------------------------------------
+    def kv_cache_tokens(self) -> int:
+        """Token slots allocated now for the KV caches of generations in flight (CUDA graphs'
+        static caches, sized once at capture, are not counted)."""
+        return self._kv_live.slots
+
+    def seed_sampling(self, seed: int) -> None:
+        """Make sampling (temperature > 0) repeatable from here on."""
+        self._sample_generator.manual_seed(seed)
+
+    def _sample(self, logits: torch.Tensor, temperature: float) -> list[int]:
+        return sample(logits, temperature, self._sample_generator)
+
+    def _take_graph(self, bucket: int, positions: int) -> DecodeGraph | None:
+        graph = self.graphs.get(bucket)
+        return graph if graph is not None and graph.try_acquire(positions) else None
+
+    def _replay(self, graph: DecodeGraph, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        logits = self.graphs.replay(graph, tokens, positions)
+        self.heat.touch_all()  # the graph skips Python, so count the heat here
+        return logits
+
+    def generate(self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
+                 ) -> Iterator[GenerationStep]:
+        ids = self._check_prompt(token_ids)
+        check_generation(max_new_tokens, temperature)
+        if len(ids) >= self.max_context:
+            raise RequestError(f"the prompt is {len(ids)} tokens: no room left in the context of "
+                               f"{self.max_context} for a completion")
+        budget = min(max_new_tokens, self.max_context - len(ids))
+        return self._generate(ids, budget, temperature)
+
+    def _generate(self, ids: list[int], budget: int, temperature: float) -> Iterator[GenerationStep]:
+        limit = len(ids) + budget
+        graph = self._take_graph(1, limit)
+        lease = self._kv_live.lease()
+        try:
+            with torch.inference_mode():
+                # a graph's static cache, or one sized for the prompt that grows as tokens come
+                cache = graph.cache if graph is not None else lease.hold(
+                    self._new_cache(1, kv_capacity(len(ids), 0, limit)))
+                logits = self._prefill_into(ids, cache)
+            self._check_finite(logits, f"at the prefill of a {len(ids)}-token prompt")
+            generated: list[int] = []
+            emitted = ""
+            position = len(ids)
+            while True:
+                token = self._sample(logits, temperature)[0]
+                generated.append(token)
+                if token in self.eos_token_ids:
+                    yield GenerationStep(token, "", True, "stop")
+                    return
+                final = len(generated) >= budget
+                text, emitted = text_increment(self.decode, generated, emitted, final)
+                if final:
+                    yield GenerationStep(token, text, True, "length")
+                    return
+                yield GenerationStep(token, text, False)
+                with torch.inference_mode():
+                    if graph is not None:
+                        logits = self._replay(graph, [token], [position])
+                    else:
+                        lease.grow(cache, position + 1, limit)
+                        logits = self._forward(self._tensor([[token]]), position, cache)
+                self._check_finite(logits, f"at decode step {len(generated)}")
+                position += 1
+        finally:
+            lease.release()
+            if graph is not None:
+                graph.lock.release()
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
+                       buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> list[list[int]]:
+        """Decode several prompts together, padded up to a batch bucket (CUDA graph when captured).
+
+        Returns the generated ids of each prompt (EOS included when one stopped it).
+        """
+        if not prompts:
+            return []
+        checked = [self._check_prompt(p) for p in prompts]
+        check_generation(max_new_tokens, temperature)
+        bucket = bucket_for(len(checked), buckets)
+        longest = max(len(p) for p in checked)
+        if longest >= self.max_context:
+            raise RequestError(f"a prompt of {longest} tokens leaves no room in the context of {self.max_context}")
+        budget = min(max_new_tokens, self.max_context - longest)
+        limit = longest + budget
+        graph = self._take_graph(bucket, limit)
+        lease = self._kv_live.lease()
+        try:
+            with torch.inference_mode():
+                cache = graph.cache if graph is not None else lease.hold(
+                    self._new_cache(bucket, kv_capacity(longest, 0, limit)))
+                logits = torch.cat([self._prefill_into(p, cache.row(r)) for r, p in enumerate(checked)], dim=0)
+                outputs: list[list[int]] = [[] for _ in checked]
+                done = [False] * len(checked)
+                positions = [len(p) for p in checked]
+                pad = [0] * (bucket - len(checked))
+                for step_index in range(budget):
+                    self._check_finite(logits, f"at batch step {step_index}")
+                    tokens = self._sample(logits, temperature)
+                    for r, token in enumerate(tokens):
+                        if not done[r]:
+                            outputs[r].append(token)
+                            done[r] = token in self.eos_token_ids or len(outputs[r]) >= budget
+                    if all(done):
+                        break
+                    # pad rows (and finished ones) decode token 0 at position 0 of their own row:
+                    # harmless, their output is ignored, and shapes stay those of the bucket.
+                    step_tokens = [t if not d else 0 for t, d in zip(tokens, done, strict=True)] + pad
+                    step_pos = [p if not d else 0 for p, d in zip(positions, done, strict=True)] + pad
+                    if graph is not None:
+                        logits = self._replay(graph, step_tokens, step_pos)[: len(checked)]
+                    else:
+                        lease.grow(cache, max(positions) + 1, limit)
+                        logits = self._decode_static(self._tensor(step_tokens), self._tensor(step_pos),
+                                                     cache)[: len(checked)]
+                    positions = [p + 1 for p in positions]
+                return outputs
+        finally:
+            lease.release()
+            if graph is not None:
+                graph.lock.release()
+
+    # ---- CUDA graphs ---------------------------------------------------------------------
+    def capture_graphs(self, buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> dict[int, float]:
+        """Capture the decode step as a CUDA graph per batch bucket; seconds per bucket.
+
+        Needs every layer resident (they are loaded first).  A no-op returning {} off CUDA.
+        """
+        if self._device.type != "cuda" or not torch.cuda.is_available():
+            return {}
+        self.load_all()
+        return self.graphs.capture(buckets, self._decode_static, self._new_cache)
+
+    @property
+    def graph_buckets(self) -> list[int]:
+        return self.graphs.buckets
+
+    # ---- warm prefix KV ------------------------------------------------------------------
+    def save_prefix_kv(self, token_ids: Sequence[int], path: Path) -> None:
+        """Persist this prefix's KV; a filesystem failure (ENOSPC, EROFS, ...) raises OSError
+        with its errno, and leaves no partial file behind."""
+        ids = self._check_prompt(token_ids)
+        with torch.inference_mode():
+            cache = self._new_cache(1, len(ids))
+            self._forward(self._tensor([ids]), 0, cache)
+        self.prefix_kv.save(ids, cache, path)
+
+    def load_prefix_kv(self, token_ids: Sequence[int], path: Path) -> bool:
+        return self.prefix_kv.load(self._check_prompt(token_ids), path)
+
+    def forget_prefixes(self) -> None:
+        self.prefix_kv.forget()

@@ -1,0 +1,68 @@
+"""`load_engine`: validate and map a checkpoint, read its tokenizer; no weight is read yet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from warmpool_worker.checkpoint import TOKENIZER_FILE, LlamaConfig, open_checkpoint
+from warmpool_worker.engine.llama import LlamaEngine
+from warmpool_worker.engine_api import ModelLoadError
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def resolve_dtype(name: str | None, config: LlamaConfig, device: torch.device) -> torch.dtype:
+    """The compute dtype: as asked; else the checkpoint's on CUDA and fp32 on CPU.
+
+    CPU default is fp32 because half-precision matmuls are slow on most CPUs without AMX.
+    """
+    if name is not None:
+        key = name.lower().removeprefix("torch.")
+        if key == "auto":
+            name = None
+        elif key not in DTYPES:
+            raise ModelLoadError(f"dtype {name!r} is not supported (float32, float16, bfloat16, auto)")
+        else:
+            return DTYPES[key]
+    if device.type == "cuda":
+        return DTYPES.get((config.torch_dtype or "bfloat16").lower(), torch.bfloat16)
+    return torch.float32
+
+
+def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = None,
+                model_name: str | None = None, **options: Any) -> LlamaEngine:
+    """Validate and map a checkpoint, read its tokenizer; no weight is read yet (fast).
+
+    `options` go to LlamaEngine (heat_half_life_s, clock, graph_max_len).
+    """
+    model_dir = Path(model_dir)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as error:
+        raise ModelLoadError(f"device {device!r} is not valid: {error}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} asked for but CUDA is not available")
+    if dev.type not in ("cpu", "cuda"):
+        raise ModelLoadError(f"device {device!r} is not supported (cpu or cuda)")
+    checkpoint = open_checkpoint(model_dir)
+    tokenizer_path = model_dir / TOKENIZER_FILE
+    if not tokenizer_path.is_file():
+        raise ModelLoadError(f"{tokenizer_path}: file is missing (the engine reads tokenizer.json)")
+    from tokenizers import Tokenizer  # on the load path only
+
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    except Exception as error:  # tokenizers raises a bare Exception on bad files
+        raise ModelLoadError(f"{tokenizer_path}: cannot parse tokenizer: {error}") from None
+    return LlamaEngine(checkpoint, tokenizer, device=device,
+                       dtype=resolve_dtype(dtype, checkpoint.config, dev), model_name=model_name, **options)
