@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import struct
@@ -380,3 +381,25 @@ def test_expected_parameters_agrees_with_the_tensor_table(tmp_path: Path) -> Non
         path = make_tiny_llama(tmp_path / f"m{len(list(tmp_path.iterdir()))}", **options)
         config = open_checkpoint(path).config
         assert expected_parameters(config) == sum(math.prod(s) for s in expected_tensors(config).values())
+
+
+def test_a_tensor_the_weight_table_needs_but_the_checkpoint_lacks_fails_the_load(model: Path) -> None:
+    """Loading never skips a tensor: one the weight table names and the files lack is an error naming it.
+
+    The checkpoint validated for a bias-free config is handed to the engine under a config whose
+    table names q/k/v biases: loading without them would silently compute a different model.
+    """
+    from tokenizers import Tokenizer
+    from warmpool_worker.checkpoint import CONFIG_FILE, TOKENIZER_FILE, Checkpoint
+    from warmpool_worker.engine import LlamaEngine
+
+    validated = open_checkpoint(model)
+    assert not validated.config.attention_bias
+    needs_bias = dataclasses.replace(validated.config, attention_bias=True)
+    checkpoint = Checkpoint(model, needs_bias, validated.headers, (model / CONFIG_FILE).read_bytes())
+    engine = LlamaEngine(checkpoint, Tokenizer.from_file(str(model / TOKENIZER_FILE)))
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.0\.self_attn\.q_proj\.bias"):
+        engine.load_layers([0])
+    assert engine.layers_resident() == 0
+    with pytest.raises(ModelLoadError, match=r"q_proj\.bias"):
+        engine.prefill([5, 6, 7])

@@ -276,3 +276,26 @@ def test_checkpoint_module_is_cheap_to_import() -> None:
     env = {"PYTHONPATH": f"{REPO}:{REPO / 'worker'}", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("variant", [
+    {}, {"tie": True}, {"qkv_bias": True}, {"model_type": "qwen2", "shards": 2},
+], ids=["llama", "tied", "llama-bias", "qwen2-sharded"])
+def test_the_weight_table_that_validates_is_the_one_that_loads(tmp_path: Path, variant: dict[str, Any]) -> None:
+    """The engine reads exactly the tensors validation required: one table, both sides."""
+    from warmpool_worker.checkpoint import expected_tensors
+
+    engine = load_engine(make_tiny_llama(tmp_path / "m", layers=2, **variant))
+    seen = _record_loads(engine)
+    engine.load_all()
+    required = expected_tensors(engine.config)
+    assert sorted(seen) == sorted(required)
+    assert {name: tuple(t.shape) for name, t in engine.weights.resident()} == required
+
+
+def test_worker_engine_package_imports_no_transformers() -> None:
+    code = ("import sys, warmpool_worker.engine;"
+            "bad = [m for m in ('transformers', 'gguf', 'accelerate') if m in sys.modules]; assert not bad, bad")
+    env = {"PYTHONPATH": f"{REPO}:{REPO / 'worker'}", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
