@@ -3,7 +3,9 @@
 Start-up order (`serve_worker`; cold start is the product, and the probes must tell the
 truth throughout):
 
-1. bind the HTTP server first, so ``/livez`` and ``/metrics`` answer from the first second;
+0. resolve ``--device auto`` (this imports torch to ask for CUDA; ``--device cpu`` or
+   ``cuda`` skips it) -- the memory probe is chosen per device;
+1. bind the HTTP server, so ``/livez`` and ``/metrics`` answer before any weight is touched;
 2. start the local tier guard and take one memory reading (the warm-up depth depends on it);
 3. size torch's thread pool to the pod's CPU, then map the weights (``load_engine``: headers
    validated, nothing read yet) -> ``weights_mapped``;
