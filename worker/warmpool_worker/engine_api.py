@@ -1,6 +1,6 @@
 """The contract between the built-in engine and the code that warms and serves it.
 
-`engine.py` implements `Engine`; `warmup.py`, `server.py` and the sidecar use only what is
+The `engine` package implements `Engine`; `warmup.py`, `server.py` and the sidecar use only what is
 declared here, so the serving side never reaches into torch internals.  Nothing here
 imports torch: the module is cheap to import.
 """
