@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 from warmpool_worker.checkpoint import Checkpoint, read_generation_eos
-from warmpool_worker.engine import maths
 from warmpool_worker.engine.decoding import check_generation, check_prompt, sample, text_increment
 from warmpool_worker.engine.graphs import DEFAULT_BATCH_BUCKETS, DecodeGraph, DecodeGraphs, bucket_for
 from warmpool_worker.engine.kv_cache import KVCache, LiveKVSlots, kv_capacity
 from warmpool_worker.engine.layer_store import LayerStore, Weights
+from warmpool_worker.engine.maths import Model, decode_step, forward
 from warmpool_worker.engine.prefix_kv import PrefixKVStore
 from warmpool_worker.engine_api import GenerationStep, LayerProgress, NonFiniteLogitsError, RequestError
 from warmpool_worker.layer_heat import DEFAULT_HEAT_HALF_LIFE_S, LayerHeat
@@ -42,7 +42,7 @@ class LlamaEngine:
         self.dtype = dtype or torch.float32
         self._model_name = model_name or checkpoint.model_dir.resolve().name
         self.eos_token_ids = frozenset(read_generation_eos(checkpoint.model_dir, cfg))
-        self._model = maths.Model.build(cfg, self.dtype, self._device)
+        self._model = Model.build(cfg, self.dtype, self._device)
         self.weights = LayerStore(checkpoint, self._device, self.dtype)
         self.heat = LayerHeat(cfg.num_hidden_layers, heat_half_life_s, clock)
         self.prefix_kv = PrefixKVStore(cfg, self.dtype, self._device, lambda: self.model_digest)
@@ -114,10 +114,10 @@ class LlamaEngine:
     def _forward(self, token_ids: torch.Tensor, start: int, cache: KVCache, all_logits: bool = False
                  ) -> torch.Tensor:
         core = self.weights.core()
-        return maths.forward(self._model, core, self._layer_in_use, token_ids, start, cache, all_logits)
+        return forward(self._model, core, self._layer_in_use, token_ids, start, cache, all_logits)
 
     def _decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        return maths.decode_step(self._model, self.weights.core(), self._layer_in_use, tokens, positions, cache)
+        return decode_step(self._model, self.weights.core(), self._layer_in_use, tokens, positions, cache)
 
     def _tensor(self, values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self._device)
