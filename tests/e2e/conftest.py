@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
+from tests.support.e2e import Operator, World, install_crd, operator_installed
 from warmpool import contract
-from warmpool.e2e_support import Operator, World, install_crd, operator_installed
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

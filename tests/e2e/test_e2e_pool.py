@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from warmpool import contract
-from warmpool.e2e_support import (
+from tests.support.e2e import (
     GiB,
     World,
     ballast,
@@ -29,6 +28,7 @@ from warmpool.e2e_support import (
     tiny_model,
     warmmodel,
 )
+from warmpool import contract
 
 WARM_COST = 1000  # the operator's deletion cost of a verified-warm pod is at least this
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.e2e import World, corrupt_copy, tiny_model, warmmodel
 from warmpool import contract
-from warmpool.e2e_support import World, corrupt_copy, tiny_model, warmmodel
 
 
 class WarmWatch:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.e2e import World
 from warmpool import contract, demo
-from warmpool.e2e_support import World
 from warmpool.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
 
 STEADY_REQUESTS = 5

@@ -20,8 +20,8 @@ import yaml
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator import api
 
+from tests.support.e2e import install_crd
 from warmpool import contract
-from warmpool.e2e_support import install_crd
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ import yaml
 from warmpool_devcluster import build
 from warmpool_devcluster.testing import ClusterHandle
 
+from tests.support.e2e import model_root, tiny_model
 from warmpool import contract
-from warmpool.e2e_support import model_root, tiny_model
 
 pytestmark = pytest.mark.integration
 

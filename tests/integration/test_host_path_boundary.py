@@ -3,7 +3,7 @@ a WarmModel whose hostPath (or nodeCache root/key) lies outside the operator's
 --allowed-host-path prefixes is Degraded with reason HostPathNotAllowed and gets no child and
 no pod; one under an allowed prefix goes warm; moving the refused one under a prefix heals it.
 
-The local test operator allows the temp dir and the model caches (e2e_support.local_model_dirs)
+The local test operator allows the temp dir and the model caches (tests.support.e2e.local_model_dirs)
 and the defaults are not in play, so /etc and /var/lib/kubelet are outside every prefix.
 """
 
@@ -18,8 +18,8 @@ import pytest
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator import status
 
+from tests.support.e2e import Operator, World, install_crd, warmmodel
 from warmpool import contract
-from warmpool.e2e_support import Operator, World, install_crd, warmmodel
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,8 @@ from warmpool_worker.model_fetch import (
     inspect_destination,
     install,
 )
-from warmpool_worker.testing_procs import REPO, subprocess_env
+
+from tests.support.procs import REPO, subprocess_env
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ import pytest
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_worker.model_fetch import default_model_dir
 
+from tests.support.e2e import GiB, Operator, World, ballast, http, install_crd, metric, rss
 from warmpool import contract
-from warmpool.e2e_support import GiB, Operator, World, ballast, http, install_crd, metric, rss
 
 # --------------------------------------------------------------------------- fixtures
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from warmpool_devcluster.testing import ClusterHandle
 
+from tests.support.e2e import Operator, World, install_crd, warmmodel
 from warmpool import contract
-from warmpool.e2e_support import Operator, World, install_crd, warmmodel
 
 pytestmark = pytest.mark.integration
 
@@ -430,7 +430,7 @@ def _free_port() -> int:
 def test_refused_pod_annotations_and_heat_map_do_not_stop_status(
     make_world: MakeWorld, tiny_model: Path, refuse_side_writes: None
 ) -> None:
-    from warmpool.e2e_support import http, metric
+    from tests.support.e2e import http, metric
 
     port = _free_port()
     world = make_world(heat_write_interval=1, extra_args=("--metrics-port", str(port), "--bind", "127.0.0.1"))

@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
-from warmpool_worker.testing_procs import HOST, REPO, free_port, subprocess_env
+
+from tests.support.procs import HOST, REPO, free_port, subprocess_env
 
 pytestmark = pytest.mark.integration
 

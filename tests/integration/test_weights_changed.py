@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from warmpool_worker.checkpoint import read_safetensors_header
 from warmpool_worker.testing_models import make_tiny_llama
-from warmpool_worker.testing_procs import HOST, REPO, free_port, subprocess_env
+
+from tests.support.procs import HOST, REPO, free_port, subprocess_env
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from warmpool_worker.testing_procs import HOST, REPO, free_port, subprocess_env
+
+from tests.support.procs import HOST, REPO, free_port, subprocess_env
 
 pytestmark = pytest.mark.integration
 

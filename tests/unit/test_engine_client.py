@@ -15,7 +15,7 @@ from warmpool_worker.engine_client import (
     parse_models,
 )
 
-from tests.unit.loopback_peer import LoopbackPeer, Reply
+from tests.support.loopback_peer import LoopbackPeer, Reply
 
 pytestmark = pytest.mark.unit
 

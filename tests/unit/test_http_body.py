@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from tests.unit.loopback_peer import LoopbackPeer, Reply
+from tests.support.loopback_peer import LoopbackPeer, Reply
 from warmpool.http_body import BodyTooLarge, read_bounded, read_bounded_text
 
 pytestmark = pytest.mark.unit

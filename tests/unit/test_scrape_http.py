@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from warmpool_operator import gating, scrape
 
-from tests.unit.loopback_peer import LoopbackPeer, Reply
+from tests.support.loopback_peer import LoopbackPeer, Reply
 from warmpool import contract
 from warmpool.contract import Tier
 from warmpool.tiering import Thresholds

@@ -7,7 +7,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from warmpool_worker.fake_engine import FakeEngine
 from warmpool_worker.warmup import (
     DEFAULT_PROMPTS,
     PromptsError,
@@ -23,6 +22,7 @@ from warmpool_worker.warmup import (
     sized_prompt_tokens,
 )
 
+from tests.support.fake_engine import FakeEngine
 from warmpool.contract import Tier
 
 pytestmark = pytest.mark.unit

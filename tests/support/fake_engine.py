@@ -3,11 +3,7 @@
 It keeps the contract's behaviour (lazy layer loads on first use, RequestError on empty or
 oversize prompts, a real token loop over a small vocabulary, per-layer heat with decay,
 prefix-KV files that reject a mismatch) so tests of the server, the guard and warm-up
-exercise real control flow.  Selected with ``--engine-factory
-warmpool_worker.fake_engine:load_fake_engine``; never used by a real deployment.
-
-A model directory for it holds ``fake.json``: ``{"num_layers": 8, "max_context": 2048,
-"layer_seconds": 0.0}`` (all optional); ``"fail": "message"`` makes the load fail.
+exercise real control flow.  Tests construct it directly; no deployment ever sees it.
 """
 
 from __future__ import annotations
@@ -158,19 +154,3 @@ class FakeEngine:
         self.prefix_loaded.append(tuple(token_ids))
         return True
 
-
-def load_fake_engine(model_dir: Path, device: str, dtype: str, model_name: str | None) -> FakeEngine:
-    """Factory with `load_engine`'s signature."""
-    config_path = Path(model_dir) / "fake.json"
-    if not config_path.is_file():
-        raise ModelLoadError(f"{config_path}: missing (not a fake model directory)")
-    config = json.loads(config_path.read_text())
-    if "fail" in config:
-        raise ModelLoadError(f"{config_path}: {config['fail']}")
-    time.sleep(float(config.get("map_seconds", 0.0)))
-    return FakeEngine(
-        model_name or Path(model_dir).name,
-        num_layers=int(config.get("num_layers", 8)),
-        max_context=int(config.get("max_context", 2048)),
-        layer_seconds=float(config.get("layer_seconds", 0.0)),
-    )

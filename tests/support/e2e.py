@@ -477,8 +477,9 @@ def rss(pid: int) -> int:
 def ballast(control: Path, lifetime_s: float = 900.0) -> Iterator[subprocess.Popen[bytes]]:
     """A process holding as many resident bytes as ``control`` says (rewritten to move it)."""
     control.write_text("0")
-    proc = subprocess.Popen([sys.executable, "-m", "warmpool.e2e_support", "ballast", str(control),
-                             str(lifetime_s)])
+    # cwd: `tests.support` is importable from the repository root (pytest's pythonpath there).
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.e2e", "ballast", str(control),
+                             str(lifetime_s)], cwd=REPO)
     try:
         yield proc
     finally:
@@ -506,4 +507,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "ballast":
         _ballast_main(Path(sys.argv[2]), float(sys.argv[3]))
     else:
-        raise SystemExit("usage: python -m warmpool.e2e_support ballast CONTROL_FILE LIFETIME_S")
+        raise SystemExit("usage: python -m tests.support.e2e ballast CONTROL_FILE LIFETIME_S")
