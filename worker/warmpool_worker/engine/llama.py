@@ -22,6 +22,8 @@ from warmpool_worker.layer_heat import DEFAULT_HEAT_HALF_LIFE_S, LayerHeat
 
 
 class LlamaEngine:
+    """`engine_api.Engine` (plus `KVCacheStats`, `GraphCapture` and batched decode) for the Llama family."""
+
     def __init__(
         self,
         checkpoint: Checkpoint,
