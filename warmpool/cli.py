@@ -1,7 +1,9 @@
 """The `warmpool` console script: a thin dispatcher to each part's own command line.
 
 Every subcommand's module is imported only when it runs, so `warmpool worker serve`
-pays for nothing but the worker (cold start is the product).
+pays for nothing but the worker (cold start is the product).  The developer tools
+(`cluster`, `model`, `bench`, `demo`) live in packages the images do not ship: there the
+subcommand says so instead of failing with a traceback.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("warmpool_devcluster.cli", "local control plane: build | up | down | status | kubeconfig"),
     "worker": ("warmpool_worker.cli", "run a worker: serve (built-in engine) | sidecar (external engine)"),
     "operator": ("warmpool_operator.cli", "run the operator (kopf)"),
-    "model": ("warmpool_worker.model_fetch", "fetch the small real test model (SmolLM2-135M) as safetensors"),
+    "model": ("warmpool_dev.model_fetch", "fetch the small real test model (SmolLM2-135M) as safetensors"),
     "bench": ("warmpool_bench.cli", "benchmarks: coldstart | scale"),
-    "demo": ("warmpool.demo", "the main job end to end on a local cluster"),
+    "demo": ("warmpool_dev.demo", "the main job end to end on a local cluster"),
 }
+
+#: Packages of the developer tools: in a source checkout's install, never in an image.
+DEVELOPER_PACKAGES = frozenset({"warmpool_dev", "warmpool_devcluster", "warmpool_bench"})
 
 
 def _usage() -> str:
@@ -25,6 +30,18 @@ def _usage() -> str:
     lines = ["usage: warmpool <command> [args...]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
     return "\n".join(lines)
+
+
+def _missing(module: str, error: ModuleNotFoundError) -> str:
+    """Why a subcommand cannot run: its own package is absent, or something it imports is."""
+    package = module.split(".")[0]
+    if (error.name or "").split(".")[0] != package:
+        return f"needs the Python module {error.name!r}, which is not installed ({error})"
+    if package in DEVELOPER_PACKAGES:
+        return (f"a developer tool, not in this install (its package {package} is not installed; the images "
+                "ship only the operator and the worker): run it from a source checkout after "
+                "`pip install -e '.[dev]'` (`make venv`)")
+    return f"not available in this install (its package {package} is not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(entry[0])
     except ModuleNotFoundError as error:
-        print(f"warmpool {args[0]}: not available in this install ({error})", file=sys.stderr)
+        print(f"warmpool {args[0]}: {_missing(entry[0], error)}", file=sys.stderr)
         return 2
     result: int = module.main(args[1:])
     return result

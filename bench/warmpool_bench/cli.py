@@ -101,9 +101,9 @@ def _render(path: Path) -> int:
 
 
 def _coldstart(args: argparse.Namespace) -> int:
-    from warmpool_devcluster.build import cache_root
     from warmpool_worker.warmup import parse_buckets
 
+    from warmpool.paths import cache_root
     from warmpool_bench.coldstart import CACHE_STATES, VARIANTS, Settings, run_coldstart
     from warmpool_bench.report import render_coldstart
 

@@ -115,10 +115,10 @@ def _log(message: str) -> None:
 
 def prepare_model(size: str, cache_root: Path, work_dir: Path) -> BenchModel:
     """Find or make the model of this size; the pickle copy of its weights is made on first use."""
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     if size == "small":
-        from warmpool_worker.model_fetch import default_model_dir
+        from warmpool_dev.model_fetch import default_model_dir
 
         source = default_model_dir()
         if not (source / "model.safetensors").is_file():
@@ -258,8 +258,9 @@ def _http(url: str, body: object | None = None, timeout: float = 600.0) -> tuple
 
 
 def _phase_timestamps(metrics_text: str) -> dict[str, float]:
+    from warmpool_dev.timeline import parse_phase_metric
+
     from warmpool.contract import METRIC_PHASE_TIMESTAMP
-    from warmpool.timeline import parse_phase_metric
 
     return parse_phase_metric(metrics_text, METRIC_PHASE_TIMESTAMP)
 

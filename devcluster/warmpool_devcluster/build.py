@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmpool.paths import cache_root
+
 KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.7.0"
@@ -44,13 +46,6 @@ ALL_BINARIES: tuple[Binary, ...] = (
     Binary("helm", HELM_VERSION),
     Binary("kubeconform", KUBECONFORM_VERSION),
 )
-
-
-def cache_root() -> Path:
-    base = os.environ.get("WARMPOOL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "warmpool"
-    )
-    return Path(base)
 
 
 def cached_path(binary: Binary) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from warmpool.paths import cache_root
 from warmpool_devcluster import build, certs, kwok
 from warmpool_devcluster.kubelet import kill_leftovers
 
@@ -53,7 +54,7 @@ class ClusterState:
 
 
 def clusters_root() -> Path:
-    return build.cache_root() / "clusters"
+    return cache_root() / "clusters"
 
 
 def state_dir(name: str) -> Path:

@@ -3,7 +3,7 @@
 The builtin-engine example (SmolLM2-135M-Instruct) is applied as a user would, the
 operator brings its pool to Ready with warmReplicas == minWarm, a completion through a
 warm pod answers, and the cold start is told in figures: the phase table (first-request
-TTFT beside steady-state TTFT) and the PNG waterfall, both from warmpool.timeline.
+TTFT beside steady-state TTFT) and the PNG waterfall, both from warmpool_dev.timeline.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from warmpool_dev import demo
+from warmpool_dev.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
 
 from tests.support.e2e import World
-from warmpool import contract, demo
-from warmpool.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
+from warmpool import contract
 
 STEADY_REQUESTS = 5
 
@@ -25,7 +26,7 @@ STEADY_REQUESTS = 5
 @pytest.mark.e2e
 @pytest.mark.timeout(720)
 def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_path: Path) -> None:
-    from warmpool_worker.model_fetch import ensure_model
+    from warmpool_dev.model_fetch import ensure_model
 
     model_dir = ensure_model()  # cached after the first fetch (`make model`)
     body = yaml.safe_load(demo._manifest(model_dir))

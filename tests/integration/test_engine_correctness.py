@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import torch
+from warmpool_dev.testing_models import make_tiny_llama
 from warmpool_worker.engine import LlamaEngine, load_engine
-from warmpool_worker.testing_models import make_tiny_llama
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def test_tiny_models_match_transformers(tmp_path: Path, case: str, dtype: torch.
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
     pytest.importorskip("gguf")
-    from warmpool_worker.model_fetch import ensure_model
+    from warmpool_dev.model_fetch import ensure_model
 
     return ensure_model()
 

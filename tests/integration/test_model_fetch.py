@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from warmpool_worker.model_fetch import (
+from warmpool_dev.model_fetch import (
     MANIFEST,
     MANIFEST_FORMAT,
     PACKAGE,

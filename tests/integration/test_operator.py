@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from warmpool_dev.model_fetch import default_model_dir
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_worker.model_fetch import default_model_dir
 
 from tests.support.e2e import GiB, Operator, World, ballast, http, install_crd, metric, rss
 from warmpool import contract
@@ -34,7 +34,7 @@ def crd(cluster: ClusterHandle) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=4)
 

@@ -36,7 +36,7 @@ def crd(cluster: ClusterHandle) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=2)
 

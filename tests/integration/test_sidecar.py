@@ -380,7 +380,7 @@ def test_tier_from_the_engine_kv_cache(engine: FakeEngine, sidecars: list[Sideca
 
 
 def _tiny_model(tmp_path: Path, shards: int = 2) -> Path:
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     return make_tiny_llama(tmp_path / "tiny", layers=4, shards=shards)
 

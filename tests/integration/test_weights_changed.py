@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from warmpool_dev.testing_models import make_tiny_llama
 from warmpool_worker.checkpoint import read_safetensors_header
-from warmpool_worker.testing_models import make_tiny_llama
 
 from tests.support.procs import HOST, REPO, free_port, subprocess_env
 

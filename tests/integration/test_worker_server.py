@@ -109,7 +109,7 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=10, max_position_embeddings=256)
 
@@ -442,7 +442,7 @@ LONG_PROMPT = list(range(20, 45))
 def long_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     """A model with a 4096-token context and no EOS: a completion runs to max_tokens, long enough
     to hang up in the middle; at most one request may wait for the engine."""
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     model = make_tiny_llama(
         tmp_path_factory.mktemp("models") / "long", layers=8, hidden=128, intermediate=512,
@@ -559,7 +559,7 @@ def _watch_until_exit(handle: Worker, seconds: float) -> list[tuple[int, int]]:
 
 
 def test_nan_checkpoint_never_ready_exits_naming_the_model(tmp_path: Path) -> None:
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny-nan", layers=4, poison_layers=(1,))
     handle = Worker(model, *FAST, log_path=tmp_path / "worker.log")
@@ -576,7 +576,7 @@ def test_nan_checkpoint_never_ready_exits_naming_the_model(tmp_path: Path) -> No
 
 def test_nan_in_a_layer_loaded_later_is_a_5xx_and_unready(tmp_path: Path) -> None:
     """Paused tier: warm-up loads no decoder layer, so the poisoned one is first used by a request."""
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     model = make_tiny_llama(tmp_path / "tiny-late-nan", layers=4, poison_layers=(3,))
     # a 1 MiB "capacity" is far below the worker's own usage: paused from the first reading

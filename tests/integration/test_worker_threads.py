@@ -23,7 +23,7 @@ THREADS_LINE = re.compile(r"torch intra-op threads: (\d+) \(from (.*)\)")
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=2)
 

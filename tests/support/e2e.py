@@ -39,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 import yaml
 
 from warmpool import contract
+from warmpool.paths import models_root
 
 T = TypeVar("T")
 
@@ -98,14 +99,12 @@ def model_root() -> Path:
 def local_model_dirs() -> tuple[str, ...]:
     """The node directories a local test operator may mount (--allowed-host-path): where the
     tests write their models (the temp dir, model_root()) and the model cache (`make model`)."""
-    from warmpool_devcluster.build import cache_root
-
-    return (tempfile.gettempdir(), str(model_root()), str(cache_root() / "models"))
+    return (tempfile.gettempdir(), str(model_root()), str(models_root()))
 
 
 def tiny_model(name: str = "tiny-llama-4l", layers: int = 4) -> Path:
     """A tiny random Llama checkpoint under the model root (made once, reused)."""
-    from warmpool_worker.testing_models import make_tiny_llama
+    from warmpool_dev.testing_models import make_tiny_llama
 
     dest = model_root() / name
     if not (dest / "model.safetensors").exists():

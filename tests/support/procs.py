@@ -23,7 +23,8 @@ def subprocess_env() -> dict[str, str]:
     PYTHONPATH, and no POD_IP (a test's process is not a pod)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "worker"), str(REPO / "operator"), str(REPO / "devcluster"), env.get("PYTHONPATH", "")]
+        [str(REPO), str(REPO / "worker"), str(REPO / "operator"), str(REPO / "devcluster"), str(REPO / "dev"),
+         env.get("PYTHONPATH", "")]
     )
     env.pop("POD_IP", None)
     return env

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from warmpool_dev.testing_models import make_tiny_llama
 from warmpool_worker.checkpoint import open_checkpoint, read_safetensors_header
 from warmpool_worker.engine import load_engine
 from warmpool_worker.engine_api import ModelLoadError, RequestError
-from warmpool_worker.testing_models import make_tiny_llama
 
 pytestmark = pytest.mark.unit
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import torch
+from warmpool_dev.testing_models import make_tiny_llama
 from warmpool_worker.engine import LlamaEngine, bucket_for, load_engine, token_hash
 from warmpool_worker.engine_api import RequestError
 from warmpool_worker.heatmap import layer_order
-from warmpool_worker.testing_models import make_tiny_llama
 
 pytestmark = pytest.mark.unit
 

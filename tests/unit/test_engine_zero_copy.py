@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from warmpool_dev.testing_models import make_tiny_llama
 from warmpool_worker.checkpoint import expected_tensors
 from warmpool_worker.engine import LlamaEngine, load_engine
-from warmpool_worker.testing_models import make_tiny_llama
 
 pytestmark = [
     pytest.mark.unit,

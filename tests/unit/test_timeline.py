@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from warmpool_dev.timeline import PodTimeline, parse_phase_metric, phase_table, render_waterfall
 from warmpool_worker.metrics import WorkerMetrics
 
 from warmpool.contract import METRIC_PHASE_TIMESTAMP
-from warmpool.timeline import PodTimeline, parse_phase_metric, phase_table, render_waterfall
 
 pytestmark = pytest.mark.unit
 

@@ -9,6 +9,9 @@
    the same timeline as a PNG waterfall.
 
 Ctrl-C, or `warmpool demo --down` (`make demo-down`), cleans everything up.
+
+It reads the example WarmModel and the CRD from a warmpool source checkout: the current
+directory (as `make demo` runs it), or the one `--repo` names.
 """
 
 from __future__ import annotations
@@ -23,25 +26,52 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from warmpool.contract import DEFAULT_WORKER_PORT, LABEL_MODEL, PATH_READYZ
-from warmpool.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
+from warmpool.paths import cache_root
+from warmpool_dev.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
 
 CLUSTER_NAME = "demo"
 NAMESPACE = "warmpool-demo"
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "examples" / "builtin-smollm2.yaml"
-CRD_DIR = REPO / "crds"
+#: What the demo reads from the source checkout (relative to its root).
+EXAMPLE_IN_CHECKOUT = Path("examples") / "builtin-smollm2.yaml"
+CRDS_IN_CHECKOUT = Path("crds")
 STEADY_REQUESTS = 5
 PROMPT = "Kubernetes is an open-source system for"
 
 
 class DemoError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """The warmpool source checkout the demo reads its manifests from (an install has none)."""
+
+    root: Path
+
+    @property
+    def example(self) -> Path:
+        return self.root / EXAMPLE_IN_CHECKOUT
+
+    @property
+    def crds(self) -> Path:
+        return self.root / CRDS_IN_CHECKOUT
+
+
+def find_checkout(root: Path | None = None) -> Checkout:
+    """``root`` (default: the current directory) if it is a warmpool source checkout, else DemoError."""
+    resolved = (Path.cwd() if root is None else root).resolve()
+    missing = [str(part) for part in (EXAMPLE_IN_CHECKOUT, CRDS_IN_CHECKOUT) if not (resolved / part).exists()]
+    if missing:
+        raise DemoError(f"{resolved} is not a warmpool source checkout (no {' or '.join(missing)} in it): "
+                        "run the demo from the checkout's root or pass --repo DIR")
+    return Checkout(resolved)
 
 
 def _say(message: str) -> None:
@@ -69,13 +99,11 @@ class Kube:
 
 
 def _state_file() -> Path:
-    from warmpool_devcluster import build
-
-    return build.cache_root() / "demo" / "operator.pid"
+    return cache_root() / "demo" / "operator.pid"
 
 
-def _output_dir() -> Path:
-    return Path(os.environ.get("WARMPOOL_DEMO_OUTPUT", REPO / "demo-output"))
+def _output_dir(checkout: Checkout) -> Path:
+    return Path(os.environ.get("WARMPOOL_DEMO_OUTPUT", checkout.root / "demo-output"))
 
 
 def down() -> int:
@@ -108,8 +136,8 @@ def _start_operator(kubeconfig: Path, log_path: Path, model_root: Path) -> subpr
     return proc
 
 
-def _manifest(model_dir: Path) -> str:
-    body = yaml.safe_load(EXAMPLE.read_text())
+def _manifest(model_dir: Path, checkout: Checkout | None = None) -> str:
+    body = yaml.safe_load((checkout or find_checkout()).example.read_text())
     # The example expects the node-local cache; on this machine the cache is the fetch dir.
     body["spec"]["model"]["nodeCache"]["root"] = str(model_dir.parent)
     body["spec"]["model"]["nodeCache"]["key"] = model_dir.name
@@ -177,9 +205,10 @@ def _wait_warm(kube: Kube, name: str, timeout: float) -> dict[str, Any]:
     raise DemoError(f"WarmModel {name} did not become Ready within {timeout:.0f}s")
 
 
-def run(timeout: float) -> int:
+def run(timeout: float, checkout: Checkout) -> int:
     from warmpool_devcluster import cluster
-    from warmpool_worker.model_fetch import ensure_model
+
+    from warmpool_dev.model_fetch import ensure_model
 
     started = time.monotonic()
     external = os.environ.get("WARMPOOL_KUBECONFIG")
@@ -193,14 +222,14 @@ def run(timeout: float) -> int:
     _say("fetching the small real model (SmolLM2-135M-Instruct)")
     model_dir = ensure_model()
     _say("installing the WarmModel CRD")
-    kube.run("apply", "--server-side", "-f", str(CRD_DIR))
+    kube.run("apply", "--server-side", "-f", str(checkout.crds))
     kube.run("wait", "--for=condition=Established", "crd/warmmodels.warmpool.dev", "--timeout=60s")
     kube.run("create", "namespace", NAMESPACE, check=False)
-    out = _output_dir()
+    out = _output_dir(checkout)
     _say(f"starting the operator (log: {out / 'operator.log'})")
     operator = _start_operator(kubeconfig, out / "operator.log", model_dir.parent)
     try:
-        manifest = _manifest(model_dir)
+        manifest = _manifest(model_dir, checkout)
         name = yaml.safe_load(manifest)["metadata"]["name"]
         _say(f"applying WarmModel {name} (builtin engine, {model_dir.name})")
         kube.run("apply", "-f", "-", input_text=manifest)
@@ -261,11 +290,14 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--down", action="store_true", help="stop the demo cluster and clean up")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the pool to go warm")
+    parser.add_argument("--repo", type=Path, default=None,
+                        help="the warmpool source checkout to read examples/ and crds/ from "
+                             "(default: the current directory)")
     args = parser.parse_args(argv)
     if args.down:
         return down()
     try:
-        return run(args.timeout)
+        return run(args.timeout, find_checkout(args.repo))
     except KeyboardInterrupt:
         _say("interrupted: cleaning up")
         down()

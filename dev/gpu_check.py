@@ -1,6 +1,6 @@
 """One short check of the built-in engine's GPU path on an NVIDIA GPU (written for an H200).
 
-    python worker/gpu_check.py [--model DIR] [--dtype bfloat16] [--out FILE]
+    python dev/gpu_check.py [--model DIR] [--dtype bfloat16] [--out FILE]
 
 Prints one JSON object:
   * correctness: CUDA logits vs CPU fp32 logits on a tiny random model; CUDA-graph decode
@@ -27,8 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # runnable from a checkout without install
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# A developer's script, run from a source checkout without an install (the device machine has
+# none): the dev package beside it, the worker package and the shared core.
+_DEV = Path(__file__).resolve().parent
+for _path in (_DEV.parent, _DEV.parent / "worker", _DEV):
+    sys.path.insert(0, str(_path))
 
 
 def _evict(model_dir: Path) -> None:
@@ -44,8 +47,8 @@ def _evict(model_dir: Path) -> None:
 
 def _correctness(tmp: Path) -> dict[str, Any]:
     import torch
+    from warmpool_dev.testing_models import make_tiny_llama
     from warmpool_worker.engine import load_engine
-    from warmpool_worker.testing_models import make_tiny_llama
 
     model = make_tiny_llama(tmp / "tiny", layers=3, seed=5, qkv_bias=True, model_type="qwen2")
     cpu = load_engine(model, device="cpu", dtype="float32")
@@ -79,8 +82,8 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print(json.dumps({"ok": False, "error": "CUDA is not available: this check needs an NVIDIA GPU"}))
         return 2
+    from warmpool_dev.testing_models import make_tiny_llama
     from warmpool_worker.engine import load_engine
-    from warmpool_worker.testing_models import make_tiny_llama
 
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0),

