@@ -1,9 +1,10 @@
 """Heat that learns: sum the workers' per-layer heat into the WarmModel's heat map.
 
-The map is a JSON document in the ConfigMap (format in :mod:`warmpool_worker.heatmap`),
-mounted into every worker pod; a new pod loads the hottest layers first.  Writes are
-rate-limited (``heat_write_interval``) and skipped when the layer *order* — all a worker
-uses — did not change, so a busy pool does not turn into a stream of ConfigMap updates.
+The map is a JSON document in the ConfigMap, mounted into every worker pod; a new pod
+loads the hottest layers first.  Its format and the heat order are :mod:`warmpool.heatmap`'s,
+the module the worker reads it with.  Writes are rate-limited (``heat_write_interval``) and
+skipped when the layer *order* — all a worker uses, computed as the worker computes it —
+did not change, so a busy pool does not turn into a stream of ConfigMap updates.
 
 Heat only applies to the checkpoint it was measured on: pods are grouped by the digest
 their ``warmpool_model_info`` series names, and only the digest most pods run is kept
@@ -18,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from warmpool import contract
+from warmpool.heatmap import HeatMap, layer_order
 from warmpool_operator.scrape import Sample
 
 
@@ -46,19 +47,10 @@ def aggregate(samples: Iterable[Sample]) -> tuple[str, int, dict[int, float]] | 
     return (str(digest), num_layers, heat) if heat else None
 
 
-def heat_order(heat: dict[int, float]) -> tuple[int, ...]:
-    return tuple(sorted(heat, key=lambda layer: (-heat[layer], layer)))
-
-
 def render(digest: str, num_layers: int, heat: dict[int, float], now: float) -> str:
-    body = {
-        "format": contract.HEATMAP_FORMAT,
-        "model_digest": digest,
-        "num_layers": num_layers,
-        "updated_at": round(now, 3),
-        "heat": {str(layer): round(value, 6) for layer, value in sorted(heat.items())},
-    }
-    return json.dumps(body, sort_keys=True)
+    """The ConfigMap's heat map text (heat rounded: a pool's sums need no more digits)."""
+    rounded = {layer: round(value, 6) for layer, value in heat.items()}
+    return HeatMap(model_digest=digest, num_layers=num_layers, heat=rounded, updated_at=round(now, 3)).to_text()
 
 
 def due(state: HeatState, samples: Iterable[Sample], interval: float, now: float | None = None) -> str | None:
@@ -70,14 +62,13 @@ def due(state: HeatState, samples: Iterable[Sample], interval: float, now: float
     if found is None:
         return None
     digest, num_layers, heat = found
-    order = heat_order(heat)
+    order = tuple(layer_order(heat, num_layers))
     if order == state.last_order:
         return None
     return render(digest, num_layers, heat, moment)
 
 
 def written(state: HeatState, payload: str, now: float | None = None) -> None:
-    body = json.loads(payload)
-    heat = {int(k): float(v) for k, v in body["heat"].items()}
-    state.last_order = heat_order(heat)
+    heat_map = HeatMap.from_json(json.loads(payload), source="the heat map just written")
+    state.last_order = tuple(layer_order(heat_map.heat, heat_map.num_layers))
     state.last_write = time.time() if now is None else now

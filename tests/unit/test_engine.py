@@ -15,7 +15,8 @@ import torch
 from warmpool_dev.testing_models import make_tiny_llama
 from warmpool_worker.engine import LlamaEngine, bucket_for, load_engine, token_hash
 from warmpool_worker.engine_api import RequestError
-from warmpool_worker.heatmap import layer_order
+
+from warmpool.heatmap import layer_order
 
 pytestmark = pytest.mark.unit
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from warmpool_operator import heat
-from warmpool_operator.scrape import parse_metrics
-from warmpool_worker.heatmap import read_heatmap
+from warmpool_operator.scrape import Sample, parse_metrics
 from warmpool_worker.metrics import WorkerMetrics
+
+from warmpool.heatmap import HeatMap, layer_order, read_heatmap
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +26,7 @@ def test_worker_metrics_feed_the_operators_heat_map(tmp_path: Path) -> None:
     assert aggregated is not None
     digest, layers, per_layer = aggregated
     assert (digest, layers) == ("sha256:abc", 4)
-    assert heat.heat_order(per_layer)[0] == 1  # the hottest layer loads first
+    assert layer_order(per_layer, layers)[0] == 1  # the hottest layer loads first
     # What the operator writes into the ConfigMap is what a new worker reads back.
     path = tmp_path / "heatmap.json"
     path.write_text(heat.render(digest, layers, per_layer, now=1000.0))
@@ -39,3 +41,17 @@ def test_a_new_model_replaces_the_old_info_series() -> None:
     metrics.set_model("sha256:new", 6)
     sample = parse_metrics(metrics.render().decode())
     assert (sample.digest, sample.num_layers) == ("sha256:new", 6)
+
+
+def test_the_operator_rewrites_the_map_only_when_the_workers_load_order_changes() -> None:
+    """The operator decides with the worker's own ordering (warmpool.heatmap.layer_order)."""
+    state = heat.HeatState()
+    first = heat.due(state, [Sample(digest="d", num_layers=3, heat={1: 5.0})], interval=0, now=1000.0)
+    assert first is not None
+    heat.written(state, first, now=1000.0)
+    # A layer now reported with heat 0 loads where it loaded before (1, 0, 2): nothing to rewrite.
+    assert heat.due(state, [Sample(digest="d", num_layers=3, heat={1: 5.0, 0: 0.0})], interval=0, now=2000.0) is None
+    # Layer 2 warmed up: the load order becomes 1, 2, 0, and the map is rewritten.
+    moved = heat.due(state, [Sample(digest="d", num_layers=3, heat={1: 5.0, 2: 1.0})], interval=0, now=3000.0)
+    assert moved is not None
+    assert layer_order(HeatMap.from_json(json.loads(moved)).heat, 3) == [1, 2, 0]

@@ -7,7 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
-from warmpool_worker.heatmap import (
+
+from warmpool.contract import HEATMAP_FORMAT
+from warmpool.heatmap import (
     HeatMap,
     HeatMapError,
     default_layer_order,
@@ -18,8 +20,6 @@ from warmpool_worker.heatmap import (
     usable_heat,
     write_heatmap,
 )
-
-from warmpool.contract import HEATMAP_FORMAT
 
 pytestmark = pytest.mark.unit
 

@@ -225,6 +225,6 @@ def test_heat_aggregation_is_rate_limited_and_per_digest() -> None:
     heat.written(state, payload, now=1000.0)
     assert heat.due(state, [a, b], interval=60, now=1010.0) is None  # too soon
     assert heat.due(state, [a, b], interval=60, now=1100.0) is None  # same order: no write
-    from warmpool_worker.heatmap import HeatMap
+    from warmpool.heatmap import HeatMap
 
     assert HeatMap.from_json(doc).heat == {0: 11.0, 3: 5.0}  # the worker reads what we write

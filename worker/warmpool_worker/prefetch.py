@@ -49,9 +49,9 @@ from warmpool_worker.checkpoint import (
     read_safetensors_header,
 )
 from warmpool_worker.engine_api import ModelLoadError
-from warmpool_worker.heatmap import hot_layers
 
 from warmpool.contract import DEFAULT_HOT_LAYER_PERCENT, Tier
+from warmpool.heatmap import hot_layers
 
 log = logging.getLogger(__name__)
 

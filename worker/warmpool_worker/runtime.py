@@ -36,7 +36,6 @@ from warmpool_worker.cpu_threads import choose_threads
 from warmpool_worker.device import resolve_device
 from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError, NonFiniteLogitsError
 from warmpool_worker.guard import TierGuard
-from warmpool_worker.heatmap import layer_order, usable_heat
 from warmpool_worker.http_app import cancel_tasks, start_site, stop_on_signals
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
@@ -52,6 +51,7 @@ from warmpool_worker.warmup import (
 from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import STAGE_FAILED, STAGE_LOADING, STAGE_READY, STAGE_WARMING, Tier
+from warmpool.heatmap import layer_order, usable_heat
 
 log = logging.getLogger("warmpool.worker")
 

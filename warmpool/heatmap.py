@@ -1,5 +1,9 @@
 """The layer heat map: which decoder layers are hottest, so new workers load them first.
 
+The one definition of the format and of heat ordering: the operator writes the map
+(``HeatMap.to_text``) and orders heat to see whether a rewrite is worth it, the worker and
+the sidecar read it (``usable_heat``) and load layers in its order (``layer_order``).
+
 File format (JSON, UTF-8; the operator writes it into the WarmModel's ConfigMap under the
 key ``contract.CONFIGMAP_KEY_HEATMAP`` and the worker reads it from the mounted file)::
 
@@ -65,6 +69,10 @@ class HeatMap:
             body["updated_at"] = self.updated_at
         return body
 
+    def to_text(self) -> str:
+        """The map as written to the ConfigMap and to files: compact JSON, keys sorted."""
+        return json.dumps(self.to_json(), sort_keys=True)
+
     @classmethod
     def from_json(cls, body: object, source: str = "<heat map>") -> HeatMap:
         if not isinstance(body, dict):
@@ -122,7 +130,7 @@ def read_heatmap(path: Path) -> HeatMap:
 def write_heatmap(path: Path, heat_map: HeatMap) -> None:
     """Write atomically (temp file in the same directory, fsync, rename): readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps(heat_map.to_json(), indent=1, sort_keys=True)
+    payload = heat_map.to_text()
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
