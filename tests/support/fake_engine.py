@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import re
 import threading
@@ -20,11 +19,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from warmpool_worker.engine_api import GenerationStep, LayerProgress, ModelLoadError, RequestError
+from warmpool_worker.layer_heat import LayerHeat
 
 VOCAB = 512
 EOS = 1
 _WORD = re.compile(r"\w+|[^\w\s]")
-HEAT_HALF_LIFE_S = 300.0
 
 
 class FakeEngine:
@@ -36,8 +35,8 @@ class FakeEngine:
         self._max_context = max_context
         self.layer_seconds = layer_seconds
         self._loaded: set[int] = set()
-        self._heat = dict.fromkeys(range(num_layers), 0.0)
-        self._heat_at = time.monotonic()
+        #: the worker's own layer heat (decay and all): a pass runs every layer, so each pass touches all
+        self._heat = LayerHeat(num_layers)
         self._lock = threading.Lock()
         self.core_loaded = False
         self.load_order: list[int] = []
@@ -86,19 +85,13 @@ class FakeEngine:
                 progress(self.layers_resident(), self._num_layers, index)
 
     def layer_heat(self) -> dict[int, float]:
-        with self._lock:
-            return dict(self._heat)
+        return self._heat.snapshot()
 
     def _touch_all(self) -> None:
         self.core_loaded = True
-        now = time.monotonic()
         for index in range(self._num_layers):
             self._load(index)  # lazy load on first use: a forward never sees a missing layer
-        with self._lock:
-            decay = math.pow(0.5, (now - self._heat_at) / HEAT_HALF_LIFE_S)
-            self._heat_at = now
-            for index in self._heat:
-                self._heat[index] = self._heat[index] * decay + 1.0
+        self._heat.touch_all()
 
     def encode(self, text: str) -> list[int]:
         return [2 + zlib.crc32(word.encode()) % (VOCAB - 2) for word in _WORD.findall(text)]
