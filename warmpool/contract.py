@@ -3,16 +3,61 @@
 Metric names, label names, tier names, default thresholds, annotation keys, HTTP paths
 and environment variables live here and nowhere else.  Both sides import this module;
 it imports nothing heavy, so it costs nothing on the worker's start path.
+
+Grouped by topic, each name defined once:
+
+1. the WarmModel API: identity, status conditions, what kopf stores on it;
+2. the WarmModel's defaults and bounds;
+3. tiers and their thresholds, and the operator's directives;
+4. the WarmModel's children: names, containers, labels and annotations;
+5. the worker's HTTP surface: paths, ports, the control body, /readyz stages;
+6. environment variables;
+7. metrics: names (worker, sidecar, external engines, operator) and label names;
+8. files: ConfigMap keys, the heat map format, mount paths in worker pods.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
+# --------------------------------------------------------------------------- 1. the WarmModel API
+
 API_GROUP = "warmpool.dev"
 API_VERSION = "v1alpha1"
 KIND = "WarmModel"
 PLURAL = "warmmodels"
+SINGULAR = "warmmodel"
+SHORT_NAME = "wm"
+CRD_NAME = f"{PLURAL}.{API_GROUP}"
+
+#: Status condition types of a WarmModel (each has a CamelCase reason and a message).
+CONDITION_READY = "Ready"  # at least pool.minWarm pods verified warm
+CONDITION_PROGRESSING = "Progressing"  # a rollout or scale is under way
+CONDITION_DEGRADED = "Degraded"  # something is wrong that retrying will not fix (bad spec, ...)
+CONDITION_WARMUP_GATED = "WarmupGated"  # some pods run a truncated or paused warm-up
+CONDITION_TYPES = (CONDITION_READY, CONDITION_PROGRESSING, CONDITION_DEGRADED, CONDITION_WARMUP_GATED)
+
+#: Prefix of kopf's own annotations on WarmModels (progress and diff-base storage).
+KOPF_ANNOTATION_PREFIX = API_GROUP
+#: kopf's finalizer on WarmModels (timers need one so they are stopped before deletion).
+OPERATOR_FINALIZER = f"{API_GROUP}/operator"
+
+# --------------------------------------------------------------------------- 2. defaults and bounds
+
+DEFAULT_REPLICAS = 1
+DEFAULT_MIN_WARM = 1
+DEFAULT_MAX_REPLICAS = 8
+#: Hard ceiling on pool sizes accepted at admission (a typo like 10000 is refused).
+MAX_POOL_REPLICAS = 1000
+DEFAULT_WARMUP_TIMEOUT_SECONDS = 600
+#: Longest WarmModel name: children are named "<name>-<suffix>" and must stay DNS-1035 labels.
+MAX_WARMMODEL_NAME_LENGTH = 48
+#: Default image of the warmpool worker (the whole worker for builtin, the sidecar for sidecar).
+DEFAULT_WORKER_IMAGE = "ghcr.io/warmpool/worker:0.1.0"
+#: Default seconds between scrapes of a WarmModel's worker pods.
+DEFAULT_SCRAPE_INTERVAL_SECONDS = 10.0
+
+# --------------------------------------------------------------------------- 3. tiers and thresholds
 
 
 class Tier(StrEnum):
@@ -41,16 +86,44 @@ DEFAULT_HYSTERESIS_PERCENT = 5
 DEFAULT_HOT_LAYER_PERCENT = 30
 DEFAULT_LENGTH_BUCKETS = (32, 128, 512)
 
-# Pod annotations and labels written by the operator.
-ANNOTATION_TIER = f"{API_GROUP}/tier"
-ANNOTATION_REVISION = f"{API_GROUP}/revision"
-ANNOTATION_POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: How long an operator directive holds if the operator stops re-sending it.
+DEFAULT_DIRECTIVE_TTL_SECONDS = 60.0
+MAX_DIRECTIVE_TTL_SECONDS = 3600.0
+
+# --------------------------------------------------------------------------- 4. children, labels, annotations
+
+#: Suffixes of a WarmModel's children ("<name><suffix>"); the Deployment, Service and PDB take the bare name.
+CONFIGMAP_SUFFIX = "-warmup"
+CONTROL_SECRET_SUFFIX = "-control"
+#: Key of the control-token Secret holding the bearer token of POST /control/tier.
+CONTROL_SECRET_KEY = "token"
+#: Name of the worker container in worker pods (the one that holds the model for builtin).
+WORKER_CONTAINER = "worker"
+#: Name of the external engine's container (sidecar engine only).
+ENGINE_CONTAINER = "engine"
+
+# Labels the operator puts on its children and their pods.
 LABEL_MODEL = f"{API_GROUP}/model"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+APP_NAME = "warmpool"
+#: app.kubernetes.io/component of worker pods.
+COMPONENT_WORKER = "worker"
 MANAGED_BY = "warmpool-operator"
 
-# The worker's HTTP surface.
+# Annotations written by the operator.
+ANNOTATION_TIER = f"{API_GROUP}/tier"  # on pods: the tier the operator decided
+ANNOTATION_REVISION = f"{API_GROUP}/revision"
+ANNOTATION_POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Pod-template annotation: hash of what is baked into the pods besides the spec (prompts).
+ANNOTATION_CONFIG_HASH = f"{API_GROUP}/config-hash"
+#: Annotation on each child: hash of the desired object, so reconcile compares one string.
+ANNOTATION_SPEC_HASH = f"{API_GROUP}/spec-hash"
+
+# --------------------------------------------------------------------------- 5. the worker's HTTP surface
+
 PATH_LIVEZ = "/livez"
 PATH_READYZ = "/readyz"
 PATH_METRICS = "/metrics"
@@ -58,66 +131,16 @@ PATH_CONTROL_TIER = "/control/tier"
 #: The health path vLLM, SGLang, TGI and llama.cpp answer: the built-in worker answers it too
 #: (200 only when warm, like /readyz), so tools that probe /health work unchanged.
 PATH_HEALTH = "/health"
-CONTROL_TOKEN_HEADER = "Authorization"  # "Bearer <token>"
 DEFAULT_WORKER_PORT = 8080
+DEFAULT_ENGINE_PORT = 8000  # vLLM's and SGLang's usual port; TGI users set 80 or 3000
+DEFAULT_ENGINE_HEALTH_PATH = "/health"
+DEFAULT_OPERATOR_METRICS_PORT = 9090
+DEFAULT_OPERATOR_LIVENESS_PORT = 8081
 
-# Environment variables the operator sets on worker pods.
-ENV_POD_IP = "POD_IP"
-ENV_POD_NAME = "POD_NAME"
-ENV_NODE_NAME = "NODE_NAME"
-
-# Prometheus metric names (the worker exports, the operator scrapes).
-METRIC_PREFIX = "warmpool_"
-METRIC_PHASE_TIMESTAMP = "warmpool_coldstart_phase_timestamp_seconds"  # label: phase
-METRIC_PHASE_DURATION = "warmpool_coldstart_phase_duration_seconds"  # label: phase (since process start)
-METRIC_TTFT = "warmpool_time_to_first_token_seconds"  # histogram
-METRIC_MEMORY_USED_RATIO = "warmpool_accelerator_memory_used_ratio"
-METRIC_MEMORY_USED_BYTES = "warmpool_accelerator_memory_used_bytes"
-METRIC_MEMORY_CAPACITY_BYTES = "warmpool_accelerator_memory_capacity_bytes"
-METRIC_TIER = "warmpool_tier"  # gauge per tier label: 1 for the active tier
-METRIC_LAYERS_RESIDENT = "warmpool_layers_resident"
-METRIC_LAYERS_TOTAL = "warmpool_layers_total"
-METRIC_WARMUP_PREFILLS = "warmpool_warmup_prefills_total"  # label: bucket
-METRIC_LAYER_HEAT = "warmpool_layer_heat"  # label: layer
-METRIC_READY = "warmpool_ready"  # 1 when warm and serving
-METRIC_ENGINE_MEMORY_RATIO = "warmpool_engine_memory_used_ratio"  # sidecar: the engine's own figure
-
-LABEL_PHASE = "phase"
-LABEL_TIER = "tier"
-LABEL_BUCKET = "bucket"
-LABEL_LAYER = "layer"
-LABEL_SOURCE = "source"
-
-#: Cold-start phases in the order they happen (each a timestamp and a duration since start).
-PHASES = ("process_start", "weights_mapped", "first_layer_ready", "warmup_done", "ready")
-
-# --- Worker serving side (added by the worker's serving half) ---------------------------
-
-#: Metric: the tier the worker's last warm-up ran at (gauge per tier label, 1 for that tier);
-#: differs from METRIC_TIER while a deeper warm-up is still catching up after a relaxation.
-METRIC_WARMUP_TIER = "warmpool_warmup_tier"
-#: Metric: the tier the worker's own guard decided from its probe (gauge per tier label).
-METRIC_LOCAL_TIER = "warmpool_local_tier"
-#: Metric: 1 while an operator directive is in force (not expired).
-METRIC_DIRECTIVE_ACTIVE = "warmpool_directive_active"
-#: Metric: warm-up prompts per bucket the worker's last warm-up plan asked for.
-METRIC_WARMUP_PLANNED = "warmpool_warmup_planned_prefills"  # label: bucket
-#: Metric: tokens generated for served requests (warm-up excluded).
-METRIC_GENERATED_TOKENS = "warmpool_generated_tokens_total"
-#: Metric: requests admitted and waiting for the engine (bounded by --max-queued-requests).
-METRIC_REQUESTS_QUEUED = "warmpool_requests_queued"
-#: Metric: requests refused before any work, by reason (queue_full).
-METRIC_REQUESTS_REJECTED = "warmpool_requests_rejected_total"  # label: reason
-#: Metric: requests whose client went away before the completion was done.
-METRIC_REQUESTS_CANCELLED = "warmpool_requests_cancelled_total"
-#: Metric: decode steps run after the client was seen gone (at most one per cancelled request).
-METRIC_TOKENS_AFTER_DISCONNECT = "warmpool_tokens_after_disconnect_total"
-#: Metric: KV-cache token slots allocated for the requests in flight (grows with generated tokens).
-METRIC_KV_CACHE_TOKENS = "warmpool_kv_cache_tokens"
-#: Metric: warm-prefix KV files that could not be saved (ENOSPC, read-only, ...), by errno name.
-METRIC_KV_PREFIX_SAVE_ERRORS = "warmpool_kv_prefix_save_errors_total"  # label: reason
-#: Metric: requests (and warm-up prefills) whose logits held NaN/Inf.
-METRIC_NON_FINITE_LOGITS = "warmpool_non_finite_logits_total"
+#: POST /control/tier: the bearer token's header and the body's keys ({"tier": "truncated", "ttl_seconds": 60}).
+CONTROL_TOKEN_HEADER = "Authorization"  # "Bearer <token>"
+CONTROL_FIELD_TIER = "tier"
+CONTROL_FIELD_TTL = "ttl_seconds"
 
 #: Stages a worker goes through, reported in the /readyz body as "stage".
 STAGE_STARTING = "starting"  # HTTP bound, engine not yet mapped
@@ -127,130 +150,126 @@ STAGE_READY = "ready"  # warm: /readyz answers 200
 STAGE_FAILED = "failed"  # load failed: the process is exiting non-zero
 STAGE_UNHEALTHY = "unhealthy"  # was ready, then the model produced non-finite logits: unready for good
 STAGES = (STAGE_STARTING, STAGE_LOADING, STAGE_WARMING, STAGE_READY, STAGE_FAILED, STAGE_UNHEALTHY)
-
-#: Control endpoint body keys: {"tier": "truncated", "ttl_seconds": 60}.
-CONTROL_FIELD_TIER = "tier"
-CONTROL_FIELD_TTL = "ttl_seconds"
-#: How long an operator directive holds if the operator stops re-sending it.
-DEFAULT_DIRECTIVE_TTL_SECONDS = 60.0
-MAX_DIRECTIVE_TTL_SECONDS = 3600.0
-
-#: Keys of the WarmModel's ConfigMap (mounted into worker pods as files of these names).
-CONFIGMAP_KEY_PROMPTS = "prompts.json"
-CONFIGMAP_KEY_HEATMAP = "heatmap.json"
-#: The heat map file's format tag (see warmpool_worker.heatmap).
-HEATMAP_FORMAT = "warmpool.heatmap/v1"
-
-# --- The WarmModel API (added by the API half; crds/ is generated from these) ----------
-
-CRD_NAME = f"{PLURAL}.{API_GROUP}"
-SHORT_NAME = "wm"
-SINGULAR = "warmmodel"
-
-#: Status condition types of a WarmModel (each has a CamelCase reason and a message).
-CONDITION_READY = "Ready"  # at least pool.minWarm pods verified warm
-CONDITION_PROGRESSING = "Progressing"  # a rollout or scale is under way
-CONDITION_DEGRADED = "Degraded"  # something is wrong that retrying will not fix (bad spec, ...)
-CONDITION_WARMUP_GATED = "WarmupGated"  # some pods run a truncated or paused warm-up
-CONDITION_TYPES = (CONDITION_READY, CONDITION_PROGRESSING, CONDITION_DEGRADED, CONDITION_WARMUP_GATED)
-
-# Defaults of the rest of the WarmModel spec.
-DEFAULT_REPLICAS = 1
-DEFAULT_MIN_WARM = 1
-DEFAULT_MAX_REPLICAS = 8
-#: Hard ceiling on pool sizes accepted at admission (a typo like 10000 is refused).
-MAX_POOL_REPLICAS = 1000
-DEFAULT_WARMUP_TIMEOUT_SECONDS = 600
-DEFAULT_ENGINE_PORT = 8000  # vLLM's and SGLang's usual port; TGI users set 80 or 3000
-DEFAULT_ENGINE_HEALTH_PATH = "/health"
-#: Where node-local model caches live on a node (a WarmModel's nodeCache.root default).
-DEFAULT_NODE_CACHE_ROOT = "/var/lib/warmpool/models"
-#: Longest WarmModel name: children are named "<name>-<suffix>" and must stay DNS-1035 labels.
-MAX_WARMMODEL_NAME_LENGTH = 48
-#: Where worker pods see the model's directory, whatever its source (an external engine's
-#: args point here, e.g. `--model=/warmpool/model`).
-MODEL_MOUNT_PATH = "/warmpool/model"
-
-# --- Sidecar mode (added by the sidecar half; `warmpool worker sidecar`) --------------
-
 #: Stage of a sidecar while its engine does not answer its health endpoint (at start, or
 #: after the engine restarted or stopped answering: /readyz is 503 and warm-up runs again).
 STAGE_WAITING_ENGINE = "waiting_engine"
+
+# --------------------------------------------------------------------------- 6. environment variables
+
+# Set by the operator on worker pods.
+ENV_POD_IP = "POD_IP"
+ENV_POD_NAME = "POD_NAME"
+ENV_NODE_NAME = "NODE_NAME"
+
+# --------------------------------------------------------------------------- 7. metrics
+
+METRIC_PREFIX = "warmpool_"
+
+# The worker's (built-in and sidecar), scraped by the operator.
+METRIC_PHASE_TIMESTAMP = "warmpool_coldstart_phase_timestamp_seconds"  # label: phase
+METRIC_PHASE_DURATION = "warmpool_coldstart_phase_duration_seconds"  # label: phase (since process start)
+METRIC_TTFT = "warmpool_time_to_first_token_seconds"  # histogram
+METRIC_MEMORY_USED_RATIO = "warmpool_accelerator_memory_used_ratio"
+METRIC_MEMORY_USED_BYTES = "warmpool_accelerator_memory_used_bytes"
+METRIC_MEMORY_CAPACITY_BYTES = "warmpool_accelerator_memory_capacity_bytes"
+METRIC_TIER = "warmpool_tier"  # gauge per tier label: 1 for the active tier
+#: The tier the worker's last warm-up ran at (gauge per tier label, 1 for that tier);
+#: differs from METRIC_TIER while a deeper warm-up is still catching up after a relaxation.
+METRIC_WARMUP_TIER = "warmpool_warmup_tier"
+#: The tier the worker's own guard decided from its probe (gauge per tier label).
+METRIC_LOCAL_TIER = "warmpool_local_tier"
+#: 1 while an operator directive is in force (not expired).
+METRIC_DIRECTIVE_ACTIVE = "warmpool_directive_active"
+METRIC_LAYERS_RESIDENT = "warmpool_layers_resident"
+METRIC_LAYERS_TOTAL = "warmpool_layers_total"
+METRIC_WARMUP_PREFILLS = "warmpool_warmup_prefills_total"  # label: bucket
+#: Warm-up prompts per bucket the worker's last warm-up plan asked for.
+METRIC_WARMUP_PLANNED = "warmpool_warmup_planned_prefills"  # label: bucket
+METRIC_LAYER_HEAT = "warmpool_layer_heat"  # label: layer
+#: 1, labelled with the checkpoint digest and layer count, so the operator can write a
+#: heat map that applies to the model the workers loaded.
+METRIC_MODEL_INFO = "warmpool_model_info"  # labels: digest, layers
+METRIC_READY = "warmpool_ready"  # 1 when warm and serving
+#: Tokens generated for served requests (warm-up excluded).
+METRIC_GENERATED_TOKENS = "warmpool_generated_tokens_total"
+#: Requests admitted and waiting for the engine (bounded by --max-queued-requests).
+METRIC_REQUESTS_QUEUED = "warmpool_requests_queued"
+#: Requests refused before any work, by reason (queue_full).
+METRIC_REQUESTS_REJECTED = "warmpool_requests_rejected_total"  # label: reason
+#: Requests whose client went away before the completion was done.
+METRIC_REQUESTS_CANCELLED = "warmpool_requests_cancelled_total"
+#: Decode steps run after the client was seen gone (at most one per cancelled request).
+METRIC_TOKENS_AFTER_DISCONNECT = "warmpool_tokens_after_disconnect_total"
+#: KV-cache token slots allocated for the requests in flight (grows with generated tokens).
+METRIC_KV_CACHE_TOKENS = "warmpool_kv_cache_tokens"
+#: Warm-prefix KV files that could not be saved (ENOSPC, read-only, ...), by errno name.
+METRIC_KV_PREFIX_SAVE_ERRORS = "warmpool_kv_prefix_save_errors_total"  # label: reason
+#: Requests (and warm-up prefills) whose logits held NaN/Inf.
+METRIC_NON_FINITE_LOGITS = "warmpool_non_finite_logits_total"
+
+# The sidecar's own (`warmpool worker sidecar`).
+METRIC_ENGINE_MEMORY_RATIO = "warmpool_engine_memory_used_ratio"  # the engine's own figure
+#: 1 while the external engine answers its health endpoint, 0 while it does not.
+METRIC_ENGINE_UP = "warmpool_engine_up"
+#: Times the sidecar saw its engine restart or stop answering after it had answered.
+METRIC_ENGINE_RESTARTS = "warmpool_engine_restarts_total"
+#: Warm-up requests to the engine that failed, by reason (unavailable, http_5xx, ...).
+METRIC_WARMUP_ERRORS = "warmpool_warmup_errors_total"  # label: reason
+#: Weight bytes the sidecar's page-cache prefetch means to read at the current tier.
+METRIC_PREFETCH_TARGET_BYTES = "warmpool_prefetch_target_bytes"
+#: Weight bytes read so far by the prefetch.
+METRIC_PREFETCH_READ_BYTES = "warmpool_prefetch_read_bytes"
+#: Weight bytes of the prefetch's target found resident in the page cache (mincore).
+METRIC_PREFETCH_RESIDENT_BYTES = "warmpool_prefetch_resident_bytes"
+#: Weight files the prefetch could not use (missing, truncated, bad header).
+METRIC_PREFETCH_FILE_ERRORS = "warmpool_prefetch_file_errors"
+
+# An external engine's, read by the sidecar.
 #: vLLM's KV-cache usage gauge (a 0..1 fraction despite "perc"), under both of its names:
 #: `gpu_cache_usage_perc` up to v0.10, `kv_cache_usage_perc` from then on.  Read both.
 VLLM_KV_CACHE_USAGE_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-#: Metric: 1 while the external engine answers its health endpoint, 0 while it does not.
-METRIC_ENGINE_UP = "warmpool_engine_up"
-#: Metric: times the sidecar saw its engine restart or stop answering after it had answered.
-METRIC_ENGINE_RESTARTS = "warmpool_engine_restarts_total"
-#: Metric: warm-up requests to the engine that failed, by reason (unavailable, http_5xx, ...).
-METRIC_WARMUP_ERRORS = "warmpool_warmup_errors_total"  # label: reason
-#: Metric: weight bytes the sidecar's page-cache prefetch means to read at the current tier.
-METRIC_PREFETCH_TARGET_BYTES = "warmpool_prefetch_target_bytes"
-#: Metric: weight bytes read so far by the prefetch.
-METRIC_PREFETCH_READ_BYTES = "warmpool_prefetch_read_bytes"
-#: Metric: weight bytes of the prefetch's target found resident in the page cache (mincore).
-METRIC_PREFETCH_RESIDENT_BYTES = "warmpool_prefetch_resident_bytes"
-#: Metric: weight files the prefetch could not use (missing, truncated, bad header).
-METRIC_PREFETCH_FILE_ERRORS = "warmpool_prefetch_file_errors"
-LABEL_REASON = "reason"
 
-# --- The operator (added by the operator half) -------------------------------------------
-
-#: Default image of the warmpool worker (the whole worker for builtin, the sidecar for sidecar).
-DEFAULT_WORKER_IMAGE = "ghcr.io/warmpool/worker:0.1.0"
-#: Name of the worker container in worker pods (the one that holds the model for builtin).
-WORKER_CONTAINER = "worker"
-#: Name of the external engine's container (sidecar engine only).
-ENGINE_CONTAINER = "engine"
-#: app.kubernetes.io/component of worker pods.
-COMPONENT_WORKER = "worker"
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-APP_NAME = "warmpool"
-
-#: Suffixes of a WarmModel's children ("<name><suffix>"); the Deployment, Service and PDB take the bare name.
-CONFIGMAP_SUFFIX = "-warmup"
-CONTROL_SECRET_SUFFIX = "-control"
-#: Key of the control-token Secret holding the bearer token of POST /control/tier.
-CONTROL_SECRET_KEY = "token"
-
-#: Where worker pods see the operator's files.
-CONFIG_MOUNT_PATH = "/warmpool/config"  # the WarmModel's ConfigMap (prompts + heat map)
-PROMPTS_MOUNT_PATH = "/warmpool/prompts"  # a user's prompts ConfigMap (promptsConfigMapRef)
-CONTROL_MOUNT_PATH = "/warmpool/control"  # the control-token Secret
-KV_PREFIX_MOUNT_PATH = "/warmpool/kv"  # warm-prefix KV persistence (emptyDir)
-
-#: Pod-template annotation: hash of what is baked into the pods besides the spec (prompts).
-ANNOTATION_CONFIG_HASH = f"{API_GROUP}/config-hash"
-#: Annotation on each child: hash of the desired object, so reconcile compares one string.
-ANNOTATION_SPEC_HASH = f"{API_GROUP}/spec-hash"
-#: Prefix of kopf's own annotations on WarmModels (progress and diff-base storage).
-KOPF_ANNOTATION_PREFIX = API_GROUP
-#: kopf's finalizer on WarmModels (timers need one so they are stopped before deletion).
-OPERATOR_FINALIZER = f"{API_GROUP}/operator"
-
-#: Metric (worker): 1, labelled with the checkpoint digest and layer count, so the
-#: operator can write a heat map that applies to the model the workers loaded.
-METRIC_MODEL_INFO = "warmpool_model_info"  # labels: digest, layers
-LABEL_DIGEST = "digest"
-LABEL_LAYERS = "layers"
-
-#: The operator's own Prometheus metrics.
+# The operator's own.
 METRIC_OPERATOR_RECONCILE_SECONDS = "warmpool_operator_reconcile_duration_seconds"  # label: kind
 METRIC_OPERATOR_RECONCILE_ERRORS = "warmpool_operator_reconcile_errors_total"  # labels: kind, reason
 METRIC_OPERATOR_SCRAPE_FAILURES = "warmpool_operator_scrape_failures_total"  # label: reason
 METRIC_OPERATOR_TIER_DECISIONS = "warmpool_operator_tier_decisions_total"  # labels: scope, tier
 METRIC_OPERATOR_WARM_PODS = "warmpool_operator_warm_pods"  # labels: namespace, warmmodel
 METRIC_OPERATOR_WRITE_FAILURES = "warmpool_operator_write_failures_total"  # label: target (pod_annotation, heat_map)
-LABEL_KIND = "kind"
+
+# Label names of the metrics above.
+LABEL_PHASE = "phase"
+LABEL_TIER = "tier"
+LABEL_BUCKET = "bucket"
+LABEL_LAYER = "layer"
+LABEL_SOURCE = "source"
 LABEL_REASON = "reason"
+LABEL_DIGEST = "digest"
+LABEL_LAYERS = "layers"
+LABEL_KIND = "kind"
 LABEL_SCOPE = "scope"
 LABEL_TARGET = "target"  # warmpool_operator_write_failures_total: what the skipped write was for
 LABEL_NAMESPACE = "namespace"
 LABEL_WARMMODEL = "warmmodel"
 
-#: Default seconds between scrapes of a WarmModel's worker pods.
-DEFAULT_SCRAPE_INTERVAL_SECONDS = 10.0
-DEFAULT_OPERATOR_METRICS_PORT = 9090
-DEFAULT_OPERATOR_LIVENESS_PORT = 8081
+#: Cold-start phases in the order they happen (each a timestamp and a duration since start).
+PHASES = ("process_start", "weights_mapped", "first_layer_ready", "warmup_done", "ready")
+
+# --------------------------------------------------------------------------- 8. files
+
+#: Keys of the WarmModel's ConfigMap (mounted into worker pods as files of these names).
+CONFIGMAP_KEY_PROMPTS = "prompts.json"
+CONFIGMAP_KEY_HEATMAP = "heatmap.json"
+#: The heat map file's format tag (see warmpool.heatmap).
+HEATMAP_FORMAT = "warmpool.heatmap/v1"
+
+# Where worker pods see things.
+#: The model's directory, whatever its source (an external engine's args point here,
+#: e.g. `--model=/warmpool/model`).
+MODEL_MOUNT_PATH = "/warmpool/model"
+CONFIG_MOUNT_PATH = "/warmpool/config"  # the WarmModel's ConfigMap (prompts + heat map)
+PROMPTS_MOUNT_PATH = "/warmpool/prompts"  # a user's prompts ConfigMap (promptsConfigMapRef)
+CONTROL_MOUNT_PATH = "/warmpool/control"  # the control-token Secret
+KV_PREFIX_MOUNT_PATH = "/warmpool/kv"  # warm-prefix KV persistence (emptyDir)
+#: Where node-local model caches live on a node (a WarmModel's nodeCache.root default).
+DEFAULT_NODE_CACHE_ROOT = "/var/lib/warmpool/models"
