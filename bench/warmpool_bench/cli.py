@@ -7,7 +7,8 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from warmpool_bench.results import write_results
 
 DEFAULT_RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -65,14 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_predict_parser(commands, DEFAULT_RESULTS)
     return parser
-
-
-def write_results(result: dict[str, Any], out: Path, name: str, markdown: str) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
-    json_path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
-    md_path.write_text(markdown)
-    return json_path, md_path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,10 +79,10 @@ def add_predict_parser(commands: Any, results: Path) -> None:
 
 
 def run_predict_command(args: argparse.Namespace) -> int:
-    from warmpool_bench.cli import write_results
     from warmpool_bench.predict import run_predict
     from warmpool_bench.predict_report import draw_chart, render_predict
     from warmpool_bench.predict_trace import TraceError, load_trace, repeat
+    from warmpool_bench.results import write_results
 
     forecasters = tuple(f.strip() for f in args.forecasters.split(",") if f.strip())
     if "auto" not in forecasters:
