@@ -50,7 +50,7 @@ ENV_OPERATOR_NAMESPACE = "WARMPOOL_E2E_OPERATOR_NAMESPACE"
 #: mounted into every node at the same path (kind: extraMounts), readable by uid 65532.
 ENV_MODEL_ROOT = "WARMPOOL_E2E_MODEL_ROOT"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=warmpool,app.kubernetes.io/component=operator"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # tests/support/e2e.py -> the repository root
 CRD_PATH = REPO / "crds" / f"{contract.CRD_NAME}.yaml"
 GiB = 1024**3
 
