@@ -25,11 +25,11 @@ STEADY_REQUESTS = 5
 
 @pytest.mark.e2e
 @pytest.mark.timeout(720)
-def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_path: Path) -> None:
+def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_path: Path, repo_root: Path) -> None:
     from warmpool_dev.model_fetch import ensure_model
 
     model_dir = ensure_model()  # cached after the first fetch (`make model`)
-    body = yaml.safe_load(demo._manifest(model_dir))
+    body = yaml.safe_load(demo._manifest(model_dir, demo.find_checkout(repo_root)))  # the demo's own manifest
     body["metadata"].pop("namespace", None)
     # One pod: the story is the same as the example's two, at half the CPU of a CI runner.
     body["spec"]["pool"]["replicas"] = 1
