@@ -1,6 +1,6 @@
 """One short check of the built-in engine's GPU path on an NVIDIA GPU (written for an H200).
 
-    python dev/gpu_check.py [--model DIR] [--dtype bfloat16] [--out FILE]
+    python worker/gpu_check.py [--model DIR] [--dtype bfloat16] [--out FILE]
 
 Prints one JSON object:
   * correctness: CUDA logits vs CPU fp32 logits on a tiny random model; CUDA-graph decode
@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-# A developer's script, run from a source checkout without an install (the device machine has
-# none): the dev package beside it, the worker package and the shared core.
-_DEV = Path(__file__).resolve().parent
-for _path in (_DEV.parent, _DEV.parent / "worker", _DEV):
+# A developer's script beside the worker package (never in the image: the Dockerfiles copy
+# warmpool_worker/ only), run from a source checkout without an install (the device machine
+# has none): the worker package beside it, the shared core and the dev package (tiny models).
+_REPO = Path(__file__).resolve().parent.parent
+for _path in (_REPO, _REPO / "worker", _REPO / "dev"):
     sys.path.insert(0, str(_path))
 
 
