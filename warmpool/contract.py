@@ -131,6 +131,17 @@ PATH_CONTROL_TIER = "/control/tier"
 #: The health path vLLM, SGLang, TGI and llama.cpp answer: the built-in worker answers it too
 #: (200 only when warm, like /readyz), so tools that probe /health work unchanged.
 PATH_HEALTH = "/health"
+#: Sleep (#15): POST puts the engine to sleep ({"level": 1|2}), GET reports the state; POST
+#: /control/wake takes the memory back.  Authenticated like /control/tier.
+PATH_CONTROL_SLEEP = "/control/sleep"
+PATH_CONTROL_WAKE = "/control/wake"
+CONTROL_FIELD_SLEEP_LEVEL = "level"
+SLEEP_LEVELS = (1, 2)
+#: vLLM's dev-mode sleep API (VLLM_SERVER_DEV_MODE=1): POST /sleep?level=N, POST /wake_up,
+#: GET /is_sleeping -> {"is_sleeping": bool}.  The built-in worker serves it too.
+PATH_VLLM_SLEEP = "/sleep"
+PATH_VLLM_WAKE_UP = "/wake_up"
+PATH_VLLM_IS_SLEEPING = "/is_sleeping"
 DEFAULT_WORKER_PORT = 8080
 DEFAULT_ENGINE_PORT = 8000  # vLLM's and SGLang's usual port; TGI users set 80 or 3000
 DEFAULT_ENGINE_HEALTH_PATH = "/health"
@@ -206,6 +217,15 @@ METRIC_KV_CACHE_TOKENS = "warmpool_kv_cache_tokens"
 METRIC_KV_PREFIX_SAVE_ERRORS = "warmpool_kv_prefix_save_errors_total"  # label: reason
 #: Requests (and warm-up prefills) whose logits held NaN/Inf.
 METRIC_NON_FINITE_LOGITS = "warmpool_non_finite_logits_total"
+#: Sleep (#15): the level slept at (0 when awake); sleeps and wakes done; wake seconds; the
+#: memory the last sleep released (measured: process RSS on CPU, the allocator on CUDA);
+#: completions that found the worker asleep and woke it.
+METRIC_SLEEP_LEVEL = "warmpool_sleep_level"
+METRIC_SLEEPS = "warmpool_sleeps_total"
+METRIC_WAKES = "warmpool_wakes_total"
+METRIC_WAKE_DURATION = "warmpool_wake_duration_seconds"  # histogram
+METRIC_SLEEP_RELEASED_BYTES = "warmpool_sleep_released_bytes"
+METRIC_WAKES_ON_REQUEST = "warmpool_wakes_on_request_total"
 
 # The sidecar's own (`warmpool worker sidecar`).
 METRIC_ENGINE_MEMORY_RATIO = "warmpool_engine_memory_used_ratio"  # the engine's own figure

@@ -568,6 +568,12 @@ class Checkpoint:
         for name in names:
             yield name, self.get_tensor(name)
 
+    def unmap(self) -> None:
+        """Drop the safetensors mappings (sleep level 2); the descriptors stay open, so the next
+        tensor re-maps the very files validated, after `verify_unchanged` checks them again."""
+        with self._handle_lock:
+            self._handles.clear()
+
     def close(self) -> None:
         with self._handle_lock:
             self._handles.clear()

@@ -34,6 +34,7 @@ from warmpool_worker.defaults import (
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_BACKOFF_S,
+    DEFAULT_WAKE_TIMEOUT_S,
 )
 
 from warmpool.contract import (
@@ -141,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_TOKENS_LIMIT,
         help="largest max_tokens a request may ask for (above it: 400 naming max_tokens)",
     )
+    serve.add_argument("--wake-timeout", type=float, default=DEFAULT_WAKE_TIMEOUT_S,
+                       help="seconds a completion waits for a sleeping engine to wake (then 503)")
+    serve.add_argument("--vllm-sleep-api", action="store_true",
+                       help="also serve vLLM's unauthenticated dev-mode /sleep, /wake_up, /is_sleeping")
     serve.add_argument(
         "--graph-capture",
         action=argparse.BooleanOptionalAction,
@@ -280,7 +285,7 @@ def _warmup(args: argparse.Namespace) -> WarmupConfig:
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """`warmpool worker serve`'s flags as a checked `ServeConfig` (raises `ConfigError`)."""
-    from warmpool_worker.config import ServeConfig, ServingLimits
+    from warmpool_worker.config import ServeConfig, ServingLimits, SleepConfig
 
     return ServeConfig(
         model=args.model,
@@ -296,6 +301,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         guard=_guard(args),
         warmup=_warmup(args),
         limits=ServingLimits(max_queued_requests=args.max_queued_requests, max_tokens_limit=args.max_tokens_limit),
+        sleep=SleepConfig(wake_timeout_s=args.wake_timeout, vllm_sleep_api=args.vllm_sleep_api),
     )
 
 

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,11 +172,14 @@ class CompletionsApi:
         metrics: WorkerMetrics,
         engine_lock: threading.Lock,
         limits: ServingLimits,
+        wake: Callable[[Engine], Awaitable[None]] | None = None,
     ) -> None:
         self.status = status
         self.metrics = metrics
         self.engine_lock = engine_lock
         self.limits = limits
+        #: Wakes a sleeping engine and waits (bounded) before a completion uses it.
+        self.wake = wake
         self.queue = RequestQueue(limits.max_queued_requests)
         self.executor = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="engine")
 
@@ -226,6 +229,8 @@ class CompletionsApi:
         producer: asyncio.Future[None] | None = None
         ident = f"cmpl-{uuid.uuid4().hex[:24]}"
         try:
+            if self.wake is not None:  # a sleeping engine wakes first; TTFT includes the wake
+                await self.wake(engine)
             prompt_ids = await self._prompt_ids(engine, parsed)
             steps: asyncio.Queue[object] = asyncio.Queue()
             loop = asyncio.get_running_loop()

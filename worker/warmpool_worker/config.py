@@ -35,6 +35,7 @@ from warmpool_worker.defaults import (
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_BACKOFF_S,
+    DEFAULT_WAKE_TIMEOUT_S,
 )
 from warmpool_worker.device import valid_device
 
@@ -177,6 +178,21 @@ class ServingLimits:
         _positive_int(self.max_tokens_limit, "--max-tokens-limit")
 
 
+@dataclass(frozen=True)
+class SleepConfig:
+    """Engine sleep (#15): how long a completion waits for a sleeping engine to wake
+    (`--wake-timeout`), and whether vLLM's unauthenticated dev-mode sleep API is served too
+    (`--vllm-sleep-api`, off by default: it is what VLLM_SERVER_DEV_MODE=1 turns on in vLLM,
+    for standing in as a vLLM engine behind the sidecar)."""
+
+    wake_timeout_s: float = DEFAULT_WAKE_TIMEOUT_S
+    vllm_sleep_api: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.wake_timeout_s, bool) or not self.wake_timeout_s > 0:
+            raise ConfigError("--wake-timeout", f"must be a positive number of seconds, got {self.wake_timeout_s!r}")
+
+
 def _check_device(device: str) -> None:
     if not valid_device(device):
         raise ConfigError("--device", f"must be auto, cpu, cuda or cuda:N, got {device!r}")
@@ -199,6 +215,7 @@ class ServeConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     limits: ServingLimits = field(default_factory=ServingLimits)
+    sleep: SleepConfig = field(default_factory=SleepConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, Path) or not str(self.model):

@@ -42,7 +42,8 @@ class ControlEndpoint:
     def mount(self, app: web.Application) -> None:
         app.router.add_post(PATH_CONTROL_TIER, self.control_tier)
 
-    def _check_token(self, request: web.Request) -> None:
+    def check_token(self, request: web.Request) -> None:
+        """Raise 403 without a token file or on a wrong token, 401 without a bearer token."""
         if self.token_file is None:
             raise BadRequest(
                 403, "control endpoint disabled: the worker has no --control-token-file", "forbidden"
@@ -62,7 +63,7 @@ class ControlEndpoint:
             raise BadRequest(403, "wrong bearer token", "forbidden")
 
     async def control_tier(self, request: web.Request) -> web.Response:
-        self._check_token(request)
+        self.check_token(request)
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -22,6 +22,8 @@ DEFAULT_MAX_QUEUED_REQUESTS = 64
 #: Default ceiling on max_tokens: bounds one request's compute (its KV grows with what it
 #: generates, so the ceiling is about time held on the engine, not memory reserved up front).
 DEFAULT_MAX_TOKENS_LIMIT = 4096
+#: Seconds a completion waits for a sleeping engine to wake (level 2 re-reads the files).
+DEFAULT_WAKE_TIMEOUT_S = 60.0
 #: Where cgroup v2 is mounted (the CPU quota sizes torch's thread pool).
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 

@@ -136,3 +136,20 @@ class GraphCapture(Protocol):
     def capture_graphs(self, buckets: Sequence[int] = (1, 2, 4, 8)) -> dict[int, float]:
         """Capture one graph per decode batch bucket; seconds per bucket ({} when not on CUDA)."""
         ...
+
+
+@runtime_checkable
+class Sleepable(Protocol):
+    """Optional: an engine that can release its memory while idle and take it back (vLLM's
+    sleep levels: 1 keeps the weights in host memory, 2 drops them and re-reads the files)."""
+
+    @property
+    def sleep_level(self) -> int | None:
+        """The level it sleeps at, or None when awake."""
+        ...
+
+    def sleep(self, level: int) -> None: ...
+
+    def wake(self) -> None:
+        """Take the memory back and check one prompt gives finite logits before returning."""
+        ...

@@ -65,9 +65,15 @@ from warmpool.contract import (
     METRIC_REQUESTS_CANCELLED,
     METRIC_REQUESTS_QUEUED,
     METRIC_REQUESTS_REJECTED,
+    METRIC_SLEEP_LEVEL,
+    METRIC_SLEEP_RELEASED_BYTES,
+    METRIC_SLEEPS,
     METRIC_TIER,
     METRIC_TOKENS_AFTER_DISCONNECT,
     METRIC_TTFT,
+    METRIC_WAKE_DURATION,
+    METRIC_WAKES,
+    METRIC_WAKES_ON_REQUEST,
     METRIC_WARMUP_ERRORS,
     METRIC_WARMUP_PLANNED,
     METRIC_WARMUP_PREFILLS,
@@ -82,6 +88,9 @@ if TYPE_CHECKING:
 
 #: TTFT buckets: from a warm tiny model on a GPU (ms) to a cold large one on a CPU (a minute).
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: Wake takes ~0.1 s (level 1 on a small model) to seconds (level 2 re-reading large files).
+WAKE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -200,8 +209,22 @@ class WorkerMetrics:
         self.non_finite_logits = Counter(
             METRIC_NON_FINITE_LOGITS, "Requests and warm-up prefills whose logits held NaN/Inf", registry=r
         )
+        self.sleep_level = Gauge(METRIC_SLEEP_LEVEL, "Sleep level of the engine, 0 when awake", registry=r)
+        self.sleeps = Counter(METRIC_SLEEPS, "Times the engine was put to sleep", registry=r)
+        self.wakes = Counter(METRIC_WAKES, "Times the engine was woken", registry=r)
+        self.wake_duration = Histogram(
+            METRIC_WAKE_DURATION, "Seconds from wake asked to awake (one-prompt check included)",
+            buckets=WAKE_BUCKETS, registry=r,
+        )
+        self.sleep_released = Gauge(
+            METRIC_SLEEP_RELEASED_BYTES, "Memory the last sleep released (measured)", registry=r
+        )
+        self.wakes_on_request = Counter(
+            METRIC_WAKES_ON_REQUEST, "Completions that found the engine asleep and woke it", registry=r
+        )
         self.ready.set(0)
         self.directive_active.set(0)
+        self.sleep_level.set(0)
         self._phases: set[str] = set()
         self.mark_phase("process_start", self.process_start)
 
@@ -299,6 +322,18 @@ class WorkerMetrics:
 
     def logits_non_finite(self) -> None:
         self.non_finite_logits.inc()
+
+    def slept(self, level: int, released_bytes: int) -> None:
+        self.sleeps.inc()
+        self.sleep_level.set(level)
+        self.sleep_released.set(released_bytes)
+
+    def woke(self, seconds: float, on_request: bool) -> None:
+        self.wakes.inc()
+        self.sleep_level.set(0)
+        self.wake_duration.observe(seconds)
+        if on_request:
+            self.wakes_on_request.inc()
 
     def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)

@@ -34,12 +34,13 @@ from warmpool_worker.config import ServeConfig
 from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.cpu_threads import choose_threads
 from warmpool_worker.device import resolve_device
-from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError, NonFiniteLogitsError
+from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError, NonFiniteLogitsError, Sleepable
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import cancel_tasks, start_site, stop_on_signals
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
 from warmpool_worker.server import WorkerServer
+from warmpool_worker.sleep import SleepController
 from warmpool_worker.warmup import (
     PromptsError,
     WarmupPlan,
@@ -206,6 +207,8 @@ class WorkerRuntime:
         engine = self.status.engine
         if engine is None or self.status.stage != STAGE_READY:
             return
+        if isinstance(engine, Sleepable) and engine.sleep_level is not None:
+            return  # asleep: a top-up would load the weights sleep just released
         tier = self.guard.state.effective
         plan = self.plan(tier, engine)
         if self.status.progress.remaining(plan).is_empty():
@@ -267,7 +270,9 @@ async def serve_worker(config: ServeConfig) -> int:
     runtime = WorkerRuntime(config, device)
     listen = config.listen
     control = ControlEndpoint(runtime.guard, listen.control_token_file)
-    server = WorkerServer(runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, control, config.limits)
+    sleep = SleepController(runtime.status, runtime.metrics, runtime.engine_lock, config.sleep.wake_timeout_s)
+    server = WorkerServer(runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, control, config.limits,
+                          sleep, config.sleep.vllm_sleep_api)
     started = await start_site(server.app(), listen.host, listen.port, log)
     if started is None:
         return 1

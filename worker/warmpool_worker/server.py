@@ -6,7 +6,9 @@
   (prometheus-client text format).
 * the OpenAI-style API (`completions.CompletionsApi`: ``/v1/completions``, ``/v1/models``);
 * ``POST /control/tier``, the operator's directive (`control.ControlEndpoint`, which the
-  sidecar mounts too).
+  sidecar mounts too);
+* ``/control/sleep``, ``/control/wake`` (`sleep.SleepEndpoint`): while asleep the worker stays
+  Ready, /readyz's ``sleep`` field says it sleeps, and a completion wakes it.
 
 Errors are JSON (`http_app.json_errors`); the server goes on serving after any of them.
 """
@@ -24,6 +26,7 @@ from warmpool_worker.engine_api import KVCacheStats
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import error_response, json_errors
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
+from warmpool_worker.sleep import SleepController, SleepEndpoint
 from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import PATH_HEALTH, PATH_LIVEZ, PATH_METRICS, PATH_READYZ
@@ -38,12 +41,17 @@ class WorkerServer:
         engine_lock: threading.Lock,
         control: ControlEndpoint,
         limits: ServingLimits,
+        sleep: SleepController | None = None,
+        vllm_sleep_api: bool = False,
     ) -> None:
         self.status = status
         self.metrics = metrics
         self.guard = guard
         self.control = control
-        self.api = CompletionsApi(status, metrics, engine_lock, limits)
+        self.sleep = sleep
+        self.sleep_endpoint = None if sleep is None else SleepEndpoint(sleep, control, vllm_sleep_api)
+        self.api = CompletionsApi(status, metrics, engine_lock, limits,
+                                  wake=None if sleep is None else sleep.wake_for_request)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[json_errors])
@@ -53,6 +61,8 @@ class WorkerServer:
         app.router.add_get(PATH_METRICS, self.metrics_handler)
         self.api.mount(app)
         self.control.mount(app)
+        if self.sleep_endpoint is not None:
+            self.sleep_endpoint.mount(app)
         return app
 
     # -- probes and metrics ------------------------------------------------------------
@@ -70,6 +80,7 @@ class WorkerServer:
             "layers_total": engine.num_layers if engine is not None else None,
             "warmup": status.describe_warmup(),
             "error": status.error,
+            "sleep": None if self.sleep is None else self.sleep.describe(),
         }
         body.update(self.guard.state.describe())
         return body

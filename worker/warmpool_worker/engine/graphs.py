@@ -58,6 +58,13 @@ class DecodeGraphs:
     def buckets(self) -> list[int]:
         return sorted(self._graphs)
 
+    def release(self) -> list[int]:
+        """Free every captured graph (and its static cache, in the graph pool); the buckets
+        they covered, so a wake can capture the same ones again."""
+        buckets = self.buckets
+        self._graphs.clear()
+        return buckets
+
     def get(self, bucket: int) -> DecodeGraph | None:
         return self._graphs.get(bucket)
 

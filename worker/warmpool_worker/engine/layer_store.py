@@ -10,10 +10,24 @@ On CPU, in the checkpoint's own dtype, a weight is the file's mapping itself (ze
 loading a layer faults its pages in, in order.  Other dtypes convert in one pass.  On CUDA,
 copies go through the pinned stager.  Before any page of a layer is touched, the files under
 it are checked to be the ones validated (WeightsChangedError otherwise, never a SIGBUS).
+
+Sleep (`release` / `restore`, vLLM's levels):
+
+* level 1 -- on CUDA every resident weight is copied to a pinned host tensor and its device
+  memory freed; `restore` copies them back at bus speed.  On CPU in the checkpoint's dtype the
+  weights ARE the file mapping, so there is nothing to move: the resident views are dropped
+  (converted copies of another dtype are freed) and `restore` re-materialises the same layers
+  from the mapping, which is still open.
+* level 2 -- nothing is kept: device memory and converted copies are freed, and the
+  checkpoint's mappings are closed too (`Checkpoint.unmap`), so the mapped pages leave the
+  process.  `restore` re-maps the files through the descriptors held since validation, after
+  checking they are still the files validated (WeightsChangedError otherwise).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -41,6 +55,11 @@ class LayerStore:
         self._stager: PinnedStager | None = None
         self.load_seconds: dict[int, float] = {}
         self.bytes_loaded = 0
+        #: While asleep: the layers resident when sleep began (restored in this order) and,
+        #: at level 1 on CUDA, the pinned host copies of every weight (None elsewhere).
+        self._slept_layers: list[int] | None = None
+        self._host_core: Weights | None = None
+        self._host_layers: dict[int, Weights] = {}
 
     @property
     def num_layers(self) -> int:
@@ -155,3 +174,80 @@ class LayerStore:
                 if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                     return name
         return None
+
+    # ---- sleep -----------------------------------------------------------------------------
+    @property
+    def asleep(self) -> bool:
+        return self._slept_layers is not None
+
+    def release(self, level: int) -> None:
+        """Free the materialised weights for sleep at `level` (1 or 2; module docstring)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        with self._lock:
+            if self._slept_layers is not None:
+                return
+            resident = [i for i, layer in enumerate(self._layers) if layer is not None]
+            if level == 1 and self.device.type == "cuda":
+                self._host_core = _to_pinned_host(self._core or {})
+                self._host_layers = {i: _to_pinned_host(self._layers[i] or {}) for i in resident}
+            self._core = None
+            self._layers = [None] * self.num_layers
+            if level == 2:
+                self.checkpoint.unmap()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                torch.cuda.empty_cache()
+            else:
+                _trim_heap()
+            self._slept_layers = resident
+
+    def restore(self) -> None:
+        """Make resident again every layer (and the core) that was before `release`."""
+        with self._lock:
+            order = self._slept_layers
+            if order is None:
+                return
+            if self._host_core is not None:
+                with torch.inference_mode():
+                    core = {k: t.to(self.device, non_blocking=True) for k, t in self._host_core.items()
+                            if not (self.table.tied_head and k == "head")}
+                    if self.table.tied_head:
+                        core["head"] = core["embed"]
+                    layers = {i: {k: t.to(self.device, non_blocking=True) for k, t in w.items()}
+                              for i, w in self._host_layers.items()}
+                    torch.cuda.synchronize(self.device)
+                self._core = core
+                for index, weights in layers.items():
+                    self._layers[index] = weights
+                self._host_core = None
+                self._host_layers = {}
+            else:
+                self.load_layers(order)
+            self._slept_layers = None
+
+
+def _trim_heap() -> None:
+    """Hand freed heap back to the OS (glibc's malloc_trim).  Without it, converted copies
+    allocated below glibc's (adaptive, up to 32 MiB) mmap threshold stay in the process's
+    heap after they are freed, and sleep would release a fraction of what it dropped."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim with
+        pass
+
+
+def _to_pinned_host(weights: Weights) -> Weights:
+    """Page-locked host copies (a tied head is copied once and stays one tensor)."""
+    copies: dict[int, torch.Tensor] = {}
+    out: Weights = {}
+    with torch.inference_mode():
+        for key, tensor in weights.items():
+            host = copies.get(id(tensor))
+            if host is None:
+                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                host.copy_(tensor)
+                copies[id(tensor)] = host
+            out[key] = host
+    return out

@@ -20,6 +20,9 @@ from warmpool_worker.engine.prefix_kv import PrefixKVStore
 from warmpool_worker.engine_api import GenerationStep, LayerProgress, NonFiniteLogitsError, RequestError
 from warmpool_worker.layer_heat import DEFAULT_HEAT_HALF_LIFE_S, LayerHeat
 
+#: The wake check's prompt: short, so the check costs one small prefill.
+WAKE_CHECK_PROMPT = "Hello"
+
 
 class LlamaEngine:
     """`engine_api.Engine` (plus `KVCacheStats`, `GraphCapture` and batched decode) for the Llama family."""
@@ -53,6 +56,8 @@ class LlamaEngine:
         self._kv_live = LiveKVSlots()
         self._sample_generator = torch.Generator(device="cpu")
         self._sample_generator.seed()
+        self._sleep_level: int | None = None
+        self._graphs_before_sleep: list[int] = []
 
     # ---- identity ------------------------------------------------------------------------
     @property
@@ -298,6 +303,37 @@ class LlamaEngine:
     @property
     def graph_buckets(self) -> list[int]:
         return self.graphs.buckets
+
+    # ---- sleep (vLLM's levels; what each frees: layer_store's docstring) -------------------
+    @property
+    def sleep_level(self) -> int | None:
+        """The level this engine sleeps at, or None when awake."""
+        return self._sleep_level
+
+    def sleep(self, level: int) -> None:
+        """Free memory until `wake`: prefix KV and CUDA graphs (with their static KV caches)
+        always, then the weights as `LayerStore.release` says for `level`.  The caller holds
+        the engine lock, so no generation (and no live KV cache) is in flight."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        if self._sleep_level is not None:
+            return
+        self._graphs_before_sleep = self.graphs.release()
+        self.prefix_kv.forget()
+        self.weights.release(level)
+        self._sleep_level = level
+
+    def wake(self) -> None:
+        """Weights back, graphs re-captured if they were before, then a one-prompt check: a
+        prefill whose logits must be finite (NonFiniteLogitsError otherwise) before awake."""
+        if self._sleep_level is None:
+            return
+        self.weights.restore()
+        if self._graphs_before_sleep:
+            self.graphs.capture(self._graphs_before_sleep, self._decode_static, self._new_cache)
+            self._graphs_before_sleep = []
+        self.prefill(self.encode(WAKE_CHECK_PROMPT) or [0])
+        self._sleep_level = None
 
     # ---- warm prefix KV ------------------------------------------------------------------
     def save_prefix_kv(self, token_ids: Sequence[int], path: Path) -> None:
