@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -105,11 +106,16 @@ def test_configured_capacity_follows_real_allocation() -> None:
     probe = ConfiguredCapacityProbe(capacity_bytes=4096 * MIB)
     before = probe.read()
     assert before is not None and before.source == "configured"
-    ballast = b"\x01" * (256 * MIB)  # bytes of a repeated byte: every page is written, so resident
+    # A fresh anonymous mapping with every page written: new resident memory whatever the
+    # allocator holds.  (A 256 MiB bytes object could be served from pages malloc had kept
+    # resident after an earlier test freed them: the figure then did not move, in one CI run.)
+    ballast = mmap.mmap(-1, 256 * MIB)
+    for offset in range(0, len(ballast), mmap.PAGESIZE):
+        ballast[offset] = 1
     after = probe.read()
     assert after is not None
     assert after.used_bytes - before.used_bytes >= 200 * MIB
-    del ballast
+    ballast.close()  # munmap: the pages go back to the kernel at once
     released = probe.read()
     assert released is not None and released.used_bytes < after.used_bytes - 200 * MIB
 
