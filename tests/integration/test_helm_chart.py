@@ -578,4 +578,4 @@ def test_runbooks_use_real_names() -> None:
         for word in re.findall(r"reason `([A-Z][A-Za-z]+)`", text):
             assert word in reasons, f"{page}: reason {word} is not one the operator writes"
     # The events reason the operator posts on tier transitions.
-    assert 'reason="TierChanged"' in (REPO / "operator" / "warmpool_operator" / "handlers.py").read_text()
+    assert 'reason="TierChanged"' in (REPO / "operator" / "warmpool_operator" / "pipeline.py").read_text()
