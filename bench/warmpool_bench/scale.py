@@ -181,9 +181,14 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                     break
                 time.sleep(1.0)
             point["ready_count"] = ready
-            # two more scrape cycles at steady state, so the timer pass is measured at N
+            # Idle at N: two scrape rounds at steady state, the operator's CPU over just that window.
+            idle_from = _proc_cpu_rss(operator.pid)
+            idle_started = time.monotonic()
             time.sleep(min(2 * scrape_interval, 60))
             end = _proc_cpu_rss(operator.pid)
+            if idle_from is not None and end is not None:
+                point["idle_cpu_percent"] = 100 * (end[0] - idle_from[0]) / (time.monotonic() - idle_started)
+                point["idle_rss_bytes"] = end[1]
             elapsed = time.monotonic() - applied
             if base is not None and end is not None:
                 point["operator_cpu_s"] = end[0] - base[0]
@@ -242,6 +247,67 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
     return point
 
 
+def floor_manifests(count: int, namespace: str) -> str:
+    """The children the operator would make for ``count`` bench WarmModels, rendered by its own
+    builders (one Secret, ConfigMap, Service, PDB and Deployment each), as one YAML stream."""
+    import secrets
+
+    from warmpool_operator import builders
+    from warmpool_operator.api import parse_spec
+
+    docs: list[str] = []
+    for i in range(count):
+        manifest = warmmodel_manifest(f"wm-{i:04d}", namespace)
+        target = builders.Target(name=manifest["metadata"]["name"], namespace=namespace,
+                                 spec=parse_spec(manifest["spec"]))
+        for child in (builders.build_control_secret(target, secrets.token_urlsafe(32)),
+                      builders.build_configmap(target), builders.build_service(target), builders.build_pdb(target),
+                      builders.build_deployment(target)):
+            docs.append(json.dumps(child))
+    return "\n---\n".join(docs)
+
+
+def _deployments_done(cluster: Any, namespace: str) -> int:
+    """Deployments whose controller has made their pod (status.replicas >= spec.replicas)."""
+    got = cluster.kubectl("get", "deployments", "-n", namespace, "-o", "json", check=False, timeout=120)
+    if got.returncode != 0:
+        return 0
+    return sum(1 for d in json.loads(got.stdout).get("items", [])
+               if int((d.get("status") or {}).get("replicas") or 0) >= int(d["spec"].get("replicas") or 0))
+
+
+def measure_floor(cluster: Any, count: int, timeout_s: float) -> dict[str, Any]:
+    """The floor: the same children applied straight with `kubectl apply --server-side` (no
+    operator), timed until every Deployment has made its pod.  What this control plane on this
+    machine can do at N; the operator's figure is compared with it."""
+    namespace = f"bench-floor-{count}-{os.getpid()}"
+    cluster.kubectl("create", "namespace", namespace)
+    point: dict[str, Any] = {"count": count}
+    try:
+        docs = floor_manifests(count, namespace)
+        applied = time.monotonic()
+        done = cluster.kubectl("apply", "--server-side", "--field-manager=warmpool-floor", "-f", "-", input=docs,
+                               timeout=900, check=False)
+        point["apply_s"] = time.monotonic() - applied
+        if done.returncode != 0:
+            point["error"] = f"kubectl apply failed: {done.stderr[-1000:]}"
+            return point
+        while time.monotonic() - applied < timeout_s:
+            if _deployments_done(cluster, namespace) >= count:
+                point["all_done_s"] = time.monotonic() - applied
+                break
+            time.sleep(1.0)
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        for _ in range(60):
+            cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0",
+                            check=False, timeout=120)
+            if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+                break
+            time.sleep(5)
+    return point
+
+
 def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeconfig: Path | None) -> dict[str, Any]:
     from warmpool_devcluster.testing import start_or_attach
 
@@ -265,7 +331,12 @@ def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeco
         cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(n) for n in bench_nodes()))
         for count in steps:
             print(f"[bench scale] N={count}", file=sys.stderr, flush=True)
+            floor = measure_floor(cluster, count, timeout_s)
+            print(f"[bench scale] N={count} floor: {floor}", file=sys.stderr, flush=True)
             point = measure(cluster, count, timeout_s, scrape_interval, work)
+            point["floor"] = floor
+            if point.get("all_ready_s") and floor.get("all_done_s"):
+                point["ratio_to_floor"] = point["all_ready_s"] / floor["all_done_s"]
             print(f"[bench scale] N={count}: {point}", file=sys.stderr, flush=True)
             result["points"].append(point)
     finally:

@@ -262,6 +262,48 @@ def _component_identity_flags(kubeconfig: Path, port: int) -> list[str]:
     ]
 
 
+def _apiserver_argv(binary: Path, root: Path, ports: dict[str, int]) -> list[str]:
+    pki = root / "pki"
+    etcd_url = f"http://127.0.0.1:{ports['etcd-client']}"
+    return [
+        str(binary),
+        "--etcd-servers", etcd_url,
+        "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+        "--secure-port", str(ports["apiserver"]),
+        "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
+        "--client-ca-file", str(pki / "ca.crt"),
+        "--authorization-mode", "Node,RBAC",
+        "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+        "--service-account-key-file", str(pki / "sa.pub"),
+        "--service-account-signing-key-file", str(pki / "sa.key"),
+        "--service-cluster-ip-range", SERVICE_CIDR,
+        # Loopback addresses cannot be endpoints; nothing reconciles the kubernetes Service.
+        "--endpoint-reconciler-type", "none",
+        "--allow-privileged=true",
+        "--enable-admission-plugins", "NodeRestriction",
+        "--profiling=false", "--v", "1",
+    ]
+
+
+def restart_apiserver(name: str = "default") -> None:
+    """Stop the API server and start it again on the same port and store (watch-resilience tests:
+    every watch and connection of every client ends; their clients must reconnect)."""
+    state = _load_state(name)
+    if state is None:
+        raise RuntimeError(f"cluster {name!r} is not up")
+    root = state_dir(name)
+    pid = state.pids.get("kube-apiserver")
+    if pid is not None:
+        _stop_pid(pid)
+    binaries = build.ensure_binaries(["kube-apiserver"])
+    state.pids["kube-apiserver"] = _spawn(
+        "kube-apiserver", _apiserver_argv(binaries["kube-apiserver"], root, state.ports), root)
+    _save_state(state)
+    _log(f"kube-apiserver restarting on https://127.0.0.1:{state.ports['apiserver']}")
+    _wait("kube-apiserver /readyz",
+          lambda: _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", root), state, "kube-apiserver")
+
+
 def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
     started = time.monotonic()
     binaries = build.ensure_binaries(["etcd", "kube-apiserver", "kube-controller-manager",
@@ -288,24 +330,8 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
     _log("etcd starting")
     _wait("etcd health", lambda: _http_ok(f"{etcd_url}/health"), state, "etcd", 60)
 
-    state.pids["kube-apiserver"] = _spawn("kube-apiserver", [
-        str(binaries["kube-apiserver"]),
-        "--etcd-servers", etcd_url,
-        "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-        "--secure-port", str(ports["apiserver"]),
-        "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
-        "--client-ca-file", str(pki / "ca.crt"),
-        "--authorization-mode", "Node,RBAC",
-        "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-        "--service-account-key-file", str(pki / "sa.pub"),
-        "--service-account-signing-key-file", str(pki / "sa.key"),
-        "--service-cluster-ip-range", SERVICE_CIDR,
-        # Loopback addresses cannot be endpoints; nothing reconciles the kubernetes Service.
-        "--endpoint-reconciler-type", "none",
-        "--allow-privileged=true",
-        "--enable-admission-plugins", "NodeRestriction",
-        "--profiling=false", "--v", "1",
-    ], root)
+    state.pids["kube-apiserver"] = _spawn(
+        "kube-apiserver", _apiserver_argv(binaries["kube-apiserver"], root, ports), root)
     _save_state(state)
     _log(f"kube-apiserver starting on https://127.0.0.1:{ports['apiserver']}")
     _wait("kube-apiserver /readyz",

@@ -19,6 +19,7 @@ from typing import Any
 
 from warmpool import contract
 from warmpool_operator.api import EnvVar, ResourceRequirements, WarmModelSpec
+from warmpool_operator.scaling import desired_replicas as desired_replicas  # the rule lives in scaling.py
 
 Obj = dict[str, Any]
 
@@ -181,13 +182,6 @@ def build_pdb(target: Target) -> Obj:
 
 
 # --------------------------------------------------------------------------------- Deployment
-
-
-def desired_replicas(spec: WarmModelSpec, extra: int = 0) -> int:
-    """Pods to run: the asked-for replicas, at least minWarm, plus ``extra`` pods for ones that
-    are Ready but not verified warm; never above maxReplicas."""
-    pool = spec.pool
-    return max(0, min(pool.max_replicas, max(pool.replicas, pool.min_warm) + max(0, extra)))
 
 
 def _env(items: list[EnvVar] | None) -> list[Obj]:

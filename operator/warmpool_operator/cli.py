@@ -4,7 +4,8 @@
     warmpool operator --namespace team-a --namespace team-b
     warmpool operator --all-namespaces --scrape-interval 5 --metrics-port 9090
 
-One replica only: kopf has no leader election (deploy it with ``strategy: Recreate``).
+Several replicas may run with ``--leader-elect``: exactly one acts, the one holding the
+``coordination.k8s.io`` Lease (see leader.py); the others wait to take over.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import importlib
 import ipaddress
 import logging
+import os
 import sys
 
 from warmpool import contract
@@ -81,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--bind", default="0.0.0.0", help="address the metrics and liveness endpoints bind")
     parser.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    parser.add_argument(
+        "--leader-elect", action="store_true", help="act only while holding the leader Lease (run several replicas)"
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        default=None,
+        help="namespace of the leader Lease (default: $POD_NAMESPACE, else the first --namespace)",
+    )
+    parser.add_argument("--leader-election-name", default="warmpool-operator", help="name of the leader Lease")
     return parser
 
 
@@ -126,6 +137,25 @@ def main(argv: list[str] | None = None) -> int:
     # Handlers register on import; the timer's interval is read then, so CONFIG comes first.
     importlib.import_module("warmpool_operator.handlers")
     from warmpool_operator import metrics
+
+    if args.leader_elect:
+        import asyncio
+
+        from warmpool_operator import leader
+
+        lease_namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE") or (
+            args.namespace[0] if args.namespace else None)
+        if not lease_namespace:
+            print("warmpool operator: --leader-elect needs --leader-election-namespace (or $POD_NAMESPACE)",
+                  file=sys.stderr)
+            return 2
+        lease = leader.LeaderConfig(namespace=lease_namespace, name=args.leader_election_name,
+                                    identity=leader.default_identity())
+        standby = leader.serve_standby_health(args.bind, args.liveness_port) if args.liveness_port > 0 else None
+        asyncio.run(leader.acquire(lease))  # a standby waits here: no watch, no write, no scrape
+        if standby is not None:
+            leader.stop_standby_health(standby)
+        leader.keep_renewing(lease)
 
     metrics.serve(args.metrics_port, args.bind)
     liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port > 0 else None

@@ -59,6 +59,7 @@ CONFIGMAPS = Kind("/api/v1", "configmaps")
 SECRETS = Kind("/api/v1", "secrets")
 PODS = Kind("/api/v1", "pods")
 PDBS = Kind("/apis/policy/v1", "poddisruptionbudgets")
+LEASES = Kind("/apis/coordination.k8s.io/v1", "leases")
 
 
 def kind_of(obj: Mapping[str, Any]) -> Kind:
@@ -69,6 +70,7 @@ def kind_of(obj: Mapping[str, Any]) -> Kind:
         "Secret": SECRETS,
         "Pod": PODS,
         "PodDisruptionBudget": PDBS,
+        "Lease": LEASES,
     }[str(obj["kind"])]
 
 

@@ -93,5 +93,5 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # sets retries=/backoff=/timeout= explicitly).
     settings.execution.default_backoff = HANDLER_BACKOFF
     settings.execution.max_workers = 8
-    # One replica (kopf has no leader election): no peering objects needed.
+    # One replica acts (leader.py's Lease, taken before kopf starts): no kopf peering objects.
     settings.peering.standalone = True

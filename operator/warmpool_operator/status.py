@@ -16,8 +16,10 @@ from typing import Any
 from warmpool import contract
 from warmpool.contract import Tier
 from warmpool_operator.api import ColdStart, Condition, TierCounts, WarmModelSpec, WarmModelStatus, dump_status
-from warmpool_operator.builders import desired_replicas, selector_string
+from warmpool_operator.builders import selector_string
 from warmpool_operator.gating import Decision
+from warmpool_operator.scaling import extra_from_live as extra_from_live  # the rules live in scaling.py
+from warmpool_operator.scaling import extra_pods as extra_pods
 from warmpool_operator.scrape import Sample
 
 # Reasons (CamelCase, one word each).
@@ -84,25 +86,6 @@ class PodObservation:
     def warming(self) -> bool:
         """Ready, and the worker's own metrics say it is not warm yet (read, not guessed)."""
         return self.ready and not self.terminating and not self.metrics_unavailable and not self.warm
-
-
-def extra_from_live(spec: WarmModelSpec, live_replicas: int) -> int:
-    """The extra pods a live Deployment of ``live_replicas`` runs above what the spec asks for,
-    within maxReplicas: what an operator that just started keeps until a pass decides otherwise
-    (starting from 0 would scale the pool down and back up)."""
-    return max(0, min(live_replicas, spec.pool.max_replicas) - desired_replicas(spec))
-
-
-def extra_pods(pods: Iterable[PodObservation], min_warm: int) -> int:
-    """Pods to add above the asked-for replicas while fewer than ``min_warm`` are verified warm.
-
-    Only pods whose own metrics say "not warm yet" count: a pod whose metrics cannot be read
-    is no reason to grow the pool (every new pod would be just as unreadable, and the pool
-    would grow to maxReplicas and never be Ready).
-    """
-    live = [p for p in pods if not p.terminating]
-    warm = sum(p.warm for p in live)
-    return max(0, min(min_warm - warm, sum(p.warming for p in live)))
 
 
 @dataclass

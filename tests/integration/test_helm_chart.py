@@ -291,10 +291,14 @@ def test_rendered_objects_are_valid(name: str, schema_dir: Path, tmp_path: Path)
             assert key in labels, f"{obj['kind']}/{obj['metadata']['name']} lacks label {key}"
     (deployment,) = by_kind(objs, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one acting through the leader Lease (issue #14), and a PDB keeping one.
+    assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"
+    (pdb,) = by_kind(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == ["warmpool", "operator"]
+    assert "--leader-elect" in container["args"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     _assert_restricted(pod)
@@ -332,11 +336,25 @@ def test_examples_match_the_crd_schema(schema_dir: Path) -> None:
     assert_valid(schema_dir, manifest)
 
 
+def _leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in by_kind(objs, kind) if o["metadata"]["name"].endswith("-leader")]
+
+
+def _not_leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in by_kind(objs, kind) if not o["metadata"]["name"].endswith("-leader")]
+
+
 def test_rbac_by_scope(tmp_path: Path) -> None:
     namespaced = objects(render(tmp_path, VALUE_SETS["namespaced, bring your own"]))
-    roles = by_kind(namespaced, "Role")
+    # The leader Lease's Role lives in the release namespace, whatever the scope (issue #14).
+    (leader,) = _leader(namespaced, "Role")
+    assert leader["metadata"]["namespace"] == "warmpool-system"
+    assert leader["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                "verbs": ["get", "create", "update"]}]
+    assert [b["metadata"]["namespace"] for b in _leader(namespaced, "RoleBinding")] == ["warmpool-system"]
+    roles = _not_leader(namespaced, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b", "team-c"]
-    assert sorted(b["metadata"]["namespace"] for b in by_kind(namespaced, "RoleBinding")) == [
+    assert sorted(b["metadata"]["namespace"] for b in _not_leader(namespaced, "RoleBinding")) == [
         "team-a", "team-b", "team-c"]
     for binding in by_kind(namespaced, "RoleBinding") + by_kind(namespaced, "ClusterRoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "preexisting",
@@ -350,10 +368,12 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
     assert not by_kind(namespaced, "ServiceAccount")
 
     default = objects(render(tmp_path, {}, namespace="ops"))
-    assert [r["metadata"]["namespace"] for r in by_kind(default, "Role")] == ["ops"]
+    assert [r["metadata"]["namespace"] for r in _not_leader(default, "Role")] == ["ops"]
+    assert [r["metadata"]["namespace"] for r in _leader(default, "Role")] == ["ops"]
 
     wide = objects(render(tmp_path, VALUE_SETS["cluster-wide, everything on"]))
-    assert not by_kind(wide, "Role") and not by_kind(wide, "RoleBinding")
+    assert not _not_leader(wide, "Role") and not _not_leader(wide, "RoleBinding")
+    assert len(_leader(wide, "Role")) == 1 and len(_leader(wide, "RoleBinding")) == 1
     cluster_roles = {r["metadata"]["name"]: r for r in by_kind(wide, "ClusterRole")}
     assert set(cluster_roles) == {"wp-warmpool", "wp-warmpool-discovery"}
     # Cluster-wide kopf never lists namespaces: no rule for them.
@@ -578,4 +598,4 @@ def test_runbooks_use_real_names() -> None:
         for word in re.findall(r"reason `([A-Z][A-Za-z]+)`", text):
             assert word in reasons, f"{page}: reason {word} is not one the operator writes"
     # The events reason the operator posts on tier transitions.
-    assert 'reason="TierChanged"' in (REPO / "operator" / "warmpool_operator" / "handlers.py").read_text()
+    assert 'reason="TierChanged"' in (REPO / "operator" / "warmpool_operator" / "pipeline.py").read_text()

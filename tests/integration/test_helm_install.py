@@ -152,8 +152,15 @@ def test_install_run_rbac_warm_uninstall(
         # --- the operator pod runs, Ready, as its ServiceAccount, under "restricted"
         pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l",
                                           f"app.kubernetes.io/instance={release}", "-o", "json").stdout)["items"]
-        assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-        pod = pods[0]
+        # Two replicas (issue #14); the one acting holds the leader Lease "<pod name>-<pid>".
+        assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+
+        def holder() -> str | None:
+            got = cluster.kubectl("get", "lease", fullname, "-n", namespace, "-o", "json", check=False)
+            return json.loads(got.stdout)["spec"].get("holderIdentity") if got.returncode == 0 else None
+
+        held = wait_for("the leader Lease to be held", holder, timeout=60)
+        (pod,) = [p for p in pods if held.startswith(p["metadata"]["name"] + "-")]
         assert pod["spec"]["serviceAccountName"] == fullname
         assert pod["status"]["phase"] == "Running"
 

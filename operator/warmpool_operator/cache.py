@@ -1,0 +1,77 @@
+"""Watch-fed views of what the operator owns: children, ReplicaSets and worker pods.
+
+kopf indexes (registered in handlers.py, one per kind, each filtered by the
+``app.kubernetes.io/managed-by=warmpool-operator`` label; Secrets are never watched) keep the latest copy of every
+labelled object in memory, so a reconcile reads them here instead of GETting them.  An object
+of a child's name that lacks our labels (someone else's) is not in the cache: creating ours
+then fails with 409 and that one object is read from the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from warmpool import contract
+
+Obj = dict[str, Any]
+
+#: The label every object the operator makes carries; the watches are filtered on it.
+MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+
+
+def slim(body: Mapping[str, Any]) -> Obj:
+    """A copy without ``managedFields`` (the largest part of an object, never read here)."""
+    out = dict(body)
+    meta = dict(out.get("metadata") or {})
+    meta.pop("managedFields", None)
+    out["metadata"] = meta
+    return out
+
+
+def model_key(namespace: str | None, labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """(namespace, WarmModel name) of a pod or ReplicaSet by its model label; None without one."""
+    model = labels.get(contract.LABEL_MODEL)
+    if not namespace or not model:
+        return None
+    return str(namespace), str(model)
+
+
+def warmmodel_owner(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(namespace, name, uid) of the WarmModel owning a child, from its owner references."""
+    meta = body.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("kind") == contract.KIND:
+            return str(meta.get("namespace")), str(ref.get("name")), str(ref.get("uid"))
+    return None
+
+
+def _values(index: kopf.Index[Any, Any], key: Any) -> list[Obj]:
+    try:
+        store = index[key]
+    except KeyError:
+        return []
+    return [value for value in store if isinstance(value, dict)]
+
+
+@dataclass(frozen=True)
+class Cache:
+    """Read-only access to the indexes.  ``children`` maps a child kind ("Deployment", ...) to
+    its index, keyed (namespace, name); pods and ReplicaSets are keyed (namespace, model)."""
+
+    children: Mapping[str, kopf.Index[Any, Any]]
+    replicasets: kopf.Index[Any, Any]
+    pods: kopf.Index[Any, Any]
+
+    def child(self, kind: str, namespace: str, name: str) -> Obj | None:
+        found = _values(self.children[kind], (namespace, name))
+        return found[0] if found else None
+
+    def pods_of(self, namespace: str, model: str) -> list[Obj]:
+        return _values(self.pods, (namespace, model))
+
+    def replicasets_of(self, namespace: str, model: str) -> list[Obj]:
+        return _values(self.replicasets, (namespace, model))
