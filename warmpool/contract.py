@@ -226,6 +226,13 @@ METRIC_WAKES = "warmpool_wakes_total"
 METRIC_WAKE_DURATION = "warmpool_wake_duration_seconds"  # histogram
 METRIC_SLEEP_RELEASED_BYTES = "warmpool_sleep_released_bytes"
 METRIC_WAKES_ON_REQUEST = "warmpool_wakes_on_request_total"
+#: 1 when the engine can sleep, 0 when it has no sleep API (llama.cpp, TGI: never put it to
+#: sleep); absent while the sidecar has not found out yet.
+METRIC_SLEEP_CAPABLE = "warmpool_sleep_capable"
+#: The sidecar's flag naming the engine's sleep API (auto: probe vLLM's GET /is_sleeping).
+ENGINE_SLEEP_APIS = ("auto", "vllm", "sglang", "none")
+PATH_SGLANG_RELEASE_MEMORY = "/release_memory_occupation"
+PATH_SGLANG_RESUME_MEMORY = "/resume_memory_occupation"
 
 # The sidecar's own (`warmpool worker sidecar`).
 METRIC_ENGINE_MEMORY_RATIO = "warmpool_engine_memory_used_ratio"  # the engine's own figure

@@ -46,6 +46,7 @@ from warmpool.contract import (
     DEFAULT_TRUNCATE_AT_PERCENT,
     DEFAULT_WARMUP_TIMEOUT_SECONDS,
     DEFAULT_WORKER_PORT,
+    ENGINE_SLEEP_APIS,
     ENV_POD_IP,
 )
 
@@ -233,6 +234,8 @@ def _add_sidecar_parser(commands: Any) -> None:
                     help="first retry delay in seconds (doubles)")
     sc.add_argument("--warmup-timeout", type=float, default=float(DEFAULT_WARMUP_TIMEOUT_SECONDS),
                     help="seconds of warm-up before ready with what is warm (if any prompt passed)")
+    sc.add_argument("--engine-sleep-api", choices=ENGINE_SLEEP_APIS, default="auto",
+                    help="the engine's sleep API: vllm, sglang, none, or auto (probe vLLM's GET /is_sleeping)")
     sc.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
 
 
@@ -332,6 +335,7 @@ def sidecar_config(args: argparse.Namespace) -> SidecarConfig:
         listen=_listen(args),
         guard=_guard(args),
         warmup=_warmup(args),
+        engine_sleep_api=args.engine_sleep_api,
     )
 
 

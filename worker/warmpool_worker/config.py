@@ -45,6 +45,7 @@ from warmpool.contract import (
     DEFAULT_LENGTH_BUCKETS,
     DEFAULT_WARMUP_TIMEOUT_SECONDS,
     DEFAULT_WORKER_PORT,
+    ENGINE_SLEEP_APIS,
 )
 from warmpool.tiering import Thresholds
 
@@ -260,8 +261,12 @@ class SidecarConfig:
     listen: ListenConfig = field(default_factory=ListenConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    engine_sleep_api: str = "auto"  # auto | vllm | sglang | none (sidecar_sleep's docstring)
 
     def __post_init__(self) -> None:
+        if self.engine_sleep_api not in ENGINE_SLEEP_APIS:
+            raise ConfigError("--engine-sleep-api",
+                              f"must be one of {list(ENGINE_SLEEP_APIS)}, got {self.engine_sleep_api!r}")
         url = urlsplit(self.engine_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError("--engine-url", f"must be an http(s) URL with a host, got {self.engine_url!r}")

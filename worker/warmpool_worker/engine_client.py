@@ -189,6 +189,18 @@ class EngineClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise EngineUnavailable(f"GET {path}: {type(error).__name__}: {error}") from None
 
+    async def call(self, method: str, path: str, limit_s: float, json_body: object = None) -> tuple[int, bytes]:
+        """(status, the whole body, bounded) of one request; EngineUnavailable when it fails."""
+        try:
+            async with self._http().request(
+                method, self.base_url + path, json=json_body, timeout=aiohttp.ClientTimeout(total=limit_s)
+            ) as response:
+                return response.status, await read_bounded(response, MAX_BODY_BYTES)
+        except BodyTooLarge as error:
+            raise EngineUnavailable(f"{method} {path}: {error}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise EngineUnavailable(f"{method} {path}: {type(error).__name__}: {error}") from None
+
     async def health(self) -> bool:
         try:  # the status is the answer; the body is never read (the connection is not reused)
             status, _ = await self._get(self.health_path, self.probe_timeout, read_body=False)

@@ -65,6 +65,7 @@ from warmpool.contract import (
     METRIC_REQUESTS_CANCELLED,
     METRIC_REQUESTS_QUEUED,
     METRIC_REQUESTS_REJECTED,
+    METRIC_SLEEP_CAPABLE,
     METRIC_SLEEP_LEVEL,
     METRIC_SLEEP_RELEASED_BYTES,
     METRIC_SLEEPS,
@@ -219,12 +220,16 @@ class WorkerMetrics:
         self.sleep_released = Gauge(
             METRIC_SLEEP_RELEASED_BYTES, "Memory the last sleep released (measured)", registry=r
         )
+        self.sleep_capable = Gauge(
+            METRIC_SLEEP_CAPABLE, "1 when the engine has a sleep API, 0 when it has none", registry=r
+        )
         self.wakes_on_request = Counter(
             METRIC_WAKES_ON_REQUEST, "Completions that found the engine asleep and woke it", registry=r
         )
         self.ready.set(0)
         self.directive_active.set(0)
         self.sleep_level.set(0)
+        self.sleep_capable.set(1)  # the built-in engine sleeps; the sidecar sets what it found
         self._phases: set[str] = set()
         self.mark_phase("process_start", self.process_start)
 
@@ -323,10 +328,12 @@ class WorkerMetrics:
     def logits_non_finite(self) -> None:
         self.non_finite_logits.inc()
 
-    def slept(self, level: int, released_bytes: int) -> None:
+    def slept(self, level: int, released_bytes: int | None) -> None:
+        """`released_bytes` None: not measurable here (the sidecar's engine): the series stays absent."""
         self.sleeps.inc()
         self.sleep_level.set(level)
-        self.sleep_released.set(released_bytes)
+        if released_bytes is not None:
+            self.sleep_released.set(released_bytes)
 
     def woke(self, seconds: float, on_request: bool) -> None:
         self.wakes.inc()

@@ -50,6 +50,7 @@ from warmpool_worker.http_app import cancel_tasks, json_errors, start_site, stop
 from warmpool_worker.memory import MemoryProbe, MemoryReading, make_probe
 from warmpool_worker.metrics import CONTENT_TYPE, ENGINE_KV_SOURCE, SidecarMetrics
 from warmpool_worker.sidecar_prefetch import WeightPrefetch
+from warmpool_worker.sidecar_sleep import EngineSleep
 from warmpool_worker.warmup import (
     WarmupPlan,
     WarmupProgress,
@@ -194,6 +195,8 @@ class Sidecar:
         self.prompts = PromptSizer([], config.chars_per_token)  # the set comes in `prepare`
         self.prefetch = WeightPrefetch(config, self.guard, self.metrics, self.stop)
         self.control = ControlEndpoint(self.guard, config.listen.control_token_file)
+        self.sleep = EngineSleep(self.client, config.engine_sleep_api, self.control, self.metrics,
+                                 config.probe_timeout_s)
 
     # -- state published to probes and metrics ----------------------------------------------
     def _set_ready(self, ready: bool, stage: str) -> None:
@@ -221,6 +224,7 @@ class Sidecar:
             "prefetch": self.prefetch.describe(),
             "layers_total": self.prefetch.num_layers,
             "error": status.error,
+            "sleep": self.sleep.describe(),
         }
         body.update(self.guard.state.describe())
         return body
@@ -232,6 +236,7 @@ class Sidecar:
         app.router.add_get(PATH_READYZ, self.readyz)
         app.router.add_get(PATH_METRICS, self.metrics_handler)
         self.control.mount(app)
+        self.sleep.mount(app)
         return app
 
     async def livez(self, _request: web.Request) -> web.Response:
@@ -253,6 +258,14 @@ class Sidecar:
             self.prefetch.prepare(config.model_dir)
 
     # -- engine -----------------------------------------------------------------------------
+    async def resolve_sleep_api(self) -> None:
+        """``--engine-sleep-api auto``: probe the engine's sleep API once it answers."""
+        while self.sleep.api == "auto" and not self.stop.is_set():
+            if self.engine.up:
+                await self.sleep.resolve()
+            if await self._sleep(self.config.poll_interval_s):
+                return
+
     async def scrape_loop(self) -> None:
         """The engine's memory figure and process identity, every few seconds."""
         while not self.stop.is_set():
@@ -504,6 +517,7 @@ async def serve_sidecar(config: SidecarConfig) -> int:
             asyncio.create_task(sidecar.prefetch.run()),
             asyncio.create_task(sidecar.scrape_loop()),
             asyncio.create_task(sidecar.supervise()),
+            asyncio.create_task(sidecar.resolve_sleep_api()),
         ]
         await sidecar.stop.wait()
     finally:
