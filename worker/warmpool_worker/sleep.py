@@ -61,10 +61,9 @@ def parse_level(raw: object) -> int:
     """A sleep level from a body or a query (1 or 2), or a 400 naming the field."""
     if isinstance(raw, str) and raw.strip().isdigit():
         raw = int(raw)
-    if isinstance(raw, bool) or raw not in SLEEP_LEVELS:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw not in SLEEP_LEVELS:
         raise BadRequest(400, f"{CONTROL_FIELD_SLEEP_LEVEL} must be one of {list(SLEEP_LEVELS)}, got {raw!r}",
                          param=CONTROL_FIELD_SLEEP_LEVEL)
-    assert isinstance(raw, int)
     return raw
 
 
