@@ -71,6 +71,40 @@ def _correctness(tmp: Path) -> dict[str, Any]:
     }
 
 
+def _sleep_round_trip(engine: Any, prompt: list[int]) -> dict[str, Any]:
+    """Sleep at levels 1 and 2, wake, and check the greedy tokens are those before (#15).
+
+    Wake GB/s is the resident weights' bytes over the wake (level 1: pinned host -> device;
+    level 2: re-read from the files); vLLM publishes 0.1-0.4 s wakes for its sleep mode.
+    """
+    import torch
+
+    expected = [step.token_id for step in engine.generate(prompt, 8)]
+    weight_bytes = sum(t.numel() * t.element_size() for _, t in engine.weights.resident())
+    out: dict[str, Any] = {"weight_bytes": weight_bytes, "vllm_published_wake_s": [0.1, 0.4]}
+    for level in (1, 2):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        engine.sleep(level)
+        released = before - torch.cuda.memory_allocated()
+        started = time.perf_counter()
+        engine.wake()  # weights back, graphs re-captured, one-prompt check
+        torch.cuda.synchronize()
+        wake_s = time.perf_counter() - started
+        started = time.perf_counter()
+        again = [step.token_id for step in engine.generate(prompt, 8)]
+        torch.cuda.synchronize()
+        out[f"level{level}"] = {
+            "released_bytes": released,
+            "released_share_of_weights": round(released / weight_bytes, 3) if weight_bytes else None,
+            "wake_s": round(wake_s, 4),
+            "wake_gb_per_s": round(weight_bytes / wake_s / 1e9, 2),
+            "first_generation_after_wake_s": round(time.perf_counter() - started, 4),
+            "same_greedy_tokens": again == expected,
+        }
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="a HF-layout model dir (default: synthetic 1.1B)")
@@ -151,10 +185,13 @@ def main(argv: list[str]) -> int:
         result["ttft_s"] = {"cold_including_load": round(ttft_cold, 3), "warm_median": round(warm[2], 4)}
         result["decode_tokens_per_s"] = {"batch1": round(decode1, 1), "batch8": round(decode8, 1)}
         result["max_memory_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+        result["sleep"] = _sleep_round_trip(engine, prompt)
 
     c = result["correctness"]
+    sleep = result["sleep"]
     result["ok"] = bool(c["graph_equals_eager"] and c["graph_generate_equals_cpu"]
-                        and c["max_logit_diff_cuda_vs_cpu_fp32"] < 1e-3)
+                        and c["max_logit_diff_cuda_vs_cpu_fp32"] < 1e-3
+                        and sleep["level1"]["same_greedy_tokens"] and sleep["level2"]["same_greedy_tokens"])
     text = json.dumps(result, indent=2)
     print(text)
     out = args.out or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else None)
