@@ -18,22 +18,10 @@ import pytest
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator import status
 
-from tests.support.e2e import Operator, World, install_crd, warmmodel
+from tests.support.e2e import Operator, World, warmmodel
 from warmpool import contract
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: ClusterHandle) -> str:
-    return install_crd(cluster, field_manager="warmpool-tests")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from warmpool_dev.testing_models import make_tiny_llama
-
-    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=2)
 
 
 @pytest.fixture()

@@ -21,15 +21,10 @@ import pytest
 from warmpool_dev.model_fetch import default_model_dir
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import GiB, Operator, World, ballast, http, install_crd, metric, rss
+from tests.support.e2e import GiB, Operator, World, ballast, http, metric, rss
 from warmpool import contract
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: ClusterHandle) -> str:
-    return install_crd(cluster, field_manager="warmpool-tests")
 
 
 @pytest.fixture(scope="module")

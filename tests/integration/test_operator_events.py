@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import Operator, World, install_crd, warmmodel
+from tests.support.e2e import Operator, World, warmmodel
 from warmpool import contract
 
 pytestmark = pytest.mark.integration
@@ -25,18 +25,6 @@ pytestmark = pytest.mark.integration
 LONG_SCRAPE_INTERVAL = "600"
 #: Memory measured against a capacity far above what a tiny worker uses: its tier stays full.
 STEADY_MEMORY = [f"--memory-capacity-bytes={64 * 1024**3}"]
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: ClusterHandle) -> str:
-    return install_crd(cluster, field_manager="warmpool-tests")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from warmpool_dev.testing_models import make_tiny_llama
-
-    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=2)
 
 
 @pytest.fixture()

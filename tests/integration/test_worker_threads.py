@@ -21,13 +21,6 @@ pytestmark = pytest.mark.integration
 THREADS_LINE = re.compile(r"torch intra-op threads: (\d+) \(from (.*)\)")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from warmpool_dev.testing_models import make_tiny_llama
-
-    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=2)
-
-
 def _threads_logged(model: Path, log_path: Path, *extra: str, timeout: float = 90.0) -> tuple[int, str]:
     """Start `warmpool worker serve`, wait (bounded) for its threads line, stop it."""
     command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model), "--host", HOST,
