@@ -28,10 +28,9 @@ from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.engine_client import EngineClient, EngineUnavailable
 from warmpool_worker.http_app import BadRequest
 from warmpool_worker.metrics import WorkerMetrics
-from warmpool_worker.sleep import parse_level
+from warmpool_worker.sleep import requested_level
 
 from warmpool.contract import (
-    CONTROL_FIELD_SLEEP_LEVEL,
     PATH_CONTROL_SLEEP,
     PATH_CONTROL_WAKE,
     PATH_SGLANG_RELEASE_MEMORY,
@@ -165,13 +164,7 @@ class EngineSleep:
 
     async def control_sleep(self, request: web.Request) -> web.Response:
         self.control.check_token(request)
-        try:
-            body = await request.json() if request.can_read_body else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise BadRequest(400, f"malformed JSON body: {error}") from None
-        if not isinstance(body, dict):
-            raise BadRequest(400, "request body must be a JSON object")
-        await self.sleep(parse_level(body.get(CONTROL_FIELD_SLEEP_LEVEL, 1)))
+        await self.sleep(await requested_level(request))
         return web.json_response(self.describe())
 
     async def control_wake(self, request: web.Request) -> web.Response:

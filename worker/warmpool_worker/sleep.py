@@ -67,6 +67,18 @@ def parse_level(raw: object) -> int:
     return raw
 
 
+async def requested_level(request: web.Request) -> int:
+    """The level a ``/control/sleep`` body asks for (1 when the body is empty, as vLLM does),
+    or a 400 naming what is wrong; the worker and the sidecar both read it here."""
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BadRequest(400, f"malformed JSON body: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(400, "request body must be a JSON object")
+    return parse_level(body.get(CONTROL_FIELD_SLEEP_LEVEL, 1))
+
+
 class SleepController:
     """Puts the engine to sleep and wakes it, under the engine lock; the metrics follow."""
 
@@ -164,13 +176,7 @@ class SleepEndpoint:
 
     async def control_sleep(self, request: web.Request) -> web.Response:
         self.control.check_token(request)
-        try:
-            body = await request.json() if request.can_read_body else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise BadRequest(400, f"malformed JSON body: {error}") from None
-        if not isinstance(body, dict):
-            raise BadRequest(400, "request body must be a JSON object")
-        await self.controller.sleep(parse_level(body.get(CONTROL_FIELD_SLEEP_LEVEL, 1)))
+        await self.controller.sleep(await requested_level(request))
         return web.json_response(self.controller.describe())
 
     async def control_wake(self, request: web.Request) -> web.Response:
