@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from warmpool_bench.coldstart import parse_load_seconds, ratios
 from warmpool_bench.report import render_coldstart, render_scale
-from warmpool_bench.scale import histogram_quantile
+from warmpool_bench.scale import histogram_quantile, targets
 from warmpool_bench.stats import growth, median, percentile, ratio, summarise
 
 pytestmark = pytest.mark.unit
@@ -127,6 +127,29 @@ def test_render_scale_table_and_missing_note() -> None:
         "missing": "the operator is not installed",
     }
     text = render_scale(result)
-    assert "| 50 | 10.00 | 50/50 | 0.050 | 0.400 | - | - | - | - | 100 | - |" in text
+    assert "| 50 | - | 10.00 | - | 50/50 | 0.050 | 0.400 | - | - / - | - | - | - | 100 | - |" in text
     assert "**Not measured:** the operator is not installed" in text
     assert "| all_ready_s | 2.00 |" in text
+
+
+def test_scale_targets_judge_the_largest_n_against_the_issue() -> None:
+    point = {"count": 1000, "ratio_to_floor": 1.2, "reconcile_p95_s": 1.6, "reconcile_handler_p95_s": None,
+             "status_lag_p95_s": 0.4, "operator_rss_peak_bytes": 250e6, "idle_cpu_percent": 25.0,
+             "all_deleted_s": 30.0}
+    got = targets(point, {"all_ready_s": {"250->500": 1.9, "500->1000": 2.4}, "operator_cpu_s": {"250->500": 1.5}})
+    verdicts = {name: t["met"] for name, t in got.items()}
+    assert verdicts == {
+        "all reconciled vs floor (N=1000)": True,
+        "reconcile p95 (all passes)": False,
+        "reconcile p95 (first pass of each object)": None,  # not measured is never "met"
+        "status lag after a pod Ready event, p95": True,
+        "operator RSS, peak": True,
+        "operator idle CPU (% of one core)": False,
+        "delete all 1000": True,
+        "growth per doubling of N (worst of time, CPU, RSS, delete)": False,  # 2.4 > linear
+    }
+    assert got["operator RSS, peak"]["value"] == 250.0
+    text = render_scale({"started_at": "x", "machine": {"cpus": 2, "loadavg": [1.0]}, "points": [point],
+                         "targets": got})
+    assert "| status lag after a pod Ready event, p95 | 0.400 | <= 1 s | met |" in text
+    assert "| reconcile p95 (first pass of each object) | - | <= 1 s | not measured |" in text
