@@ -16,9 +16,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("warmpool_devcluster.cli", "local control plane: build | up | down | status | kubeconfig"),
     "worker": ("warmpool_worker.cli", "run a worker: serve (built-in engine) | sidecar (external engine)"),
     "operator": ("warmpool_operator.cli", "run the operator (kopf)"),
-    "model": ("warmpool_dev.model_fetch", "fetch the small real test model (SmolLM2-135M) as safetensors"),
+    "node-agent": ("warmpool_nodecache.agent_cli", "fill this node's model cache from object stores (#18)"),
+    "model": ("warmpool_dev.model_fetch", "fetch: the small real test model (SmolLM2-135M) as safetensors | "
+              "push: a model directory to an S3 store, with its manifest"),
     "bench": ("warmpool_bench.cli", "benchmarks: coldstart | scale"),
     "demo": ("warmpool_dev.demo", "the main job end to end on a local cluster"),
+}
+
+#: (subcommand, action) -> the module that owns that action, where it is not the subcommand's module.
+ACTIONS: dict[tuple[str, str], str] = {
+    ("model", "push"): "warmpool_nodecache.push",  # needs boto3 (the 'nodecache' extra), not the dev tools
 }
 
 #: Packages of the developer tools: in a source checkout's install, never in an image.
@@ -58,12 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     if entry is None:
         print(f"warmpool: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    action = ACTIONS.get((args[0], args[1])) if len(args) > 1 else None
+    name, rest = (action, args[2:]) if action else (entry[0], args[1:])
     try:
-        module = importlib.import_module(entry[0])
+        module = importlib.import_module(name)
     except ModuleNotFoundError as error:
-        print(f"warmpool {args[0]}: {_missing(entry[0], error)}", file=sys.stderr)
+        print(f"warmpool {args[0]}: {_missing(name, error)}", file=sys.stderr)
         return 2
-    result: int = module.main(args[1:])
+    result: int = module.main(rest)
     return result
 
 

@@ -1,4 +1,7 @@
-"""`warmpool bench coldstart | scale | predict`: run a benchmark, write JSON + Markdown under bench/results/."""
+"""`warmpool bench coldstart | scale | predict | wake | cache | tracing-imports`: run a benchmark.
+
+Each writes JSON + Markdown under bench/results/.
+"""
 
 from __future__ import annotations
 
@@ -62,9 +65,45 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     scale.add_argument("--name", default="scale", help="results file stem")
 
+    from warmpool_bench.wake_settings import VARIANTS as WAKE_VARIANTS
+
+    wake = commands.add_parser("wake", help="wake of a sleeping worker against a fresh process and a new pod")
+    wake.add_argument("--sizes", type=_csv, default=["small", "synthetic"],
+                      help="models: small (SmolLM2-135M), synthetic (~1 GB random Llama), tiny (tests)")
+    wake.add_argument("--rounds", type=_positive, default=5, help="rounds; each runs every variant once")
+    wake.add_argument("--variants", type=_csv, default=list(WAKE_VARIANTS), help=",".join(WAKE_VARIANTS))
+    wake.add_argument("--dtype", default="bfloat16", help="compute dtype (the copies variants: float32)")
+    wake.add_argument("--buckets", default="32,128,512", help="warm-up prompt lengths (every worker)")
+    wake.add_argument("--prompts-per-bucket", type=_positive, default=1)
+    wake.add_argument("--decode-tokens", type=_positive, default=4)
+    wake.add_argument("--request-tokens", type=_positive, default=128, help="prompt length of the timed requests")
+    wake.add_argument("--steady", type=_positive, default=3, help="requests after the first (steady-state TTFT)")
+    wake.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per start or wake")
+    wake.add_argument("--threads", type=int, default=1, help="torch threads for every worker (0: torch's default)")
+    wake.add_argument("--kubeconfig", type=Path, default=None, help="an existing cluster (default: start one)")
+    wake.add_argument("--work-dir", type=Path, default=None, help="bench artefacts (logs, private model copy)")
+    wake.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    wake.add_argument("--name", default="wake", help="results file stem")
+
+    cache = commands.add_parser("cache", help="node cache fill from a local SeaweedFS against a raw read")
+    cache.add_argument("--size", default="synthetic", help="model: synthetic (~1 GB random Llama), small, tiny")
+    cache.add_argument("--rounds", type=_positive, default=3, help="alternating raw-read / fill rounds")
+    cache.add_argument("--first-layer-rounds", type=int, default=2,
+                       help="alternating full-fill / partial-fill worker starts (time to first layer; 0 skips)")
+    cache.add_argument("--source-mib-s", type=float, default=0.0,
+                       help="first-layer rounds: both fills read the store through a link this fast (0: full speed)")
+    cache.add_argument("--work-dir", type=Path, default=None, help="store, caches and logs (default: a temp dir)")
+    cache.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    cache.add_argument("--name", default="cache", help="results file stem")
+
     from warmpool_bench.predict_cli import add_predict_parser
 
     add_predict_parser(commands, DEFAULT_RESULTS)
+
+    imports = commands.add_parser("tracing-imports", help="what tracing's OpenTelemetry imports cost a worker")
+    imports.add_argument("--rounds", type=_positive, default=7, help="fresh interpreters per variant")
+    imports.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    imports.add_argument("--name", default="tracing-imports", help="results file stem")
     return parser
 
 
@@ -78,15 +117,28 @@ def main(argv: list[str] | None = None) -> int:
         from warmpool_bench.predict_cli import run_predict_command
 
         return run_predict_command(args)
+    if args.command == "wake":
+        return _wake(args)
+    if args.command == "tracing-imports":
+        return _tracing_imports(args)
+    if args.command == "cache":
+        return _cache(args)
     return _scale(args)
 
 
 def _render(path: Path) -> int:
+    from warmpool_bench.cache import render_cache
+    from warmpool_bench.predict_live_report import render_live
     from warmpool_bench.predict_report import render_predict
     from warmpool_bench.report import render_coldstart, render_scale
+    from warmpool_bench.wake_report import render_wake
 
     result = json.loads(path.read_text())
-    renderers = {"coldstart": render_coldstart, "predict": render_predict}
+    from warmpool_bench.tracing_imports import render_tracing_imports
+
+    renderers = {"coldstart": render_coldstart, "predict": render_predict, "predict-live": render_live,
+                 "wake": render_wake,
+                 "cache": render_cache, "tracing-imports": render_tracing_imports}
     renderer = renderers.get(result.get("benchmark", ""), render_scale)
     path.with_suffix(".md").write_text(renderer(result))
     print(path.with_suffix(".md").read_text())
@@ -137,3 +189,55 @@ def _scale(args: argparse.Namespace) -> int:
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0 if not result.get("missing") else 1
+
+
+def _wake(args: argparse.Namespace) -> int:
+    from warmpool_worker.warmup import parse_buckets
+
+    from warmpool.paths import cache_root
+    from warmpool_bench.wake import run_wake
+    from warmpool_bench.wake_report import render_wake
+    from warmpool_bench.wake_settings import VARIANTS, WakeSettings
+
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        print(f"warmpool bench wake: unknown variant {unknown} (known: {', '.join(VARIANTS)})", file=sys.stderr)
+        return 2
+    settings = WakeSettings(rounds=args.rounds, dtype=args.dtype, buckets=parse_buckets(args.buckets),
+                            prompts_per_bucket=args.prompts_per_bucket, decode_tokens=args.decode_tokens,
+                            request_tokens=args.request_tokens, steady=args.steady, timeout_s=args.timeout,
+                            threads=args.threads or None, variants=tuple(args.variants), kubeconfig=args.kubeconfig)
+    if args.work_dir is not None:
+        settings.work_dir = args.work_dir
+    result = run_wake(args.sizes, settings, cache_root(),
+                      on_model=lambda so_far: write_results(so_far, args.out, args.name, render_wake(so_far)))
+    json_path, md_path = write_results(result, args.out, args.name, render_wake(result))
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    failed = [(m, v) for m, model in result["models"].items() for v, data in model["variants"].items()
+              if any("error" in r for r in data["runs"])]
+    if failed:
+        print(f"some runs failed: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _tracing_imports(args: argparse.Namespace) -> int:
+    from warmpool_bench.tracing_imports import render_tracing_imports, run_tracing_imports
+
+    result = run_tracing_imports(args.rounds)
+    json_path, md_path = write_results(result, args.out, args.name, render_tracing_imports(result))
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    return 1 if any("error" in r for runs in result["runs"].values() for r in runs) else 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from warmpool_bench.cache import render_cache, run_cache
+
+    result = run_cache(args.size, args.rounds, args.work_dir, first_layer_rounds=max(0, args.first_layer_rounds),
+                       source_mib_s=max(0.0, args.source_mib_s))
+    json_path, md_path = write_results(result, args.out, args.name, render_cache(result))
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    return 0

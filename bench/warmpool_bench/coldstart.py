@@ -115,6 +115,13 @@ def _log(message: str) -> None:
 
 def prepare_model(size: str, cache_root: Path, work_dir: Path) -> BenchModel:
     """Find or make the model of this size; the pickle copy of its weights is made on first use."""
+    model = find_model(size, cache_root, work_dir)
+    _make_pickle(model)
+    return model
+
+
+def find_model(size: str, cache_root: Path, work_dir: Path) -> BenchModel:
+    """Find or make the model of this size (no pickle: `bench wake` uses this too)."""
     from warmpool_dev.testing_models import make_tiny_llama
 
     if size == "small":
@@ -139,7 +146,6 @@ def prepare_model(size: str, cache_root: Path, work_dir: Path) -> BenchModel:
         raise SystemExit(f"unknown model size {size!r} (small | synthetic | tiny)")
     model = BenchModel(size, model_dir, work_dir / size)
     model.work.mkdir(parents=True, exist_ok=True)
-    _make_pickle(model)
     return model
 
 

@@ -12,12 +12,14 @@ Also measured here: the forecaster's CPU cost per WarmModel (on the trace, and p
 a full 7-day history), each candidate's quantile loss over the replay, and the learned
 warm-up buckets' coverage of the trace's prompt lengths against the defaults.
 
-The live half (the trace replayed against real pods on the local cluster) needs the
-operator's event-driven redesign (#14) and the workers' request metrics; it is not here.
+The live half (a segment of the trace replayed against real pods on the local cluster, with this
+simulator run beside it on the same segment) is :mod:`.predict_live` (``--live``).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -29,40 +31,79 @@ from warmpool_operator.predict.baselines import QuantileForecast
 from warmpool_operator.predict.buckets import learn_buckets
 from warmpool_operator.predict.decision import PredictiveSpec, horizons
 from warmpool_operator.predict.evaluation import quantile_loss
-from warmpool_operator.predict.forecaster import CANDIDATES, Forecaster, ForecasterConfig, Prediction
-from warmpool_operator.predict.history import History, StepObservation
+from warmpool_operator.predict.forecaster import (
+    CANDIDATES,
+    TARGET_PEAK,
+    TARGET_REQUESTS,
+    Forecaster,
+    ForecasterConfig,
+    Prediction,
+)
+from warmpool_operator.predict.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
 from warmpool_operator.predict.lengths import histogram
 
 from warmpool_bench.coldstart import machine_info
-from warmpool_bench.predict_policies import HpaSettings, NoPrewarm, Predictive, Reactive
+from warmpool_bench.predict_inputs import DERIVED_DECODE_TOKENS_PER_S, REQUESTS_PER_POD, MeasuredInputs
+from warmpool_bench.predict_policies import FixedPool, HpaSettings, Predictive, Reactive
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
 from warmpool_bench.predict_trace import Trace
 from warmpool_bench.stats import percentile, ratio
 
-#: Worker process start -> Ready (warm), the synthetic ~1 GB model with a cold page cache,
-#: median of 3: ``bench/results/coldstart.json`` models.synthetic warmpool_full cold ready_s.
-MEASURED_COLD_START_S = 5.12
-#: 128 prompt tokens ÷ steady TTFT 0.107 s of SmolLM2-135M, warmpool_full cold (coldstart.json).
-MEASURED_PREFILL_TOKENS_PER_S = 1196.0
-#: From the same run's warm-up (0.99 s for 32/128/512-token prefills + 3 x 4 decoded tokens):
-#: (0.99 s - 672 tokens ÷ 1196 tok/s) ÷ 12 tokens = 36 ms per token.  Derived, not measured directly.
-DERIVED_DECODE_TOKENS_PER_S = 28.0
-#: Longer cold starts replayed beside the measured one (GPU pods: the design's 10-60 s).
-SENSITIVITY_COLD_STARTS_S = (30.0, 60.0)
 DEFAULT_BUCKETS = (32, 128, 512)
-BASELINE_NAMES = ("none", "reactive")
+BASELINE_NAMES = ("none", "none@mean", "reactive")
+#: ``predictive:auto@count``: the same forecaster, forecasting each step's count instead of its peak.
+COUNT_SUFFIX = "count"
+#: A request after this long without any arrival opens a burst: it is the "first request" of the targets.
+LULL_S = 60.0
+
+
+@dataclass(frozen=True)
+class ScaleUp:
+    """How long added capacity takes to serve, in one scenario: the replayed time (a median) and the
+    lead time the predictive policy plans with (the p95, as the operator's decision uses)."""
+
+    label: str
+    start_s: float
+    lead_s: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start_s <= self.lead_s:
+            raise ValueError(f"need 0 <= start_s <= lead_s, got {self}")
+
+
+def settings_from_measured(measured: MeasuredInputs, extra_cold_starts_s: Sequence[float] = (),
+                           **overrides: Any) -> PredictBenchSettings:
+    """Scenarios: a new pod's cold start, then a sleeping pod's wake (both measured here), then any extra
+    cold starts asked for (sensitivity; lead = the same figure)."""
+    scale_ups = (
+        ScaleUp("new pod (measured)", measured.cold_start.median_s, measured.cold_start.p95_s,
+                measured.cold_start.source),
+        ScaleUp("wake (measured)", measured.wake.median_s, measured.wake.p95_s, measured.wake.source),
+        *(ScaleUp("sensitivity", s, s, "not measured: a longer cold start for comparison")
+          for s in extra_cold_starts_s),
+    )
+    fields: dict[str, Any] = {"prefill_tokens_per_s": measured.prefill_tokens_per_s,
+                              "decode_tokens_per_s": DERIVED_DECODE_TOKENS_PER_S, "scale_ups": scale_ups,
+                              "prefill_source": measured.prefill_source, **overrides}
+    return PredictBenchSettings(**fields)
 
 
 @dataclass(frozen=True)
 class PredictBenchSettings:
-    cold_start_s: float = MEASURED_COLD_START_S
-    extra_cold_starts_s: tuple[float, ...] = SENSITIVITY_COLD_STARTS_S
-    prefill_tokens_per_s: float = MEASURED_PREFILL_TOKENS_PER_S
-    decode_tokens_per_s: float = DERIVED_DECODE_TOKENS_PER_S
+    """What one replay runs with.  The timings have no defaults: :func:`settings_from_measured` fills
+    them from this machine's results files (:mod:`.predict_inputs`); a test states its own."""
+
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    scale_ups: tuple[ScaleUp, ...]  # one scenario each; the first is the primary (targets, chart)
+    cold_start_s: float = 0.0  # the scenario being replayed (set from scale_ups by run_predict)
+    lead_s: float = 0.0
+    prefill_source: str = "as set"
     min_warm: int = 1
     max_replicas: int = 64
     max_extra_replicas: int | None = None  # None: up to max_replicas (no cap above the reactive count)
-    idle_timeout_s: float = 60.0
+    fixed_replicas: int | None = None  # none's pool; None: sized for the trace's busiest minute (fixed_pool_size)
     hpa: HpaSettings = field(default_factory=HpaSettings)
     forecasters: tuple[str, ...] = ("auto", *CANDIDATES)
     retrain_every_steps: int = ForecasterConfig().retrain_every_steps
@@ -86,15 +127,19 @@ def run_predict(trace: Trace, settings: PredictBenchSettings) -> tuple[dict[str,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "machine": machine_info(),
         "trace": describe_trace(trace, settings.repeat),
-        "settings": _settings_json(settings),
+        "settings": {**_settings_json(settings), "fixed_replicas_used": fixed_pool_size(trace, settings),
+                     "fixed_replicas_mean": fixed_pool_size(trace, settings, "mean"), "lull_s": LULL_S},
         "scenarios": [],
     }
-    for cold in (settings.cold_start_s, *settings.extra_cold_starts_s):
-        label = "measured" if cold == settings.cold_start_s else "sensitivity"
-        result["scenarios"].append(run_scenario(trace, replace(settings, cold_start_s=cold), label))
+    for scale_up in settings.scale_ups:
+        scenario = replace(settings, cold_start_s=scale_up.start_s, lead_s=scale_up.lead_s)
+        result["scenarios"].append({**run_scenario(trace, scenario, scale_up.label), "lead_s": scale_up.lead_s,
+                                    "source": scale_up.source})
     primary = result["scenarios"][0]
+    first = settings.scale_ups[0]
     if settings.max_extra_replicas is None:  # the same replay with the library's default cap, for comparison
-        capped = replace(settings, max_extra_replicas=PredictiveSpec().max_extra_replicas, forecasters=("auto",))
+        capped = replace(settings, cold_start_s=first.start_s, lead_s=first.lead_s,
+                         max_extra_replicas=PredictiveSpec().max_extra_replicas, forecasters=("auto",))
         run = run_policy(trace, capped, "predictive:auto")
         primary["predictive_auto_capped"] = {"max_extra_replicas": capped.spec().max_extra_replicas,
                                              **run["figures"]}
@@ -104,8 +149,9 @@ def run_predict(trace: Trace, settings: PredictBenchSettings) -> tuple[dict[str,
         scenario["targets"] = targets(scenario)
     result["targets"] = primary["targets"]
     result["buckets"] = bucket_figures(trace, settings.max_context)
-    result["forecaster_cost"] = forecaster_cost(trace, primary, settings)
+    result["forecaster_cost"] = forecaster_cost(trace, primary, replace(settings, lead_s=first.lead_s))
     result["wall_s"] = time.time() - started
+    result["machine"]["loadavg_end"] = list(os.getloadavg())
     chart = {"cold_start_s": primary["cold_start_s"], "timelines": primary.pop("timelines"),
              "forecasts": primary["forecasts"], "times": [r.t for r in trace.requests],
              "capacity_rps": None}
@@ -138,19 +184,19 @@ def describe_trace(trace: Trace, repeat: int) -> dict[str, Any]:
 
 def _settings_json(settings: PredictBenchSettings) -> dict[str, Any]:
     return {
-        "cold_start_s": settings.cold_start_s,
-        "cold_start_source": "bench/results/coldstart.json: synthetic ~1 GB model, warmpool_full, cold page cache, "
-                             "median ready_s (worker process start -> warm Ready; no pod scheduling)",
-        "extra_cold_starts_s": list(settings.extra_cold_starts_s),
-        "wake_s": None,
-        "wake_note": "no wake time has been measured in this project yet (sleep mode is not built): "
-                     "every scale-up is a cold start",
+        "scale_ups": [asdict(s) for s in settings.scale_ups],
         "prefill_tokens_per_s": settings.prefill_tokens_per_s,
+        "prefill_source": settings.prefill_source,
         "decode_tokens_per_s": settings.decode_tokens_per_s,
+        "decode_source": "derived, not measured: the coldstart run's warm-up time less its prefills, per decoded "
+                         "token (predict_inputs.DERIVED_DECODE_TOKENS_PER_S)",
+        "requests_per_pod": REQUESTS_PER_POD,
+        "requests_per_pod_source": "the worker serialises generation behind one engine lock "
+                                   "(worker/warmpool_worker/completions.py): one request at a time per pod",
         "min_warm": settings.min_warm,
         "max_replicas": settings.max_replicas,
         "max_extra_replicas": settings.spec().max_extra_replicas,
-        "idle_timeout_s": settings.idle_timeout_s,
+        "fixed_replicas": settings.fixed_replicas,
         "hpa": asdict(settings.hpa),
         "step_s": 60,
         "feature_window_steps": 15,
@@ -169,17 +215,19 @@ def run_policy(trace: Trace, settings: PredictBenchSettings, policy: str) -> dic
                       cold_start_s=settings.cold_start_s)
     end = trace.duration_s
     predictive: Predictive | None = None
-    if policy == "none":
-        sim = Simulation(trace.requests, settings.service, pool, NoPrewarm(settings.idle_timeout_s),
-                         idle_timeout_s=settings.idle_timeout_s)
+    if policy in ("none", "none@mean"):
+        replicas = fixed_pool_size(trace, settings, "mean" if policy == "none@mean" else "peak")
+        sim = Simulation(trace.requests, settings.service, replace(pool, min_warm=replicas, max_replicas=replicas),
+                         FixedPool(replicas))
     elif policy == "reactive":
         sim = Simulation(trace.requests, settings.service, pool, Reactive(settings.hpa))
     else:
-        only = policy.split(":", 1)[1]
+        only, _, target = policy.split(":", 1)[1].partition("@")
         forecaster = Forecaster(ForecasterConfig(only=None if only == "auto" else only,
-                                                 retrain_every_steps=settings.retrain_every_steps))
+                                                 retrain_every_steps=settings.retrain_every_steps,
+                                                 target=TARGET_REQUESTS if target == COUNT_SUFFIX else TARGET_PEAK))
         predictive = Predictive(Reactive(settings.hpa), forecaster, settings.spec(), trace.requests,
-                                trace.epoch_start, lead_s=settings.cold_start_s, name=policy)
+                                trace.epoch_start, lead_s=settings.lead_s, name=policy)
         sim = Simulation(trace.requests, settings.service, pool, predictive)
     sim.run(end)
     out: dict[str, Any] = {"figures": figures(sim, end), "timeline": sim.pod_timeline}
@@ -199,10 +247,37 @@ def run_policy(trace: Trace, settings: PredictBenchSettings, policy: str) -> dic
     return out
 
 
+def fixed_pool_size(trace: Trace, settings: PredictBenchSettings, sizing: str = "peak") -> int:
+    """A fixed pool's replicas, sized the way a user without a forecast or an autoscaler sizes it from
+    the traffic they have seen, within ``[min_warm, max_replicas]``:
+
+    - ``peak`` (``none``): for the busiest minute: ⌈the most service seconds arriving in one clock minute
+      ÷ 60⌉ pods (the pods that minute keeps busy).  ``--fixed-replicas`` replaces it.
+    - ``mean`` (``none@mean``): for the average: ⌈total service seconds ÷ duration⌉.
+    """
+    if sizing == "peak" and settings.fixed_replicas is not None:
+        wanted = settings.fixed_replicas
+    elif trace.duration_s <= 0:
+        wanted = settings.min_warm
+    elif sizing == "peak":
+        per_minute: dict[int, float] = {}
+        for r in trace.requests:
+            minute = int(r.t // 60)
+            per_minute[minute] = per_minute.get(minute, 0.0) + settings.service.service_s(r)
+        wanted = math.ceil(max(per_minute.values()) / 60 - 1e-9)
+    elif sizing == "mean":
+        wanted = math.ceil(sum(settings.service.service_s(r) for r in trace.requests) / trace.duration_s - 1e-9)
+    else:
+        raise ValueError(f"fixed pool sizing must be 'peak' or 'mean', got {sizing!r}")
+    return max(settings.min_warm, min(settings.max_replicas, wanted))
+
+
 def figures(sim: Simulation, end_s: float) -> dict[str, Any]:
     served = sim.served
     ttfts = [s.ttft_s for s in served]
     first = [s.ttft_s for s in served if s.first_on_new_pod]
+    by_arrival = sorted((s.arrival, s.ttft_s) for s in served)
+    after_lull = [ttft for i, (t, ttft) in enumerate(by_arrival) if i == 0 or t - by_arrival[i - 1][0] >= LULL_S]
     missed = sum(not s.warm_hit for s in served)
     return {
         "requests": len(served),
@@ -212,9 +287,11 @@ def figures(sim: Simulation, end_s: float) -> dict[str, Any]:
         "ttft_p50_s": percentile(ttfts, 50),
         "ttft_p95_s": percentile(ttfts, 95),
         "ttft_p99_s": percentile(ttfts, 99),
-        "first_request_count": len(first),
-        "first_request_p50_s": percentile(first, 50),
-        "first_request_p95_s": percentile(first, 95),
+        "first_request_count": len(after_lull),
+        "first_request_p50_s": percentile(after_lull, 50),
+        "first_request_p95_s": percentile(after_lull, 95),
+        "new_pod_first_count": len(first),
+        "new_pod_first_p95_s": percentile(first, 95),
         "pod_hours": sim.pod_seconds(end_s) / 3600,
         "pods_started": sum(not p.initial for p in sim.pods),
         "max_pods": max((asked for _, _, asked in sim.pod_timeline), default=0),
@@ -223,6 +300,8 @@ def figures(sim: Simulation, end_s: float) -> dict[str, Any]:
 
 def run_scenario(trace: Trace, settings: PredictBenchSettings, label: str) -> dict[str, Any]:
     policies = [*BASELINE_NAMES, *(f"predictive:{name}" for name in settings.forecasters)]
+    if "auto" in settings.forecasters:  # the same, forecasting the step's count as before peaks were kept
+        policies.append(f"predictive:auto@{COUNT_SUFFIX}")
     runs = {policy: run_policy(trace, settings, policy) for policy in policies}
     scenario: dict[str, Any] = {
         "cold_start_s": settings.cold_start_s,
@@ -241,8 +320,9 @@ def run_scenario(trace: Trace, settings: PredictBenchSettings, label: str) -> di
 
 
 def forecast_quality(predictions: Sequence[Prediction], history: History) -> dict[str, Any]:
-    """Each candidate's mean quantile loss and p50 absolute error over the replay, on common steps."""
-    actual = {history.start + i: c for i, c in enumerate(history.requests) if c >= 0}
+    """Each candidate's mean quantile loss and p50 absolute error over the replay, on common steps, against
+    what they forecast (each step's peak: :meth:`~warmpool_operator.predict.history.History.peak_rates`)."""
+    actual = {history.start + i: c for i, c in enumerate(history.peak_rates()) if c is not None}
     made: dict[str, dict[tuple[int, int], QuantileForecast]] = {}
     for prediction in predictions:
         for name, forecasts in prediction.candidates.items():
@@ -250,8 +330,9 @@ def forecast_quality(predictions: Sequence[Prediction], history: History) -> dic
                 target = prediction.last_step + f.horizon
                 if target in actual:
                     made.setdefault(name, {})[(prediction.last_step, f.horizon)] = f
-    out: dict[str, Any] = {"per_candidate": {}, "note": "counts per 60 s step; losses over the steps every "
-                           "listed candidate forecast (LightGBM only joins once it is trained)"}
+    out: dict[str, Any] = {"per_candidate": {}, "note": "peaks (the busiest 10 s scaled to the step) per 60 s "
+                           "step; losses over the steps every listed candidate forecast (LightGBM only joins once "
+                           "it is trained)"}
     if not made:
         return out
     common = set.intersection(*(set(m) for m in made.values()))
@@ -348,15 +429,19 @@ def forecaster_cost(trace: Trace, scenario: dict[str, Any], settings: PredictBen
 
 def full_history_cost(trace: Trace, settings: PredictBenchSettings, predictions: int = 30) -> dict[str, Any]:
     """Train once and predict ``predictions`` times on 7 days of history: the trace's per-minute
-    counts tiled (a cost figure only: the rows and features are what cost, not the values)."""
+    counts and peaks tiled (a cost figure only: the rows and features are what cost, not the values)."""
     step = 60
-    counts = np.bincount((np.array([r.t for r in trace.requests]) // step).astype(int))
+    times = np.array([r.t for r in trace.requests])
+    counts = np.bincount((times // step).astype(int))
+    sub = np.bincount((times // PEAK_SUBSTEP_S).astype(int), minlength=len(counts) * step // PEAK_SUBSTEP_S)
+    peaks = [peak_of(sub[k * step // PEAK_SUBSTEP_S:(k + 1) * step // PEAK_SUBSTEP_S].tolist(), step, PEAK_SUBSTEP_S)
+             for k in range(len(counts))]
     history = History()
     first = int(trace.epoch_start // step)
-    tiled = np.resize(counts, history.limits.points)
-    for offset, count in enumerate(tiled.tolist()):
-        history.record(first + offset, StepObservation(requests=int(count)))
-    wanted = horizons(settings.cold_start_s, step)
+    index = np.resize(np.arange(len(counts)), history.limits.points)
+    for offset, k in enumerate(index.tolist()):
+        history.record(first + offset, StepObservation(requests=int(counts[k]), peak_requests=peaks[k]))
+    wanted = horizons(settings.lead_s, step)
     forecaster = Forecaster(ForecasterConfig(retrain_every_steps=settings.retrain_every_steps))
     forecaster.maybe_train(history, wanted)
     train_s = forecaster.cpu_train_s
@@ -372,6 +457,7 @@ def full_history_cost(trace: Trace, settings: PredictBenchSettings, predictions:
         "retrain_every_steps": settings.retrain_every_steps,
         "cpu_s_per_hour": per_hour,
         "train_reason": forecaster.train_reason,
-        "note": "one thread; the trace's per-minute counts tiled to 7 days (10,080 steps) for the row count",
+        "note": "one thread; the trace's per-minute counts and peaks tiled to 7 days (10,080 steps) for the row "
+                "count; the model forecasts peaks with the count features beside them",
     }
 

@@ -1,18 +1,20 @@
 """The scaling policies ``warmpool bench predict`` compares, as :class:`~.predict_sim.Controller`\\ s.
 
-- :class:`NoPrewarm` (``none``): capacity only when a request asks for it.  An arrival that
-  queues while fewer pods are starting than requests are waiting starts one more pod (the
-  request pays the cold start); a pod idle for ``idle_timeout_s`` stops, down to minWarm
-  (scale-to-zero style, e.g. Knative with a concurrency of 1).
+- :class:`FixedPool` (``none``): what a user without warmpool's prediction and without an
+  autoscaler has: a Deployment of ``replicas`` pods, all warm from the start, never scaled.
+  The replay sizes it for the trace's average load (``bench/README.md`` says how); nothing
+  is forecast and nothing is started or stopped.
 - :class:`Reactive` (``reactive``): the Kubernetes HPA's algorithm on a requests-per-second
   metric: every ``sync_s`` it reads the arrival rate over ``window_s`` as it stood
   ``metrics_lag_s`` ago (the scrape and the metrics pipeline), wants ⌈rate ÷ capacity⌉
   pods, skips changes within ``tolerance``, scales down only to the highest
   recommendation of the last ``scale_down_stabilisation_s``, and scales up at most by
-  ``max(100 %, 4 pods)`` per sync (the HPA's default behaviour).
+  ``max(100 %, 4 pods)`` per sync (the HPA's default behaviour); below its minReplicas (the
+  predictive floor) it goes to minReplicas at once, as the HPA controller does.
 - :class:`Predictive` (``predictive:<forecaster>``): the same HPA, with the operator's
   predictive floor under it (:mod:`warmpool_operator.predict`): every step it records the
-  step just closed, forecasts the steps one lead time ahead and sets the HPA's floor to
+  step just closed (its count, and its peak: the busiest 10 s, scaled to the step), forecasts
+  the steps one lead time ahead (their peak, unless the forecaster is set to the count) and sets the HPA's floor to
   :func:`~warmpool_operator.predict.decision.decide`'s count.  It never lowers what the
   HPA decides.
 
@@ -23,13 +25,14 @@ pods measured (:meth:`~.predict_sim.Simulation.measured_capacity_rps`).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
 from warmpool_operator.predict.decision import DecisionInputs, PredictiveSpec, decide, horizons
 from warmpool_operator.predict.forecaster import Forecaster, Prediction
-from warmpool_operator.predict.history import History, StepObservation
+from warmpool_operator.predict.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
 from warmpool_operator.predict.lengths import histogram
 
 from warmpool_bench.predict_sim import Simulation
@@ -37,8 +40,11 @@ from warmpool_bench.predict_trace import TraceRequest
 
 
 @dataclass
-class NoPrewarm:
-    idle_timeout_s: float
+class FixedPool:
+    """A fixed ``replicas``: the pool it runs in must be ``PoolConfig(replicas, replicas, ...)``,
+    so the simulation starts that many warm pods; this controller never asks for a change."""
+
+    replicas: int
     name: str = "none"
     tick_s: float | None = None
 
@@ -46,8 +52,6 @@ class NoPrewarm:
         return None
 
     def on_arrival(self, sim: Simulation) -> int | None:
-        if len(sim.queue) > sim.starting:
-            return sim.desired + 1
         return None
 
 
@@ -95,6 +99,9 @@ class Reactive:
         self._recent.append((sim.now, recommendation))
         while self._recent and self._recent[0][0] < sim.now - s.scale_down_stabilisation_s:
             self._recent.popleft()
+        floor = min(high, self.floor)
+        if current < floor:  # the HPA goes straight to minReplicas, outside its scale-up rate limits
+            return floor
         if recommendation >= current:
             limit = max(math.ceil(current * s.scale_up_factor), current + s.scale_up_pods)
             return min(recommendation, limit)
@@ -107,7 +114,7 @@ class StepForecast:
 
     made_at: float  # simulated seconds
     step_start: float  # simulated start of the first target step
-    p50: float  # requests per second (the step's count ÷ step_s)
+    p50: float  # requests per second (the forecast target, the step's peak or its count, ÷ step_s)
     p90: float
     model: str | None
     floor: int
@@ -161,7 +168,10 @@ class Predictive:
         first = bisect.bisect_left(self._times, start)
         last = bisect.bisect_left(self._times, start + self.step_s)
         seen = self.requests[first:last]
-        return StepObservation(requests=len(seen), prompt_tokens=sum(r.prompt for r in seen),
+        edges = [bisect.bisect_left(self._times, start + k * PEAK_SUBSTEP_S, first, last)
+                 for k in range(self.step_s // PEAK_SUBSTEP_S)] + [last]
+        peak = peak_of([b - a for a, b in itertools.pairwise(edges)], self.step_s, PEAK_SUBSTEP_S)
+        return StepObservation(requests=len(seen), peak_requests=peak, prompt_tokens=sum(r.prompt for r in seen),
                                generated_tokens=sum(r.generated for r in seen),
                                prompt_lengths=tuple(histogram(r.prompt for r in seen)),
                                generated_lengths=tuple(histogram(r.generated for r in seen)))

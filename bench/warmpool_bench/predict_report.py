@@ -8,7 +8,7 @@ from typing import Any
 
 from warmpool_bench.report import fmt, fmt_pct
 
-CHART_POLICIES = ("none", "reactive", "predictive:auto", "predictive:lightgbm")
+CHART_POLICIES = ("none", "reactive", "predictive:auto", "predictive:auto@count")
 
 LIMITS_OF_ONE_HOUR = (
     "One hour at 60 s steps is 57 forecast steps.  The reference design's 15-minute feature window "
@@ -16,9 +16,11 @@ LIMITS_OF_ONE_HOUR = (
     "of the hour, and then has a few steps to prove itself online.",
     "No time-of-day or day-of-week feature can be learned (they need 2 and 14 days of history), and "
     "seasonal naive (a day ago) never has a value: it runs as its fallback (last value) throughout.",
-    "The trace's load moves in sub-minute bursts (up to 67 req/s for seconds, idle minutes between "
-    "them); a 60 s forecaster cannot see inside a step, so the first burst after an idle spell is a "
-    "surprise to every policy.",
+    "The trace's load moves in sub-minute bursts (33 req/s over its busiest 10 s against 10.5 over its "
+    "busiest minute, idle minutes between them).  Each step therefore records its peak (the busiest 10 s, "
+    "scaled to the step) and the forecaster forecasts that; `predictive:auto@count` forecasts the step's "
+    "count instead, as before peaks were kept.  The first burst after an idle spell is still a surprise to "
+    "every policy.",
     "What it can show: each policy's behaviour on real arrival shapes and prompt lengths, the cost of "
     "the forecaster, and the prompt-length mix the warm-up buckets should follow.",
 )
@@ -26,9 +28,10 @@ LIMITS_OF_ONE_HOUR = (
 READING = (
     "Reading the figures: *no warm capacity* = the request found every warm pod busy (or none warm) and "
     "had to queue; *warm-hit* = the rest (served at once by a warm pod).  *TTFT* = queue wait + prefill.  "
-    "*First request* = the first request each pod started during the replay served (what a new pod's "
-    "warmth is for; `n` = how many).  *Pod-hours* count every pod from the moment it was asked for "
-    "(cold start included) to its stop.",
+    "*First request* = the first request after a lull (no arrival in the 60 s before it; `n` = how many): "
+    "what pre-warming is for, and defined the same for every policy (a fixed pool starts no pods).  *New "
+    "pod's first* = the first request each pod started during the replay served.  *Pod-hours* count every "
+    "pod from the moment it was asked for (cold start included) to its stop.",
 )
 
 
@@ -38,7 +41,10 @@ def render_predict(result: Mapping[str, Any]) -> str:
         "# warmpool bench predict",
         "",
         f"Started {result['started_at']}; {machine.get('cpus')} CPUs ({machine.get('cpu', '?')}); "
-        f"wall {fmt(result.get('wall_s'), ' s', 0)}.  Offline replay (simulated time; no pods ran).",
+        f"wall {fmt(result.get('wall_s'), ' s', 0)}; load average (1/5/15 min) {_load(machine.get('loadavg'))} at "
+        f"the start, {_load(machine.get('loadavg_end'))} at the end (a shared machine; the replay is simulated "
+        "time, so only the CPU-cost figures move with it; the forecaster runs one thread).  Offline replay (no "
+        "pods ran).",
         "",
         f"Trace: `{trace['source']}`, {trace['requests']} requests over {fmt(trace['duration_s'], ' s', 0)} "
         f"from {trace['start_utc']}; mean {fmt(trace['mean_rps'])} req/s, busiest minute "
@@ -52,24 +58,21 @@ def render_predict(result: Mapping[str, Any]) -> str:
     out += ["", "## What a one-hour trace can and cannot show", ""] + [f"- {line}" for line in LIMITS_OF_ONE_HOUR]
     out += ["", "## Model and settings", "", *_settings_lines(settings)]
     primary = result["scenarios"][0]
-    out += ["", f"## Results, cold start {fmt(primary['cold_start_s'])} s (measured here)", ""]
-    out += policy_table(primary["policies"])
-    out += ["", *READING]
-    capped = primary.get("predictive_auto_capped")
-    if capped:
-        out += ["", f"Same replay, predictive:auto with the library's default `maxExtraReplicas: "
-                f"{capped['max_extra_replicas']}`: {capped['no_warm_capacity']} requests without warm capacity "
-                f"({fmt_pct(capped['no_warm_capacity_share'])}), TTFT p95 {fmt(capped['ttft_p95_s'])} s, "
-                f"{fmt(capped['pod_hours'])} pod-hours."]
-    out += ["", "## Targets (predictive:auto, the forecaster the operator would use)", ""]
-    out += target_table(result["targets"])
-    for scenario in result["scenarios"][1:]:
-        out += ["", f"## Sensitivity: cold start {fmt(scenario['cold_start_s'], digits=0)} s "
-                "(GPU-sized pods; not measured here)", ""]
+    for index, scenario in enumerate(result["scenarios"]):
+        out += ["", f"## Results: {scenario['label']}: added capacity serves {fmt(scenario['cold_start_s'])} s "
+                f"after it is asked for (lead time {fmt(scenario['lead_s'])} s)", "",
+                f"Source: {scenario['source']}.", ""]
         out += policy_table(scenario["policies"])
-        out += ["", "Targets at this cold start: " + "; ".join(
-            f"{k.replace('_', ' ')} {_target_value(k, v['value'])} ({'met' if v['met'] else 'missed'})"
-            for k, v in scenario["targets"]["figures"].items())]
+        if index == 0:
+            out += ["", *READING]
+            capped = primary.get("predictive_auto_capped")
+            if capped:
+                out += ["", f"Same replay, predictive:auto with the library's default `maxExtraReplicas: "
+                        f"{capped['max_extra_replicas']}`: {capped['no_warm_capacity']} requests without warm "
+                        f"capacity ({fmt_pct(capped['no_warm_capacity_share'])}), TTFT p95 "
+                        f"{fmt(capped['ttft_p95_s'])} s, {fmt(capped['pod_hours'])} pod-hours."]
+        out += ["", f"Targets ({scenario['targets']['policy']}, the forecaster the operator would use):", ""]
+        out += target_table(scenario["targets"])
     out += ["", "## Forecast quality over the replay (predictive:auto's candidates)", ""]
     out += quality_table(result["forecast_quality"])
     out += ["", "## Learned warm-up buckets", "", *bucket_lines(result["buckets"])]
@@ -83,20 +86,25 @@ def render_predict(result: Mapping[str, Any]) -> str:
 def _settings_lines(s: Mapping[str, Any]) -> list[str]:
     hpa = s["hpa"]
     return [
-        f"- Service model: one request at a time per pod, prefill {fmt(s['prefill_tokens_per_s'], digits=0)} "
-        f"tokens/s (measured: SmolLM2-135M on this CPU), decode {fmt(s['decode_tokens_per_s'], digits=0)} "
-        "tokens/s (derived from the same run's warm-up); TTFT = queue wait + prefill (see `predict_sim.py`).",
-        f"- Cold start {fmt(s['cold_start_s'])} s: {s['cold_start_source']}.  Wake: {s['wake_note']}.",
-        f"- Pool: minWarm {s['min_warm']}, maxReplicas {s['max_replicas']}; every policy starts with minWarm "
-        "warm pods.  Capacity the policies use is measured from the simulated pods' throughput.",
-        f"- none: a pod is started when a request queues and fewer pods are starting than requests wait; a pod "
-        f"idle {fmt(s['idle_timeout_s'], digits=0)} s stops.",
+        f"- Service model: {s['requests_per_pod']} request at a time per pod ({s['requests_per_pod_source']}); "
+        f"prefill {fmt(s['prefill_tokens_per_s'], digits=0)} tokens/s ({s['prefill_source']}); decode "
+        f"{fmt(s['decode_tokens_per_s'], digits=0)} tokens/s ({s['decode_source']}); TTFT = queue wait + "
+        "prefill (see `predict_sim.py`).",
+        *(f"- Scenario *{u['label']}*: added capacity serves after {fmt(u['start_s'])} s (median), the "
+          f"predictive policy plans {fmt(u['lead_s'])} s ahead (p95): {u['source']}." for u in s["scale_ups"]),
+        f"- Pool: minWarm {s['min_warm']}, maxReplicas {s['max_replicas']}; every scaled policy starts with "
+        "minWarm warm pods.  Capacity the policies use is measured from the simulated pods' throughput.",
+        f"- none (no pre-warm, the baseline of the targets): a fixed pool of {s['fixed_replicas_used']} warm pods "
+        "(no autoscaler, no forecast), sized for the trace's busiest minute: ⌈the most service seconds arriving "
+        "in one minute ÷ 60⌉" + (" (set by --fixed-replicas)" if s.get("fixed_replicas") is not None else "")
+        + f".  none@mean: the same, sized for the average load (⌈total service seconds ÷ duration⌉ = "
+        f"{s['fixed_replicas_mean']} pods).",
         f"- reactive (HPA): sync {fmt(hpa['sync_s'], digits=0)} s, rate over {fmt(hpa['window_s'], digits=0)} s "
         f"read {fmt(hpa['metrics_lag_s'], digits=0)} s late, tolerance {hpa['tolerance']}, scale-down "
         f"stabilisation {fmt(hpa['scale_down_stabilisation_s'], digits=0)} s, scale-up ≤ max(x"
         f"{hpa['scale_up_factor']:g}, +{hpa['scale_up_pods']}) per sync.",
-        f"- predictive: the same HPA with the operator's floor under it: ⌈p90 ÷ capacity⌉ for the "
-        f"{s['step_s']} s steps one cold start ahead, maxExtraReplicas {s['max_extra_replicas']}; LightGBM "
+        f"- predictive: the same HPA with the operator's floor under it: ⌈forecast peak p90 ÷ capacity⌉ for the "
+        f"{s['step_s']} s steps one lead time ahead, maxExtraReplicas {s['max_extra_replicas']}; LightGBM "
         f"retrained every {s['retrain_every_steps']} steps.  `predictive:<name>` uses one forecaster "
         "(its fallback, last value, until it can forecast); `auto` uses the best recent performer.",
     ]
@@ -104,16 +112,21 @@ def _settings_lines(s: Mapping[str, Any]) -> list[str]:
 
 def policy_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     lines = ["| policy | no warm capacity | warm-hit | TTFT p50 s | TTFT p95 s | first request p95 s (n) "
-             "| pod-hours | pods started | forecaster used (steps) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| new pod's first p95 s (n) | pod-hours | pods started | forecaster used (steps) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, p in policies.items():
         used = ", ".join(f"{k} {v}" for k, v in sorted(p.get("models_used", {}).items(), key=lambda kv: -kv[1]))
         lines.append(
             f"| {name} | {p['no_warm_capacity']} ({fmt_pct(p['no_warm_capacity_share'])}) "
             f"| {fmt_pct(p['warm_hit_rate'])} | {fmt(p['ttft_p50_s'])} | {fmt(p['ttft_p95_s'])} "
-            f"| {fmt(p['first_request_p95_s'])} ({p['first_request_count']}) | {fmt(p['pod_hours'])} "
+            f"| {fmt(p['first_request_p95_s'])} ({p['first_request_count']}) "
+            f"| {fmt(p['new_pod_first_p95_s'])} ({p['new_pod_first_count']}) | {fmt(p['pod_hours'])} "
             f"| {p['pods_started']} | {used or '-'} |")
     return lines
+
+
+def _load(values: Sequence[float] | None) -> str:
+    return "/".join(f"{v:.1f}" for v in values) if values else "-"
 
 
 def _target_value(key: str, value: float | None) -> str:
@@ -121,7 +134,11 @@ def _target_value(key: str, value: float | None) -> str:
         return "-"
     if key == "warm_hit_points_vs_none":
         return f"{value:+.1f} points"
-    return f"{100 * value:+.0f} %"
+    if key == "pod_hours_increase_vs_reactive":
+        return f"{100 * value:+.0f} %"
+    more = "more" if key == "no_warm_capacity_reduction_vs_reactive" else "higher"
+    less = "fewer" if key == "no_warm_capacity_reduction_vs_reactive" else "lower"
+    return f"{100 * value:.0f} % {less}" if value >= 0 else f"{-100 * value:.0f} % {more}"
 
 
 def target_table(t: Mapping[str, Any]) -> list[str]:
@@ -214,7 +231,7 @@ def draw_chart(chart: Mapping[str, Any], path: Path, policies: Sequence[str] = C
         handles = ax.get_legend_handles_labels()[0] + pods.get_legend_handles_labels()[0]
         labels = ax.get_legend_handles_labels()[1] + pods.get_legend_handles_labels()[1]
         ax.legend(handles, labels, loc="upper right", fontsize=7, ncol=5)
-    axes[-1, 0].set_xlabel(f"minutes into the trace (cold start {chart['cold_start_s']:g} s)")
+    axes[-1, 0].set_xlabel(f"minutes into the trace (added capacity serves after {chart['cold_start_s']:.3g} s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

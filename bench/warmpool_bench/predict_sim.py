@@ -74,7 +74,6 @@ class Pod:
     stopped_at: float | None = None
     draining: bool = False
     busy: bool = False
-    idle_since: float | None = None
     first_ttft_s: float | None = None
     served: int = 0
 
@@ -111,8 +110,7 @@ class _Event(IntEnum):  # same-time order: pods freed before arrivals see them, 
     WARM = 0
     DONE = 1
     ARRIVAL = 2
-    IDLE_CHECK = 3
-    TICK = 4
+    TICK = 3
 
 
 @dataclass
@@ -121,7 +119,6 @@ class Simulation:
     service: ServiceModel
     pool: PoolConfig
     controller: Controller
-    idle_timeout_s: float | None = None  # stop a warm pod idle this long (down to min_warm)
     now: float = 0.0
     pods: list[Pod] = field(default_factory=list)
     served: list[Served] = field(default_factory=list)
@@ -164,7 +161,7 @@ class Simulation:
     def run(self, end_s: float) -> None:
         """Replay every request; pods are counted up to ``end_s``."""
         for _ in range(self.pool.min_warm):
-            self._add(Pod(len(self.pods), 0.0, 0.0, initial=True, idle_since=0.0))
+            self._add(Pod(len(self.pods), 0.0, 0.0, initial=True))
         self._record_pods()
         for index, request in enumerate(self.requests):
             self._push(request.t, _Event.ARRIVAL, index)
@@ -194,7 +191,6 @@ class Simulation:
         elif kind == _Event.WARM:
             pod = self.pods[payload]
             if pod.alive:
-                pod.idle_since = self.now
                 self._record_pods()
                 self._serve_next(pod)
         elif kind == _Event.DONE:
@@ -204,10 +200,7 @@ class Simulation:
             if pod.draining:
                 pod.stopped_at = self.now
                 return
-            pod.idle_since = self.now
             self._serve_next(pod)
-        elif kind == _Event.IDLE_CHECK:
-            self._stop_if_idle(self.pods[payload])
         else:
             self._apply(self.controller.on_tick(self))
             if self.controller.tick_s is not None:
@@ -224,13 +217,11 @@ class Simulation:
         if self.queue:
             _, request = self.queue.popleft()
             self._start(pod, request, request.t, warm_hit=False)
-        elif self.idle_timeout_s is not None:
-            self._push(self.now + self.idle_timeout_s, _Event.IDLE_CHECK, pod.index)
 
     def _start(self, pod: Pod, request: TraceRequest, arrival: float, warm_hit: bool) -> None:
         ttft = self.now - arrival + self.service.prefill_s(request)
         first = pod.served == 0 and not pod.initial
-        pod.busy, pod.idle_since, pod.served = True, None, pod.served + 1
+        pod.busy, pod.served = True, pod.served + 1
         self._busy += 1
         if first:
             pod.first_ttft_s = ttft
@@ -238,13 +229,6 @@ class Simulation:
         busy = self.service.service_s(request)
         self._completions.append((self.now + busy, busy))
         self._push(self.now + busy, _Event.DONE, pod.index)
-
-    def _stop_if_idle(self, pod: Pod) -> None:
-        if (pod.alive and not pod.busy and pod.idle_since is not None and self.idle_timeout_s is not None
-                and self.now - pod.idle_since >= self.idle_timeout_s - 1e-9 and self.desired > self.pool.min_warm):
-            pod.stopped_at = self.now
-            del self._alive[pod.index]
-            self._record_pods()
 
     def _apply(self, desired: int | None) -> None:
         if desired is None:

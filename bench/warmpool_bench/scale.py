@@ -234,10 +234,10 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
             base = _proc_cpu_rss(operator.pid)
             docs = "\n---\n".join(json.dumps(warmmodel_manifest(f"wm-{i:04d}", namespace)) for i in range(count))
             applied = time.monotonic()
-            done = cluster.kubectl("apply", "-f", "-", input=docs, timeout=600, check=False)
+            failed = _apply(cluster, ["apply", "-f", "-"], docs, count)
             point["apply_s"] = time.monotonic() - applied
-            if done.returncode != 0:
-                point["error"] = f"kubectl apply failed: {done.stderr[-1000:]}"
+            if failed is not None:
+                point["error"] = failed
                 return point
             ready = 0
             peak_rss = 0
@@ -306,23 +306,27 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                 except subprocess.TimeoutExpired:
                     operator.kill()
                     operator.wait(timeout=30)
-            # No kubelet serves the bench nodes, so nothing would ever confirm a pod's termination:
-            # force them (nothing runs there), then wait for the namespace (bounded), so the next N
-            # does not share the control plane with this teardown.
             # Left behind only if the operator died: drop its finalizer, or the namespace never goes.
             left = cluster.kubectl("get", "warmmodels", "-n", namespace, "-o", "name", check=False)
             for ref in left.stdout.split()[: count + 1] if left.returncode == 0 else []:
                 cluster.kubectl("patch", ref, "-n", namespace, "--type=merge", "-p",
                                 '{"metadata":{"finalizers":null}}', check=False)
-            # A terminating namespace admits no new pods, so the forced deletions converge.
-            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-            for _ in range(60):
-                cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0",
-                                check=False, timeout=120)
-                if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:
-                    break
-                time.sleep(5)
+            drain_namespace(cluster, namespace)
     return point
+
+
+#: How long one `kubectl apply` of a step's objects may take before the step is recorded as failed.
+APPLY_TIMEOUT_S = 900.0
+
+
+def _apply(cluster: Any, args: list[str], docs: str, count: int) -> str | None:
+    """Run one `kubectl apply` of a step's objects; None when it succeeded, else why not (the
+    step is recorded with that error and the run goes on to write what it measured)."""
+    try:
+        done = cluster.kubectl(*args, input=docs, timeout=APPLY_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"kubectl apply of the objects for N={count} did not return within {APPLY_TIMEOUT_S:.0f} s"
+    return None if done.returncode == 0 else f"kubectl apply failed: {done.stderr[-1000:]}"
 
 
 def floor_manifests(count: int, namespace: str) -> str:
@@ -364,11 +368,10 @@ def measure_floor(cluster: Any, count: int, timeout_s: float) -> dict[str, Any]:
     try:
         docs = floor_manifests(count, namespace)
         applied = time.monotonic()
-        done = cluster.kubectl("apply", "--server-side", "--field-manager=warmpool-floor", "-f", "-", input=docs,
-                               timeout=900, check=False)
+        failed = _apply(cluster, ["apply", "--server-side", "--field-manager=warmpool-floor", "-f", "-"], docs, count)
         point["apply_s"] = time.monotonic() - applied
-        if done.returncode != 0:
-            point["error"] = f"kubectl apply failed: {done.stderr[-1000:]}"
+        if failed is not None:
+            point["error"] = failed
             return point
         while time.monotonic() - applied < timeout_s:
             if _deployments_done(cluster, namespace) >= count:
@@ -376,14 +379,25 @@ def measure_floor(cluster: Any, count: int, timeout_s: float) -> dict[str, Any]:
                 break
             time.sleep(1.0)
     finally:
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        for _ in range(60):
-            cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0",
-                            check=False, timeout=120)
-            if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:
-                break
-            time.sleep(5)
+        drain_namespace(cluster, namespace)
     return point
+
+
+def drain_namespace(cluster: Any, namespace: str) -> None:
+    """Delete a bench namespace and wait for it (bounded), so the next N does not share the
+    control plane with this teardown.  No kubelet serves the bench nodes, so nothing would ever
+    confirm a pod's termination: force them (nothing runs there).  A terminating namespace
+    admits no new pods, so the forced deletions converge; a round that outlasts its kubectl
+    timeout (500 pods on a loaded API server took more than 120 s) goes on server-side and the
+    next round picks up what is left."""
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    for _ in range(60):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0",
+                            "--wait=false", check=False, timeout=300)
+        if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+            return
+        time.sleep(5)
 
 
 def _target(value: float | None, limit: float, unit: str = "") -> dict[str, Any]:
@@ -443,6 +457,12 @@ def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeco
         cluster.kubectl("delete", "nodes", *[f"{NODE_PREFIX}{i}" for i in range(BENCH_NODES)], "--wait=false",
                         check=False)
         cluster.close()
+    result["machine"]["loadavg_end"] = list(os.getloadavg())
+    return summarise(result)
+
+
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    """The growth table and the issue's targets, from the measured points."""
     points = result["points"]
     for point in points:  # flattened for the growth table
         point["floor_all_done_s"] = (point.get("floor") or {}).get("all_done_s")
@@ -452,8 +472,12 @@ def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeco
         for key in ("floor_all_done_s", "all_ready_s", "reconcile_p95_s", "status_lag_p95_s", "operator_cpu_s",
                     "idle_cpu_percent", "operator_rss_peak_bytes", "all_deleted_s")
     }
-    biggest = max(points, key=lambda p: p["count"], default=None)
+    failed = [f"N={p['count']}: {p['error']}" for p in points if "error" in p]
+    failed += [f"N={p['count']} floor: {p['floor']['error']}" for p in points if "error" in (p.get("floor") or {})]
+    if failed:
+        result["missing"] = "; ".join(failed)
+    # Judged at the largest N that was measured to the end (a failed step has no figures).
+    biggest = max((p for p in points if "error" not in p), key=lambda p: p["count"], default=None)
     if biggest is not None:
         result["targets"] = targets(biggest, result["growth"])
-    result["machine"]["loadavg_end"] = list(os.getloadavg())
     return result

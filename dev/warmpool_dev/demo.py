@@ -8,6 +8,10 @@
 6. print the cold-start phases per pod with first-request vs steady-state TTFT, and render
    the same timeline as a PNG waterfall.
 
+With ``--object-store`` (`make demo-object-store`) the model takes the production path
+instead (#18): pushed to a real S3 store (SeaweedFS, on loopback), filled into the node's
+cache by a node agent, and mapped by the pods from there; see demo_object_store.py.
+
 Ctrl-C, or `warmpool demo --down` (`make demo-down`), cleans everything up.
 
 It reads the example WarmModel and the CRD from a warmpool source checkout: the current
@@ -107,29 +111,34 @@ def _output_dir(checkout: Checkout) -> Path:
 
 
 def down() -> int:
+    from warmpool_dev import demo_object_store
+
     pid_file = _state_file()
     if pid_file.exists():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.killpg(int(pid_file.read_text()), signal.SIGTERM)
         pid_file.unlink(missing_ok=True)
+    demo_object_store.stop_agent()
     if os.environ.get("WARMPOOL_KUBECONFIG"):
         kube = Kube(Path(os.environ["WARMPOOL_KUBECONFIG"]))
         kube.run("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
     else:
         from warmpool_devcluster import cluster
 
+        demo_object_store.stop_store(CLUSTER_NAME)
         cluster.down(CLUSTER_NAME)
     _say("cleaned up")
     return 0
 
 
-def _start_operator(kubeconfig: Path, log_path: Path, model_root: Path) -> subprocess.Popen[bytes]:
+def _start_operator(kubeconfig: Path, log_path: Path, model_root: Path,
+                    extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("ab")
     # The demo's model lives in the local cache, outside the operator's default hostPath prefixes.
     proc = subprocess.Popen([sys.executable, "-m", "warmpool", "operator", "--namespace", NAMESPACE,
-                             f"--allowed-host-path={model_root}"],
+                             f"--allowed-host-path={model_root}", *extra],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     _state_file().parent.mkdir(parents=True, exist_ok=True)
     _state_file().write_text(str(proc.pid))
@@ -205,9 +214,24 @@ def _wait_warm(kube: Kube, name: str, timeout: float) -> dict[str, Any]:
     raise DemoError(f"WarmModel {name} did not become Ready within {timeout:.0f}s")
 
 
-def run(timeout: float, checkout: Checkout) -> int:
+def _wait_established(kube: Kube, timeout: float = 60.0) -> None:
+    """A CRD created a moment ago may have no status yet, and `kubectl wait` then fails at once
+    instead of waiting: retried, bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            kube.run("wait", "--for=condition=Established", "crd/warmmodels.warmpool.dev", "--timeout=10s")
+            return
+        except DemoError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def run(timeout: float, checkout: Checkout, object_store: bool = False) -> int:
     from warmpool_devcluster import cluster
 
+    from warmpool_dev import demo_object_store as objects
     from warmpool_dev.model_fetch import ensure_model
 
     started = time.monotonic()
@@ -223,16 +247,44 @@ def run(timeout: float, checkout: Checkout) -> int:
     model_dir = ensure_model()
     _say("installing the WarmModel CRD")
     kube.run("apply", "--server-side", "-f", str(checkout.crds))
-    kube.run("wait", "--for=condition=Established", "crd/warmmodels.warmpool.dev", "--timeout=60s")
+    _wait_established(kube)
     kube.run("create", "namespace", NAMESPACE, check=False)
     out = _output_dir(checkout)
+    store: objects.ObjectStore | None = None
+    agent: subprocess.Popen[bytes] | None = None
+    extra: tuple[str, ...] = ()
+    if object_store:
+        if external:
+            raise DemoError("--object-store runs on the local demo cluster only (its node agent and pods share "
+                            "this machine's cache directory): unset WARMPOOL_KUBECONFIG")
+        _say("starting the object store (SeaweedFS on loopback; its first use builds it: long)")
+        try:
+            store = objects.start_store(CLUSTER_NAME)
+            _say(f"pushing {model_dir.name} to s3://{store.bucket}/{objects.PREFIX} at {store.endpoint}")
+            _say(f"revision {objects.push(store, model_dir)} pushed")
+        except Exception as error:  # the store's own errors name what failed and where its log is
+            raise DemoError(f"object store: {error}") from error
+        kube.run("apply", "-f", "-", input_text=objects.secret_manifest(store, NAMESPACE))
+        _say(f"starting the node agent for {objects.NODE} (log: {out / 'node-agent.log'})")
+        agent = objects.start_agent(kubeconfig, NAMESPACE, out / "node-agent.log")
+        extra = (f"--block-cache-root={objects.node_cache_root()}",
+                 f"--allowed-host-path={objects.node_cache_root()}")
     _say(f"starting the operator (log: {out / 'operator.log'})")
-    operator = _start_operator(kubeconfig, out / "operator.log", model_dir.parent)
+    operator = _start_operator(kubeconfig, out / "operator.log", model_dir.parent, extra)
     try:
         manifest = _manifest(model_dir, checkout)
+        if store is not None:
+            manifest = yaml.safe_dump(objects.from_store(yaml.safe_load(manifest), store))
         name = yaml.safe_load(manifest)["metadata"]["name"]
-        _say(f"applying WarmModel {name} (builtin engine, {model_dir.name})")
+        source = f"from s3://{store.bucket}/{objects.PREFIX}" if store is not None else model_dir.name
+        _say(f"applying WarmModel {name} (builtin engine, {source})")
         kube.run("apply", "-f", "-", input_text=manifest)
+        if store is not None and agent is not None:
+            try:
+                objects.wait_filled(lambda: kube.json("get", "warmmodel", name, "-n", NAMESPACE).get("status") or {},
+                                    _say, agent, timeout)
+            except RuntimeError as error:
+                raise DemoError(str(error)) from None
         _wait_warm(kube, name, timeout)
         _say(f"pool is warm after {time.monotonic() - started:.1f}s of demo time")
         print(kube.run("get", "warmmodel", name, "-n", NAMESPACE, "-o", "wide"))
@@ -290,6 +342,9 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--down", action="store_true", help="stop the demo cluster and clean up")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the pool to go warm")
+    parser.add_argument("--object-store", action="store_true",
+                        help="serve the model from a real S3 store (SeaweedFS on loopback) through a node agent's "
+                             "cache, as in production; its first run builds SeaweedFS (long)")
     parser.add_argument("--repo", type=Path, default=None,
                         help="the warmpool source checkout to read examples/ and crds/ from "
                              "(default: the current directory)")
@@ -297,7 +352,7 @@ def main(argv: list[str]) -> int:
     if args.down:
         return down()
     try:
-        return run(args.timeout, find_checkout(args.repo))
+        return run(args.timeout, find_checkout(args.repo), object_store=args.object_store)
     except KeyboardInterrupt:
         _say("interrupted: cleaning up")
         down()

@@ -24,6 +24,13 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.7.0"
 HELM_VERSION = "v3.19.5"
 KUBECONFORM_VERSION = "v0.7.0"
+#: Prometheus 3.16.0 is published to the Go module proxy as github.com/prometheus/prometheus v0.316.0.
+PROMETHEUS_VERSION = "v0.316.0"
+PROMETHEUS_RELEASE = "3.16.0"
+JAEGER_VERSION = "v1.76.0"
+#: SeaweedFS publishes no tagged module versions; this pseudo-version is the one the package list names.
+SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
+SEAWEEDFS_MODULE = "github.com/seaweedfs/seaweedfs"
 
 #: Binaries built from the k8s.io/kubernetes module (one wrapper go.mod for all).
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -45,7 +52,17 @@ ALL_BINARIES: tuple[Binary, ...] = (
     Binary("kwok", KWOK_VERSION),
     Binary("helm", HELM_VERSION),
     Binary("kubeconform", KUBECONFORM_VERSION),
+    Binary("prometheus", PROMETHEUS_VERSION),
+    Binary("promtool", PROMETHEUS_VERSION),
+    Binary("jaeger", JAEGER_VERSION),
 )
+
+#: Built only when named (`warmpool cluster build --with-object-store`, or a test that needs
+#: it): SeaweedFS' `weed` is a long build that a plain `make test` should not pay for.
+OPTIONAL_BINARIES: tuple[Binary, ...] = (Binary("weed", SEAWEEDFS_VERSION),)
+
+#: The binaries `--with-object-store` adds.
+OBJECT_STORE_BINARIES: tuple[str, ...] = ("weed",)
 
 
 def cached_path(binary: Binary) -> Path:
@@ -189,10 +206,72 @@ def _build_etcd(workdir: Path, log_path: Path) -> None:
             workdir, log_path, f"etcd {ETCD_VERSION}")
 
 
+def module_replace_lines(release_go_mod: str) -> list[str]:
+    """A module's own ``replace`` directives, to repeat in a wrapper module that builds it.
+
+    ``go install pkg@version`` refuses a module whose go.mod has replace directives (jaeger
+    has one), and a dependency's replaces are ignored, so the wrapper must carry them.
+    """
+    lines = [f"replace {m.group(1).strip()}" for m in re.finditer(r"^replace\s+([^(\n][^\n]*)$", release_go_mod, re.M)]
+    for block in re.finditer(r"^replace\s*\(\n(.*?)^\)", release_go_mod, re.M | re.S):
+        lines.extend(f"replace {line.strip()}" for line in block.group(1).splitlines()
+                     if line.strip() and not line.strip().startswith("//"))
+    return lines
+
+
+def _build_jaeger(workdir: Path, log_path: Path) -> None:
+    module = "github.com/jaegertracing/jaeger"
+    workdir.mkdir(parents=True, exist_ok=True)
+    release_go_mod = _download_go_mod(module, JAEGER_VERSION, workdir, log_path)
+    go_line = re.search(r"^go\s+(\S+)", release_go_mod, re.M)
+    (workdir / "go.mod").write_text(
+        "module warmpool.dev/jaeger-build\n\n"
+        f"go {go_line.group(1) if go_line else '1.24.0'}\n\n"
+        f"require {module} {JAEGER_VERSION}\n\n"
+        + "\n".join(module_replace_lines(release_go_mod)) + "\n"
+    )
+    out = cached_path(Binary("jaeger", JAEGER_VERSION))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _log(f"building jaeger {JAEGER_VERSION} (first build takes many minutes; cached afterwards)")
+    _run_go(["build", "-mod=mod", "-trimpath", "-ldflags", "-s -w", "-o", str(out), f"{module}/cmd/jaeger"],
+            workdir, log_path, f"jaeger {JAEGER_VERSION}")
+
+
+def _build_wrapped(module: str, version: str, command: str, out_name: str, workdir: Path, log_path: Path) -> None:
+    """Build ``module/command`` through a wrapper go.mod that repeats the module's replaces."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    release_go_mod = _download_go_mod(module, version, workdir, log_path)
+    go_line = re.search(r"^go\s+(\S+)", release_go_mod, re.M)
+    (workdir / "go.mod").write_text(
+        f"module warmpool.dev/{out_name}-build\n\n"
+        f"go {go_line.group(1) if go_line else '1.24.0'}\n\n"
+        f"require {module} {version}\n\n"
+        + "\n".join(module_replace_lines(release_go_mod)) + "\n"
+    )
+    out = cached_path(Binary(out_name, version))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _log(f"building {out_name} {version} (first build takes many minutes; cached afterwards)")
+    _run_go(["build", "-mod=mod", "-trimpath", "-ldflags", "-s -w", "-o", str(out), f"{module}/{command}"],
+            workdir, log_path, f"{out_name} {version}")
+
+
 _GO_INSTALL_PACKAGES = {
     "kwok": "sigs.k8s.io/kwok/cmd/kwok",
     "helm": "helm.sh/helm/v3/cmd/helm",
     "kubeconform": "github.com/yannh/kubeconform/cmd/kubeconform",
+    "prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
+    "promtool": "github.com/prometheus/prometheus/cmd/promtool",
+}
+
+#: Prometheus' own build tags: drop every service-discovery plugin but Kubernetes' (the only
+#: one the dev cluster uses; file and http SD are always in).  Fewer packages, a shorter build.
+_PROMETHEUS_TAGS = "remove_all_sd,enable_kubernetes_sd"
+_PROMETHEUS_LDFLAGS = f"-X github.com/prometheus/common/version.Version={PROMETHEUS_RELEASE}"
+
+#: Extra `go install` flags per binary (build tags, version stamps), after the common ones.
+_GO_INSTALL_EXTRA: dict[str, tuple[str, str]] = {
+    "prometheus": (_PROMETHEUS_TAGS, _PROMETHEUS_LDFLAGS),
+    "promtool": (_PROMETHEUS_TAGS, _PROMETHEUS_LDFLAGS),
 }
 
 
@@ -205,7 +284,9 @@ def _go_install(binary: Binary, workdir: Path, log_path: Path) -> None:
     previous = os.environ.get("GOBIN")
     os.environ["GOBIN"] = str(env_bin)
     try:
-        _run_go(["install", "-trimpath", "-ldflags", "-s -w", f"{_GO_INSTALL_PACKAGES[binary.name]}@{binary.version}"],
+        tags, ldflags = _GO_INSTALL_EXTRA.get(binary.name, ("", ""))
+        _run_go(["install", "-trimpath", f"-tags={tags}", "-ldflags", f"-s -w {ldflags}".strip(),
+                 f"{_GO_INSTALL_PACKAGES[binary.name]}@{binary.version}"],
                 workdir, log_path, f"{binary.name} {binary.version}")
     finally:
         if previous is None:
@@ -217,7 +298,8 @@ def _go_install(binary: Binary, workdir: Path, log_path: Path) -> None:
 def ensure_binaries(names: list[str] | None = None) -> dict[str, Path]:
     """Return {name: path} for the requested binaries, building the missing ones."""
     wanted = [b for b in ALL_BINARIES if names is None or b.name in names]
-    unknown = set(names or []) - {b.name for b in ALL_BINARIES}
+    wanted += [b for b in OPTIONAL_BINARIES if names is not None and b.name in names]
+    unknown = set(names or []) - {b.name for b in (*ALL_BINARIES, *OPTIONAL_BINARIES)}
     if unknown:
         raise BuildError(f"unknown binaries requested: {sorted(unknown)}")
     missing = [b for b in wanted if find_binary(b) is None]
@@ -231,6 +313,11 @@ def ensure_binaries(names: list[str] | None = None) -> dict[str, Path]:
             _build_etcd(work / "etcd", log_path)
         if k8s:
             _build_kubernetes(k8s, work / "kubernetes", log_path)
+        if any(b.name == "jaeger" for b in missing):
+            _build_jaeger(work / "jaeger", log_path)
+        if any(b.name == "weed" for b in missing):
+            # Only the `weed` command: the S3 gateway, master, volume and filer are all in it.
+            _build_wrapped(SEAWEEDFS_MODULE, SEAWEEDFS_VERSION, "weed", "weed", work / "seaweedfs", log_path)
         for binary in missing:
             if binary.name in _GO_INSTALL_PACKAGES:
                 _go_install(binary, work / "go-install", log_path)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -29,6 +28,7 @@ import yaml
 from warmpool.paths import cache_root
 from warmpool_devcluster import build, certs, kwok
 from warmpool_devcluster.kubelet import kill_leftovers
+from warmpool_devcluster.processes import alive, free_port, stop_pid
 
 #: Pod IPs are loopback addresses (127.N.0.0/16): nothing in tests may dial a private range.
 #: Each live cluster on the machine gets its own N, so two clusters never hand out one IP.
@@ -84,7 +84,7 @@ def _choose_pod_cidr(name: str) -> str:
     if clusters_root().exists():
         for other in clusters_root().iterdir():
             state = _load_state(other.name) if other.name != name else None
-            if state is not None and any(_alive(pid) for pid in state.pids.values()):
+            if state is not None and any(alive(pid) for pid in state.pids.values()):
                 taken.add(state.pod_cidr)
     for octet in POD_CIDR_SECOND_OCTETS:
         cidr = f"127.{octet}.0.0/16"
@@ -100,21 +100,6 @@ def _save_state(state: ClusterState) -> None:
     tmp.replace(path)
 
 
-def _alive(pid: int | None) -> bool:
-    if pid is None or pid <= 0:  # never kill(0)/kill(-1): those address whole process groups
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); look at its state.
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return False
-    return status != "Z"
 
 
 def _port_free(port: int) -> bool:
@@ -127,20 +112,15 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _choose_ports(requested_apiserver_port: int | None) -> dict[str, int]:
     ports = {
-        "etcd-client": _free_port(),
-        "etcd-peer": _free_port(),
-        "apiserver": requested_apiserver_port or _free_port(),
-        "controller-manager": _free_port(),
-        "scheduler": _free_port(),
+        "etcd-client": free_port(),
+        "etcd-peer": free_port(),
+        "apiserver": requested_apiserver_port or free_port(),
+        "controller-manager": free_port(),
+        "scheduler": free_port(),
     }
     if len(set(ports.values())) != len(ports):  # the kernel may hand out a port twice
         return _choose_ports(requested_apiserver_port)
@@ -209,7 +189,7 @@ def _wait(what: str, check: Callable[[], bool], state: ClusterState, component: 
         if check():
             return
         pid = state.pids.get(component)
-        if pid is not None and not _alive(pid):
+        if pid is not None and not alive(pid):
             log = state_dir(state.name) / "logs" / f"{component}.log"
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log.exists() else ""
             raise ClusterError(f"{component} exited while waiting for {what}; log {log}:\n{tail}")
@@ -231,7 +211,7 @@ def kubectl(name: str, *args: str, input_text: str | None = None, check: bool = 
 
 def is_healthy(name: str) -> bool:
     state = _load_state(name)
-    if state is None or not all(_alive(state.pids.get(c)) for c in COMPONENTS):
+    if state is None or not all(alive(state.pids.get(c)) for c in COMPONENTS):
         return False
     return _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", state_dir(name))
 
@@ -294,7 +274,7 @@ def restart_apiserver(name: str = "default") -> None:
     root = state_dir(name)
     pid = state.pids.get("kube-apiserver")
     if pid is not None:
-        _stop_pid(pid)
+        stop_pid(pid)
     binaries = build.ensure_binaries(["kube-apiserver"])
     state.pids["kube-apiserver"] = _spawn(
         "kube-apiserver", _apiserver_argv(binaries["kube-apiserver"], root, state.ports), root)
@@ -397,20 +377,6 @@ def _ready_nodes(name: str) -> int:
     return count
 
 
-def _stop_pid(pid: int, grace: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after the grace period."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
-            time.sleep(0.1)
 
 
 def down(name: str = "default", quiet: bool = False, purge: bool = False) -> None:
@@ -420,10 +386,10 @@ def down(name: str = "default", quiet: bool = False, purge: bool = False) -> Non
     if state is not None:
         for component in reversed(COMPONENTS):
             pid = state.pids.get(component)
-            if pid is not None and _alive(pid):
+            if pid is not None and alive(pid):
                 if not quiet:
                     _log(f"stopping {component} (pid {pid})")
-                _stop_pid(pid)
+                stop_pid(pid)
         (root / "cluster.json").unlink(missing_ok=True)
     leftovers = kill_leftovers(root / "kubelet") if (root / "kubelet").exists() else 0
     if leftovers and not quiet:
@@ -445,7 +411,7 @@ def status(name: str = "default") -> dict[str, Any]:
     state = _load_state(name)
     if state is None:
         return {"name": name, "running": False}
-    components = {c: {"pid": state.pids.get(c), "alive": _alive(state.pids.get(c))} for c in COMPONENTS}
+    components = {c: {"pid": state.pids.get(c), "alive": alive(state.pids.get(c))} for c in COMPONENTS}
     ready = _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", state_dir(name))
     return {"name": name, "running": ready, "apiserver": f"https://127.0.0.1:{state.ports['apiserver']}",
             "podCIDR": state.pod_cidr,

@@ -46,6 +46,7 @@ from pydantic.alias_generators import to_camel
 
 from warmpool import contract
 from warmpool.tiering import Thresholds
+from warmpool_operator.predict.decision import PredictiveSpec as DecisionPredictiveSpec
 
 API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 
@@ -192,6 +193,40 @@ class NodeCacheSource(ApiObject):
     """Directory of this model under the cache root, e.g. "SmolLM2-135M-Instruct"; relative, no ".."."""
 
 
+class HttpModelSource(ApiObject):
+    """Weights served over plain HTTP, filled into each node's block cache by the node agent.
+
+    ``<url>/<file>`` serves each file (with Range support) and ``<url>/warmpool-manifest.json``
+    the revision's manifest (files, sizes, block SHA-256s; `warmpool model push` makes it).
+    """
+
+    url: Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s/]+(/\S*)?$")]
+    """Base URL of the revision's files, http:// or https://."""
+
+
+class SecretRef(ApiObject):
+    """A Secret in the WarmModel's namespace."""
+
+    name: DNS1123Subdomain
+    """Name of the Secret."""
+
+
+class S3ModelSource(ApiObject):
+    """Weights in an S3-compatible bucket, filled into each node's block cache by the node agent.
+
+    ``<prefix>/<file>`` holds each file and ``<prefix>/warmpool-manifest.json`` the revision's manifest.
+    """
+
+    endpoint: Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s/]+/?$")]
+    """The store's endpoint URL, e.g. https://s3.eu-west-1.amazonaws.com or http://127.0.0.1:8333."""
+    bucket: Annotated[str, Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")]
+    """Bucket name (S3 naming: lower case, digits, dots and dashes)."""
+    prefix: RelativePath | None = None
+    """Key prefix of the revision's files inside the bucket, no ".." segments; unset means the bucket's root."""
+    secret_ref: SecretRef
+    """Secret (same namespace) with the keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; the node agent reads it."""
+
+
 def _count_set(*values: object) -> int:
     return sum(value is not None for value in values)
 
@@ -206,6 +241,10 @@ class ModelSpec(ApiObject):
     """Weights in a directory on the node."""
     node_cache: NodeCacheSource | None = None
     """Weights in the node-local warmpool model cache."""
+    http: HttpModelSource | None = None
+    """Weights over HTTP, cached on each node by the node agent (hottest blocks first)."""
+    s3: S3ModelSource | None = None
+    """Weights in an S3-compatible bucket, cached on each node by the node agent (hottest blocks first)."""
     format: Annotated[ModelFormat, Field(json_schema_extra=immutable("spec.model.format"))] = "safetensors"
     """Checkpoint format. Only safetensors: pickle checkpoints are never loaded. Immutable."""
     revision: Annotated[str, Field(max_length=128, pattern=r"^\S+$")] | None = None
@@ -213,14 +252,37 @@ class ModelSpec(ApiObject):
     keeping warm pods until new ones are warm."""
     served_name: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")] | None = None
     """Model name clients send in OpenAI-style requests; unset means the WarmModel's name."""
+    start_on_partial_cache: bool = False
+    """http/s3 sources with the builtin engine: worker pods start while their node's cache is
+    still filling (the node agent fetches what a worker needs first, then the hottest layers) and
+    wait for each layer's bytes as they load it, instead of waiting for the whole revision.  The
+    pods then mount the whole node cache read-only (every model's files on the node), where
+    otherwise they see only published revisions: use it where models on a node are not secret
+    from one another."""
 
     cel_rules = (
         Rule(
-            cel="[has(self.pvc), has(self.hostPath), has(self.nodeCache)].filter(x, x).size() == 1",
-            message="exactly one of spec.model.pvc, spec.model.hostPath or spec.model.nodeCache must be set",
-            check=lambda m: _count_set(m.pvc, m.host_path, m.node_cache) == 1,
+            cel="[has(self.pvc), has(self.hostPath), has(self.nodeCache), has(self.http), has(self.s3)]"
+            ".filter(x, x).size() == 1",
+            message="exactly one of spec.model.pvc, spec.model.hostPath, spec.model.nodeCache, "
+            "spec.model.http or spec.model.s3 must be set",
+            check=lambda m: _count_set(m.pvc, m.host_path, m.node_cache, m.http, m.s3) == 1,
+        ),
+        Rule(
+            cel="!has(self.startOnPartialCache) || !self.startOnPartialCache || has(self.http) || has(self.s3)",
+            message="spec.model.startOnPartialCache needs spec.model.http or spec.model.s3 (a node cache the "
+            "node agent fills)",
+            check=lambda m: not m.start_on_partial_cache or m.object_store() is not None,
+            field_path=".startOnPartialCache",
         ),
     )
+
+    def object_store(self) -> dict[str, Any] | None:
+        """The http/s3 source block as the API writes it ({"http": {...}} or {"s3": {...}}), or None."""
+        for key, value in (("http", self.http), ("s3", self.s3)):
+            if value is not None:
+                return {key: value.model_dump(by_alias=True, exclude_none=True)}
+        return None
 
 
 # --- spec.engine ------------------------------------------------------------------------------
@@ -324,6 +386,50 @@ class EngineSpec(ApiObject):
 # --- spec.pool --------------------------------------------------------------------------------
 
 
+SleepLevel = Literal[1, 2]
+
+
+class SleepSpec(ApiObject):
+    """Put idle worker pods' engines to sleep (their accelerator memory given back) and wake them
+    when they are needed again; sleeping pods stay Ready, out of the Service until awake.
+
+    Sleeping pods count against replicas and minWarm (they are warm: a wake is well under a
+    cold start). The operator never sleeps an engine that reports it cannot sleep."""
+
+    after_idle_seconds: Annotated[int, Field(ge=1, le=contract.MAX_SLEEP_AFTER_IDLE_SECONDS)] | None = None
+    """A pod that received no request for this long is put to sleep, down to minAwake awake
+    pods. Unset: no pod sleeps for idleness (memory pressure may still put idle pods to sleep)."""
+    min_awake: Replicas = contract.DEFAULT_SLEEP_MIN_AWAKE
+    """Pods kept awake whatever happens; 0 lets the whole pool sleep (accelerator memory to zero:
+    the sleeping pods then stay in the Service, and a request wakes the one it reaches)."""
+    level: SleepLevel = 1  # contract.DEFAULT_SLEEP_LEVEL (a Literal needs the literal here)
+    """1: weights moved to host memory, KV cache and graphs freed (fastest wake). 2: weights
+    dropped too and re-read from the files on wake (frees host memory as well)."""
+
+
+_PREDICTIVE_DEFAULTS = DecisionPredictiveSpec()
+
+
+class PredictiveSpec(ApiObject):
+    """Warm capacity ahead of demand: the operator forecasts the pool's request rate from its own
+    history and runs ⌈forecast p90 ÷ measured per-pod capacity⌉ pods one lead time (the measured
+    cold-start p95, or the wake p95 while pods sleep) ahead. With an HPA or KEDA scaling the
+    WarmModel it only raises the floor under their count, never lowers it."""
+
+    enabled: bool = _PREDICTIVE_DEFAULTS.enabled
+    """Act on the forecast; false keeps only the reactive count (replicas, minWarm)."""
+    horizon_seconds: Annotated[int, Field(ge=1, le=86400)] = _PREDICTIVE_DEFAULTS.horizon_seconds
+    """The lead time planned for until a cold start (or wake) has been measured."""
+    max_extra_replicas: Annotated[int, Field(ge=0, le=contract.MAX_POOL_REPLICAS)] = (
+        _PREDICTIVE_DEFAULTS.max_extra_replicas
+    )
+    """Most pods prediction adds above what replicas (or the autoscaler) asks for."""
+
+    def decision_spec(self) -> DecisionPredictiveSpec:
+        return DecisionPredictiveSpec(enabled=self.enabled, horizon_seconds=self.horizon_seconds,
+                                      max_extra_replicas=self.max_extra_replicas)
+
+
 class PoolSpec(ApiObject):
     """How many worker pods, and how many of them must be verified warm."""
 
@@ -334,8 +440,18 @@ class PoolSpec(ApiObject):
     operator scales up, within maxReplicas, while fewer are warm."""
     max_replicas: Annotated[int, Field(ge=1, le=contract.MAX_POOL_REPLICAS)] = contract.DEFAULT_MAX_REPLICAS
     """Upper bound on worker pods, for scaling by hand, by an autoscaler or to reach minWarm."""
+    sleep: SleepSpec | None = None
+    """Sleep and wake of idle pods; unset: pods never sleep (and sleeping ones are woken)."""
+    predictive: PredictiveSpec | None = None
+    """Demand prediction (pre-warm ahead of a burst); unset: reactive only."""
 
     cel_rules = (
+        Rule(
+            cel="!has(self.sleep) || self.sleep.minAwake <= self.maxReplicas",
+            message="spec.pool.sleep.minAwake must not exceed spec.pool.maxReplicas",
+            check=lambda p: p.sleep is None or p.sleep.min_awake <= p.max_replicas,
+            field_path=".sleep.minAwake",
+        ),
         Rule(
             cel="self.minWarm <= self.maxReplicas",
             message="spec.pool.minWarm must not exceed spec.pool.maxReplicas",
@@ -392,6 +508,10 @@ class WarmupSpec(ApiObject):
     timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = contract.DEFAULT_WARMUP_TIMEOUT_SECONDS
     """Longest a worker may spend warming up before it reports Ready anyway (with fewer
     warm buckets) so a pool never stays cold forever."""
+    learn_buckets: bool = False
+    """Learn the warm-up lengths from the prompts the pool really gets (p50/p90/p99 of the
+    prompt-length histogram, rounded up to graph-friendly sizes); pods started afterwards warm
+    at those lengths instead of buckets (reported in status.learnedBuckets)."""
 
     cel_rules = (
         Rule(
@@ -589,6 +709,14 @@ class WarmModelSpec(ApiObject):
             check=lambda s: s.engine.kind != "sidecar" or s.engine.port != s.pod.port,
             field_path=".engine.port",
         ),
+        Rule(
+            cel="!has(self.model.startOnPartialCache) || !self.model.startOnPartialCache "
+            "|| self.engine.kind == 'builtin'",
+            message="spec.model.startOnPartialCache needs spec.engine.kind builtin: an external engine reads "
+            "its files whole and cannot wait for the bytes still filling",
+            check=lambda s: not s.model.start_on_partial_cache or s.engine.kind == "builtin",
+            field_path=".model.startOnPartialCache",
+        ),
     )
 
 
@@ -659,8 +787,92 @@ class ColdStart(ApiObject):
         return self
 
 
+class WakeFigures(ApiObject):
+    """How long the pool's pods took to wake, from the workers' wake histograms (seconds)."""
+
+    p50_seconds: NonNegativeSeconds | None = None
+    """Median wake over the wakes the live pods recorded."""
+    p95_seconds: NonNegativeSeconds | None = None
+    """95th percentile wake (a histogram bucket's upper bound, interpolated)."""
+
+    @model_validator(mode="after")
+    def _finite(self) -> Self:
+        for value in (self.p50_seconds, self.p95_seconds):
+            if value is not None and not math.isfinite(value):
+                raise ValueError("status.wake figures must be finite")
+        return self
+
+
+class NodeCacheProgress(ApiObject):
+    """One node's cache of the model's revision, as that node's agent last reported it."""
+
+    node: Annotated[str, Field(min_length=1, max_length=253)]
+    """The node's name."""
+    source: Annotated[str, Field(min_length=16, max_length=16, pattern=r"^[0-9a-f]{16}$")]
+    """Fingerprint of the spec.model.http/s3 block the entry is for (older entries are ignored)."""
+    revision: Annotated[str, Field(max_length=71, pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
+    """The revision's digest (SHA-256 of its manifest), once the agent has read the manifest."""
+    bytes_cached: Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})] = 0
+    """Bytes of the revision's blocks present in the node's cache."""
+    bytes_total: Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})] = 0
+    """Bytes of the revision's blocks in all."""
+    published: bool = False
+    """The revision is published on the node (complete; worker pods there may start)."""
+    message: Annotated[str, Field(max_length=1024)] | None = None
+    """Why the fill failed, when it did."""
+
+
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+LeadTimeSource = Literal["wake_p95", "cold_start_p95", "horizon_seconds"]
+
+
+class ForecastStatus(ApiObject):
+    """Demand prediction's latest figures (spec.pool.predictive)."""
+
+    rate_now: NonNegativeFloat | None = None
+    """Requests per second over the last full history step."""
+    predicted_rate: NonNegativeFloat | None = None
+    """Forecast p90 requests per second one lead time ahead."""
+    predicted_rate_p50: NonNegativeFloat | None = None
+    """Forecast p50 requests per second one lead time ahead."""
+    horizon_seconds: NonNegativeFloat | None = None
+    """The lead time forecast for: how long capacity asked for now takes to serve."""
+    lead_time_source: LeadTimeSource | None = None
+    """Where the lead time comes from: the measured wake p95, cold-start p95, or horizonSeconds."""
+    model: Annotated[str, Field(max_length=64)] | None = None
+    """The forecaster used: the best recent performer of lightgbm and the baselines."""
+    recent_error: NonNegativeFloat | None = None
+    """The used forecaster's recent mean quantile (pinball) loss, in requests per step."""
+    capacity_per_pod: NonNegativeFloat | None = None
+    """Requests per second one pod serves while busy, measured from the workers' throughput."""
+    desired_replicas: Annotated[int, Field(ge=0)] | None = None
+    """Pods the forecast asks for (after maxExtraReplicas and maxReplicas); unset: no action."""
+    history_steps: Annotated[int, Field(ge=0)] | None = None
+    """Steps of request history held (persisted in ConfigMap <name>-history)."""
+    step_seconds: Annotated[int, Field(ge=1)] | None = None
+    """The history's resolution."""
+    reason: Annotated[str, Field(max_length=1024)] | None = None
+    """Why the forecaster and the decision did what they did."""
+
+
+class LearnedBucketsStatus(ApiObject):
+    """Warm-up lengths learned from the prompt-length histogram (spec.warmup.learnBuckets)."""
+
+    buckets: Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=16)] | None = None
+    """The learned lengths new pods warm at (unset: none learned yet, spec.warmup.buckets used)."""
+    prompts_per_bucket: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=16)] | None = None
+    """Observed prompts each learned length serves (longer than the one below, no longer than it)."""
+    longer_than_all: Annotated[int, Field(ge=0)] | None = None
+    """Observed prompts longer than every learned length."""
+    observed: Annotated[int, Field(ge=0)] | None = None
+    """Prompts in the histogram the lengths were learned from."""
+    reason: Annotated[str, Field(max_length=1024)] | None = None
+    """How they were chosen, or why none were."""
+
+
 class WarmModelStatus(ApiObject):
-    """The observed state, written only by the operator. Decisions never read it back."""
+    """The observed state, written by the operator (cacheNodes: by the node agents).
+    Decisions never read it back, except the revision digest the node agents report."""
 
     observed_generation: Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})] | None = None
     """metadata.generation the operator last acted on."""
@@ -687,8 +899,30 @@ class WarmModelStatus(ApiObject):
     """Tier mix in one line for `kubectl get wm`, e.g. "full=2 truncated=1 paused=0"."""
     cold_start: ColdStart | None = None
     """Cold-start figures from the workers' phase metrics."""
+    awake_replicas: Annotated[int, Field(ge=0)] | None = None
+    """Worker pods whose engine is awake (what the Service routes to)."""
+    sleeping_replicas: Annotated[int, Field(ge=0)] | None = None
+    """Worker pods whose engine sleeps (spec.pool.sleep): Ready, woken when needed."""
+    wake: WakeFigures | None = None
+    """Wake durations from the workers' metrics (spec.pool.sleep)."""
     selector: Annotated[str, Field(max_length=1024)] | None = None
     """Label selector of the worker pods, for the scale subresource (HPA)."""
+    cache_nodes: (
+        Annotated[
+            list[NodeCacheProgress],
+            Field(
+                max_length=5000,
+                json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]},
+            ),
+        ]
+        | None
+    ) = None
+    """Per node, the node-local cache's fill of this revision (http/s3 sources): one entry per
+    node, each written by that node's agent (its own server-side-apply field manager)."""
+    forecast: ForecastStatus | None = None
+    """Demand prediction's figures (spec.pool.predictive)."""
+    learned_buckets: LearnedBucketsStatus | None = None
+    """Warm-up lengths learned from traffic (spec.warmup.learnBuckets)."""
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of this type, if present."""

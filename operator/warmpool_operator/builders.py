@@ -18,7 +18,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from warmpool import contract
+from warmpool_operator import cache_source
 from warmpool_operator.api import EnvVar, ResourceRequirements, WarmModelSpec
+from warmpool_operator.cache_source import CacheRevision
 from warmpool_operator.scaling import desired_replicas as desired_replicas  # the rule lives in scaling.py
 
 Obj = dict[str, Any]
@@ -37,6 +39,8 @@ class Target:
     name: str
     namespace: str
     spec: WarmModelSpec
+    #: For an http/s3 source: the node cache root and the revision's digest (cache_source.py).
+    cache: CacheRevision | None = None
 
 
 # --------------------------------------------------------------------------------- names
@@ -70,6 +74,15 @@ def selector_labels(name: str) -> dict[str, str]:
 def selector_string(name: str) -> str:
     """The selector in the scale subresource's string form (status.selector)."""
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def service_selector(name: str) -> dict[str, str]:
+    """The Service's selector: the pool's pods that are awake (warmpool.dev/awake=true).
+
+    The pod template sets the label true, so with the operator down every Ready pod serves;
+    the operator sets it false before a pod sleeps.  Never in the Deployment's selector (that
+    is immutable, and a relabelled pod must stay the Deployment's)."""
+    return {**selector_labels(name), contract.LABEL_AWAKE: contract.AWAKE_TRUE}
 
 
 def common_labels(name: str) -> dict[str, str]:
@@ -154,7 +167,7 @@ def build_service(target: Target) -> Obj:
             "kind": "Service",
             "metadata": _metadata(target, service_name(target.name)),
             "spec": {
-                "selector": selector_labels(target.name),
+                "selector": service_selector(target.name),
                 "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
                 # Warm pods only: unready (cold) pods never get traffic.
                 "publishNotReadyAddresses": False,
@@ -192,6 +205,15 @@ def _env(items: list[EnvVar] | None) -> list[Obj]:
     return out
 
 
+def _engine_env(spec: WarmModelSpec) -> list[Obj]:
+    """The external engine's environment; with spec.pool.sleep, VLLM_SERVER_DEV_MODE=1 (vLLM
+    serves its sleep API only then), unless the user sets that variable themselves."""
+    env = _env(spec.engine.env)
+    if spec.pool.sleep is not None and all(e["name"] != contract.ENV_VLLM_SERVER_DEV_MODE for e in env):
+        env.append({"name": contract.ENV_VLLM_SERVER_DEV_MODE, "value": "1"})
+    return env
+
+
 def _worker_args(target: Target) -> list[str]:
     """The worker's arguments: shared warm-up/gating flags, then the mode's own, then the user's."""
     spec = target.spec
@@ -209,6 +231,8 @@ def _worker_args(target: Target) -> list[str]:
         f"--control-token-file={contract.CONTROL_MOUNT_PATH}/{contract.CONTROL_SECRET_KEY}",
         f"--warmup-timeout={warmup.timeout_seconds}",
     ]
+    if warmup.learn_buckets:  # the operator writes the key once it has learned them (#16)
+        args.append(f"--learned-buckets={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_LEARNED_BUCKETS}")
     if warmup.prompts is not None:
         args.append(f"--prompts={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_PROMPTS}")
     elif warmup.prompts_config_map_ref is not None:
@@ -229,10 +253,12 @@ def _worker_args(target: Target) -> list[str]:
             args.append(f"--served-model-name={spec.model.served_name}")
     else:
         args += [
-            f"--model={contract.MODEL_MOUNT_PATH}",
+            f"--model={target.cache.model_path if target.cache is not None else contract.MODEL_MOUNT_PATH}",
             f"--model-name={spec.model.served_name or target.name}",
             "--graph-capture" if warmup.graph_capture else "--no-graph-capture",
         ]
+        if target.cache is not None and target.cache.partial:
+            args.append("--partial-cache")  # the model is a partial view still filling (cache_source.py)
         if warmup.kv_prefix_persistence:
             args.append(f"--kv-prefix-dir={contract.KV_PREFIX_MOUNT_PATH}")
         threads = torch_threads(spec.pod.resources)
@@ -275,10 +301,15 @@ def torch_threads(resources: ResourceRequirements | None) -> int | None:
     return None
 
 
-def _model_volume(spec: WarmModelSpec) -> tuple[Obj, Obj]:
-    """The model's volume and its read-only mount at MODEL_MOUNT_PATH."""
+def _model_volume(target: Target) -> tuple[Obj, Obj]:
+    """The model's volume and its read-only mount (at MODEL_MOUNT_PATH; a partial start of an
+    object-store source mounts the whole node cache instead: cache_source.py)."""
     mount: Obj = {"name": "model", "mountPath": contract.MODEL_MOUNT_PATH, "readOnly": True}
-    model = spec.model
+    model = target.spec.model
+    if model.object_store() is not None:
+        if target.cache is None:
+            raise ValueError("spec.model is an object-store source but the revision's digest is not known yet")
+        return cache_source.model_volume(target.cache)
     if model.pvc is not None:
         volume: Obj = {"name": "model", "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True}}
         if model.pvc.path:
@@ -340,7 +371,7 @@ RESTRICTED_POD_SECURITY: Obj = {
 def build_pod_template(target: Target) -> Obj:
     spec = target.spec
     pod = spec.pod
-    model_volume, model_mount = _model_volume(spec)
+    model_volume, model_mount = _model_volume(target)
     mounts: list[Obj] = [
         model_mount,
         {"name": "config", "mountPath": contract.CONFIG_MOUNT_PATH, "readOnly": True},
@@ -403,7 +434,7 @@ def build_pod_template(target: Target) -> Obj:
             "name": contract.ENGINE_CONTAINER,
             "image": spec.engine.image,
             "ports": [{"name": "engine", "containerPort": spec.engine.port, "protocol": "TCP"}],
-            "env": _env(spec.engine.env),
+            "env": _engine_env(spec),
             "volumeMounts": [model_mount, {"name": "tmp", "mountPath": "/tmp"}],
             "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
         }
@@ -431,6 +462,10 @@ def build_pod_template(target: Target) -> Obj:
         # Long enough for the worker to finish a request in flight, short enough for rollouts.
         "terminationGracePeriodSeconds": 30,
     }
+    if target.cache is not None:
+        pod_spec["initContainers"] = [cache_source.wait_container(
+            target.cache, pod.image or contract.DEFAULT_WORKER_IMAGE, RESTRICTED_CONTAINER_SECURITY)]
+        pod_spec["affinity"] = cache_source.preferred_affinity(target.cache)
     if pod.node_selector:
         pod_spec["nodeSelector"] = dict(pod.node_selector)
     if pod.tolerations:
@@ -439,8 +474,10 @@ def build_pod_template(target: Target) -> Obj:
         pod_spec["priorityClassName"] = pod.priority_class_name
     if pod.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s.name} for s in pod.image_pull_secrets]
+    # Awake at birth: the Service routes to a new pod as soon as it is Ready, operator or not.
+    labels = {**common_labels(target.name), contract.LABEL_AWAKE: contract.AWAKE_TRUE}
     return {
-        "metadata": {"labels": common_labels(target.name), "annotations": annotations},
+        "metadata": {"labels": labels, "annotations": annotations},
         "spec": pod_spec,
     }
 

@@ -170,6 +170,8 @@ def printer_columns() -> list[dict[str, Any]]:
          "description": "Worker pods verified warm"},
         {"name": "Min-Warm", "type": "integer", "jsonPath": ".spec.pool.minWarm", "priority": 1,
          "description": "Pods that must be warm for the WarmModel to be Ready"},
+        {"name": "Awake", "type": "integer", "jsonPath": ".status.awakeReplicas",
+         "description": "Worker pods whose engine is awake (the rest sleep)"},
         {"name": "Tiers", "type": "string", "jsonPath": ".status.tierSummary",
          "description": "Worker pods in each warm-up tier"},
         {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.kind", "priority": 1,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
+from warmpool import contract
 from warmpool_operator.api import WarmModelSpec
 
 #: The default prefixes: the node-local model cache root and a conventional models mount.
@@ -57,9 +58,13 @@ def is_allowed(path: str, prefixes: Iterable[str]) -> bool:
     return any(prefix == "/" or clean == prefix or clean.startswith(prefix + "/") for prefix in prefixes)
 
 
-def mounted_host_paths(spec: WarmModelSpec) -> tuple[str, ...]:
+def mounted_host_paths(spec: WarmModelSpec, cache_root: str = contract.DEFAULT_BLOCK_CACHE_ROOT) -> tuple[str, ...]:
     """Every node directory the worker pods of ``spec`` would mount (as the builders write it)."""
     model = spec.model
+    if model.object_store() is not None:  # the node cache (cache_source.py): its revisions, or all of it
+        if model.start_on_partial_cache:
+            return (cache_root.rstrip("/"),)
+        return (f"{cache_root.rstrip('/')}/{contract.CACHE_REVISIONS_DIR}",)
     if model.host_path is not None:
         return (model.host_path.path,)
     if model.node_cache is not None:
@@ -67,9 +72,11 @@ def mounted_host_paths(spec: WarmModelSpec) -> tuple[str, ...]:
     return ()
 
 
-def refusal(spec: WarmModelSpec, prefixes: tuple[str, ...]) -> str | None:
+def refusal(
+    spec: WarmModelSpec, prefixes: tuple[str, ...], cache_root: str = contract.DEFAULT_BLOCK_CACHE_ROOT
+) -> str | None:
     """None when every hostPath of ``spec`` lies under ``prefixes``; else why not (for the status)."""
-    refused = [path for path in mounted_host_paths(spec) if not is_allowed(path, prefixes)]
+    refused = [path for path in mounted_host_paths(spec, cache_root) if not is_allowed(path, prefixes)]
     if not refused:
         return None
     allowed = ", ".join(prefixes) or "(none)"

@@ -10,7 +10,7 @@ follow the decisions.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import kopf
 
 from warmpool import contract
 from warmpool.contract import Tier
-from warmpool_operator import builders, gating, heat, metrics, scrape
+from warmpool_operator import builders, gating, heat, metrics, scrape, sleeper, tracing
 from warmpool_operator import status as st
 from warmpool_operator.builders import Obj, Target
 from warmpool_operator.cache import Cache
@@ -57,6 +57,10 @@ class PodsState:
     token: str = ""
     #: uid -> what the watch last showed of a pod that a pass reads (handlers.py compares)
     seen: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    #: sleep and wake (#15): activity, levels, the sleeps and wakes under way
+    sleep: sleeper.SleepState = field(default_factory=sleeper.SleepState)
+    #: awake pods demand prediction asked for at the last pass (#16): sleeping pods wake for it
+    awake_wanted: int = 0
 
     def feed(self, samples: Mapping[str, Sample]) -> None:
         """Samples from a scrape: kept with the readiness the pod had when it was scraped."""
@@ -145,9 +149,11 @@ async def observe(
     target: Target,
     state: PodsState,
     deployment_uid: str,
+    board: sleeper.PressureBoard | None = None,
+    poke: Callable[[], None] | None = None,
 ) -> list[st.PodObservation]:
-    """Scrape what is stale, decide tiers on new samples, send directives, annotate pods; the
-    observations for status."""
+    """Scrape what is stale, decide tiers on new samples, send directives, annotate pods, put
+    idle pods to sleep and wake the needed ones; the observations for status."""
     refs, by_uid = _scrapeable(target, our_pods(cache, target, state, deployment_uid))
     port = target.spec.pod.port
     state.urls = {ref.uid: url(ref.ip, port, contract.PATH_METRICS) for ref in refs}
@@ -162,14 +168,16 @@ async def observe(
         if uid not in state.samples or state.samples[uid].ready != state.readiness[uid]
     }
     if stale:
-        state.feed(await scheduler.scrape(stale))
+        with tracing.span(contract.SPAN_SCRAPE, {"warmpool.pods": len(stale)}):
+            state.feed(await scheduler.scrape(stale))
     samples = {uid: scraped.sample for uid, scraped in state.samples.items()}
 
     if state.fresh or any(ref.uid not in state.decisions for ref in refs):
-        _seed_gate(state.gate, refs, by_uid)
-        decided = gating.decide(refs, samples, state.gate, target.spec.gating.thresholds())
-        state.decisions = {d.pod.uid: d for d in decided}
-        await _direct(scheduler.session, target, state, decided)
+        with tracing.span(contract.SPAN_DECIDE, {"warmpool.pods": len(refs)}):
+            _seed_gate(state.gate, refs, by_uid)
+            decided = gating.decide(refs, samples, state.gate, target.spec.gating.thresholds())
+            state.decisions = {d.pod.uid: d for d in decided}
+            await _direct(scheduler.session, target, state, decided)
         for made in decided:
             metrics.TIER_DECISIONS.labels("pod", made.tier.value).inc()
             metrics.TIER_DECISIONS.labels("node", made.node_tier.value).inc()
@@ -199,6 +207,15 @@ async def observe(
             continue
         tier = decision.tier if decision is not None else Tier.UNKNOWN
         await _annotate(kube, target, pod, tier, gating.deletion_cost(obs.warm, tier, sample))
+
+    def refresh(uid: str) -> None:
+        state.samples.pop(uid, None)
+        if poke is not None:
+            poke()
+
+    ctx = sleeper.Context(kube, scheduler.session, body, target, state.token, refresh)
+    await sleeper.act(ctx, state.sleep, board if board is not None else sleeper.PressureBoard(), refs, by_uid,
+                      samples, state.decisions, state.readiness, awake_wanted=state.awake_wanted)
     return observations
 
 
@@ -216,7 +233,8 @@ async def _direct(
     if not sendable:
         return
     results = await scrape.send_all(
-        session, sendable, state.token, CONFIG.ttl(), CONFIG.scrape_timeout, CONFIG.scrape_concurrency
+        session, sendable, state.token, CONFIG.ttl(), CONFIG.scrape_timeout, CONFIG.scrape_concurrency,
+        traceparent=tracing.traceparent(),
     )
     for uid, error in results.items():
         if error is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -58,6 +59,22 @@ class Sample:
     heat: dict[int, float] = field(default_factory=dict)
     digest: str | None = None
     num_layers: int | None = None
+    #: sleep (#15): the level slept at (0 awake; None: the worker has no sleep metric), whether
+    #: the engine can sleep (None: not known yet), completions received and in flight
+    sleep_level: int | None = None
+    sleep_capable: bool | None = None
+    requests_total: float | None = None
+    requests_in_flight: float | None = None
+    #: the wake-duration histogram: upper bound (seconds, inf last) -> cumulative count
+    wake_buckets: dict[float, float] = field(default_factory=dict)
+    #: demand prediction (#16): the prompt-token histogram of served requests (upper bound in
+    #: tokens, inf last -> cumulative count), its count, and the engine's busy seconds
+    prompt_buckets: dict[float, float] = field(default_factory=dict)
+    prompt_count: float | None = None
+    busy_seconds: float | None = None
+    #: when the scrape was sent (monotonic; 0 when not from :func:`scrape_one`): a sample sent
+    #: before a sleep or wake of the pod finished says nothing of its state after it
+    sent_at: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -94,6 +111,15 @@ def _layer_index(text: str) -> int | None:
     except ValueError:
         return None
     return number if 0 <= number <= MAX_LAYERS else None
+
+
+def _bucket_bound(text: str) -> float | None:
+    """A histogram bucket's ``le`` bound (``+Inf`` included), None for garbage."""
+    try:
+        bound = float(text)
+    except ValueError:
+        return None
+    return bound if bound >= 0 else None
 
 
 def parse_metrics(text: str) -> Sample:
@@ -144,6 +170,26 @@ def parse_metrics(text: str) -> Sample:
                 layer = _layer_index(labels.get(contract.LABEL_LAYER, ""))
                 if layer is not None:
                     sample.heat[layer] = min(value, MAX_LAYER_HEAT)
+            elif name == contract.METRIC_SLEEP_LEVEL and _non_negative(value):
+                sample.sleep_level = int(min(value, 9))
+            elif name == contract.METRIC_SLEEP_CAPABLE and _finite(value):
+                sample.sleep_capable = value == 1
+            elif name == contract.METRIC_REQUESTS_TOTAL and _non_negative(value):
+                sample.requests_total = value
+            elif name == contract.METRIC_REQUESTS_IN_FLIGHT and _finite(value):
+                sample.requests_in_flight = max(0.0, value)
+            elif name == contract.METRIC_REQUEST_PROMPT_TOKENS + "_bucket" and _non_negative(value):
+                bound = _bucket_bound(labels.get("le", ""))
+                if bound is not None:
+                    sample.prompt_buckets[bound] = value
+            elif name == contract.METRIC_REQUEST_PROMPT_TOKENS + "_count" and _non_negative(value):
+                sample.prompt_count = value
+            elif name == contract.METRIC_ENGINE_BUSY_SECONDS and _non_negative(value):
+                sample.busy_seconds = value
+            elif name == contract.METRIC_WAKE_DURATION + "_bucket" and _non_negative(value):
+                bound = _bucket_bound(labels.get("le", ""))
+                if bound is not None:
+                    sample.wake_buckets[bound] = value
             elif name == contract.METRIC_MODEL_INFO and value == 1:
                 sample.digest = labels.get(contract.LABEL_DIGEST) or None
                 layers = _layer_index(labels.get(contract.LABEL_LAYERS, ""))
@@ -160,6 +206,13 @@ def parse_metrics(text: str) -> Sample:
 
 
 async def scrape_one(session: aiohttp.ClientSession, url: str, limit: float) -> Sample:
+    sent_at = time.monotonic()
+    sample = await _scrape(session, url, limit)
+    sample.sent_at = sent_at
+    return sample
+
+
+async def _scrape(session: aiohttp.ClientSession, url: str, limit: float) -> Sample:
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=limit, connect=limit)) as response:
             if response.status != 200:
@@ -194,14 +247,27 @@ async def scrape_all(
 
 
 async def send_directive(
-    session: aiohttp.ClientSession, url: str, token: str, tier: Tier, ttl: float, limit: float
+    session: aiohttp.ClientSession, url: str, token: str, tier: Tier, ttl: float, limit: float,
+    traceparent: str | None = None,
 ) -> str | None:
-    """POST the tier to a worker's control endpoint; None on success, else why not."""
-    body = {contract.CONTROL_FIELD_TIER: tier.value, contract.CONTROL_FIELD_TTL: ttl}
+    """POST the tier to a worker's control endpoint; None on success, else why not.
+
+    ``traceparent``: the deciding pass's trace context, so the worker's reaction joins its trace."""
+    body: dict[str, object] = {contract.CONTROL_FIELD_TIER: tier.value, contract.CONTROL_FIELD_TTL: ttl}
+    if traceparent is not None:
+        body[contract.CONTROL_FIELD_TRACEPARENT] = traceparent
+    return await post_control(session, url, token, body, limit)
+
+
+async def post_control(
+    session: aiohttp.ClientSession, url: str, token: str, body: Mapping[str, object], limit: float
+) -> str | None:
+    """POST a JSON body to one of a worker's authenticated control endpoints (tier, sleep,
+    wake); None on success, else why not (status and the head of the worker's answer)."""
     headers = {contract.CONTROL_TOKEN_HEADER: f"Bearer {token}"}
     try:
         async with session.post(
-            url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=limit)
+            url, json=dict(body), headers=headers, timeout=aiohttp.ClientTimeout(total=limit)
         ) as response:
             if response.status < 300:
                 return None
@@ -226,13 +292,14 @@ async def send_all(
     ttl: float,
     limit: float,
     concurrency: int,
+    traceparent: str | None = None,
 ) -> dict[str, str | None]:
     """Send (key, url, tier) directives, bounded in concurrency; key -> error or None."""
     gate = asyncio.Semaphore(max(1, concurrency))
 
     async def one(key: str, url: str, tier: Tier) -> tuple[str, str | None]:
         async with gate:
-            return key, await send_directive(session, url, token, tier, ttl, limit)
+            return key, await send_directive(session, url, token, tier, ttl, limit, traceparent)
 
     results = await asyncio.gather(*(one(k, u, t) for k, u, t in directives))
     return dict(results)

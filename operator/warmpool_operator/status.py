@@ -15,7 +15,18 @@ from typing import Any
 
 from warmpool import contract
 from warmpool.contract import Tier
-from warmpool_operator.api import ColdStart, Condition, TierCounts, WarmModelSpec, WarmModelStatus, dump_status
+from warmpool_operator import sleeping
+from warmpool_operator.api import (
+    ColdStart,
+    Condition,
+    ForecastStatus,
+    LearnedBucketsStatus,
+    TierCounts,
+    WakeFigures,
+    WarmModelSpec,
+    WarmModelStatus,
+    dump_status,
+)
 from warmpool_operator.builders import selector_string
 from warmpool_operator.gating import Decision
 from warmpool_operator.scaling import extra_from_live as extra_from_live  # the rules live in scaling.py
@@ -44,6 +55,15 @@ REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
 REASON_NO_PODS = "NoPods"
 REASON_ROLLOUT_STALLED = "RolloutStalled"
 REASON_PODS_FAILING = "PodsFailing"
+# The Predictive condition's (spec.pool.predictive, #16; written by prediction_status.py).
+REASON_PRE_WARMING = "PreWarming"  # True: the forecast asks for more pods than the reactive count
+REASON_FORECASTING = "Forecasting"  # forecasting; the reactive count is enough for now
+REASON_SHADOW = "ShadowOnly"  # spec.pool.predictive.enabled false: forecast reported, not acted on
+REASON_HISTORY_LOADING = "HistoryLoading"
+REASON_NO_FORECAST_YET = "NoForecastYet"
+#: The workers' request metrics are missing or garbage: reactive scaling only.
+REASON_REQUEST_METRICS_UNAVAILABLE = "RequestMetricsUnavailable"
+REASON_CAPACITY_NOT_MEASURED = "CapacityNotMeasured"
 
 #: Container waiting reasons that mean "this will not come up by itself soon".
 FAILING_WAITING_REASONS = frozenset({
@@ -81,6 +101,11 @@ class PodObservation:
     def metrics_unavailable(self) -> bool:
         """Nothing trustworthy was read from the worker's /metrics this tick."""
         return self.sample is None or not self.sample.ok
+
+    @property
+    def asleep(self) -> bool:
+        """The worker's own metrics say its engine sleeps (spec.pool.sleep)."""
+        return self.sample is not None and self.sample.ok and (self.sample.sleep_level or 0) > 0
 
     @property
     def warming(self) -> bool:
@@ -180,9 +205,15 @@ def compute_status(
     previous: Mapping[str, Any] | None,
     now: str,
     degraded: Degradation | None = None,
+    forecast: ForecastStatus | None = None,
+    learned_buckets: LearnedBucketsStatus | None = None,
+    extra_conditions: Sequence[tuple[str, str, str, str]] = (),
 ) -> dict[str, Any]:
+    """``extra_conditions``: (type, status, reason, message) of conditions beyond the four, written
+    only when their feature is on (the Predictive condition of spec.pool.predictive)."""
     prev = previous_conditions(previous)
     pods = [p for p in pods if not p.terminating]
+    wake = wake_figures(pods)
     counts = TierCounts()
     for pod in pods:
         tier = pod.decision.tier if pod.decision is not None else Tier.UNKNOWN
@@ -313,6 +344,7 @@ def compute_status(
             conditions.append(
                 cond(contract.CONDITION_WARMUP_GATED, "False", REASON_FULL_WARMUP, "every pod runs the full warm-up")
             )
+        conditions += [cond(*extra) for extra in extra_conditions]
 
     status = WarmModelStatus(
         observed_generation=generation,
@@ -323,7 +355,21 @@ def compute_status(
         tier_counts=counts,
         tier_summary=counts.summary(),
         cold_start=cold_starts.figures(),
+        awake_replicas=sum(p.ready and not p.asleep for p in pods),
+        sleeping_replicas=sum(p.asleep for p in pods),
+        wake=wake,
         selector=selector_string(name),
+        forecast=forecast,
+        learned_buckets=learned_buckets,
     )
     return dump_status(status)
+
+
+def wake_figures(pods: Iterable[PodObservation]) -> WakeFigures | None:
+    """Wake p50/p95 over the wakes the live pods' histograms hold; None before any wake."""
+    merged = sleeping.merge_buckets(p.sample.wake_buckets for p in pods if p.sample is not None and p.sample.ok)
+    p50, p95 = sleeping.quantile(merged, 0.5), sleeping.quantile(merged, 0.95)
+    if p50 is None or p95 is None:
+        return None
+    return WakeFigures(p50_seconds=round(p50, 4), p95_seconds=round(p95, 4))
 

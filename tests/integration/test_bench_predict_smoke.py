@@ -42,7 +42,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_predict_replays_a_trace_and_writes_json_markdown_and_chart(tmp_path: Path) -> None:
     count = _trace(tmp_path / "trace.csv")
     out = tmp_path / "results"
-    proc = _run("predict", "--trace", str(tmp_path / "trace.csv"), "--extra-cold-starts", "30",
+    proc = _run("predict", "--trace", str(tmp_path / "trace.csv"), "--cold-start", "5", "--wake", "0.5",
+                "--extra-cold-starts", "30",
                 "--forecasters", "auto,last_value,lightgbm", "--out", str(out), "--name", "smoke")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "smoke.json").read_text())
@@ -50,10 +51,12 @@ def test_predict_replays_a_trace_and_writes_json_markdown_and_chart(tmp_path: Pa
     assert (out / "smoke.png").stat().st_size > 10_000
     markdown = (out / "smoke.md").read_text()
     assert markdown.startswith("# warmpool bench predict") and "![" in markdown and "smoke.png" in markdown
-    assert [s["cold_start_s"] for s in result["scenarios"]] == [5.12, 30.0]
+    assert [(s["cold_start_s"], s["lead_s"]) for s in result["scenarios"]] == [(5.0, 5.0), (0.5, 0.5), (30.0, 30.0)]
+    assert result["settings"]["fixed_replicas_used"] >= result["settings"]["fixed_replicas_mean"] >= 1
     for scenario in result["scenarios"]:
-        assert set(scenario["policies"]) == {"none", "reactive", "predictive:auto", "predictive:last_value",
-                                             "predictive:lightgbm"}
+        assert set(scenario["policies"]) == {"none", "none@mean", "reactive", "predictive:auto",
+                                             "predictive:last_value", "predictive:lightgbm", "predictive:auto@count"}
+        assert scenario["policies"]["none"]["pods_started"] == 0  # a fixed pool
         for name, figures in scenario["policies"].items():
             assert figures["requests"] == count, name  # every request is served, none lost
             assert 0 <= figures["no_warm_capacity"] <= count

@@ -104,6 +104,7 @@ def test_minimal_object_gets_the_documented_defaults(cluster: ClusterHandle, crd
         "graphCapture": True,
         "kvPrefixPersistence": False,
         "timeoutSeconds": 600,
+        "learnBuckets": False,
     }
     assert spec["gating"] == {
         "truncateAtPercent": 70,
@@ -218,7 +219,7 @@ def test_status_subresource_and_printer_columns(cluster: ClusterHandle, crd: str
     assert refused.returncode != 0 and "status.conditions[0].reason" in refused.stderr
 
     table = cluster.kubectl("get", "-n", namespace, "wm", "smollm2").stdout.splitlines()
-    assert table[0].split() == ["NAME", "DESIRED", "READY", "WARM", "TIERS", "AGE"]
+    assert table[0].split() == ["NAME", "DESIRED", "READY", "WARM", "AWAKE", "TIERS", "AGE"]
     assert table[1].split()[:6] == ["smollm2", "2", "2", "1", "full=1", "truncated=1"]
     wide = cluster.kubectl("get", "-n", namespace, "wm", "smollm2", "-o", "wide").stdout
     assert "MIN-WARM" in wide and "MinWarmReached" in wide and "builtin" in wide

@@ -32,7 +32,7 @@ CHART = REPO / "helm" / "warmpool"
 CRD_FILE = REPO / "crds" / "warmmodels.warmpool.dev.yaml"
 #: Kinds whose schemas no offline source has (the Prometheus Operator's CRDs are not part of
 #: this repository or the cluster): kubeconform skips them; test_monitors checks them.
-MONITOR_KINDS = ("ServiceMonitor", "PodMonitor")
+MONITOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 
 Obj = dict[str, Any]
 
@@ -234,6 +234,7 @@ VALUE_SETS: dict[str, Obj] = {
             "service": {"enabled": True},
             "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
             "podMonitor": {"enabled": True, "interval": "10s", "labels": {"release": "prom"}},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
         },
         "dashboard": {"enabled": True, "namespace": "monitoring", "labels": {"grafana_dashboard": "1"}},
         "operator": {"scrapeNetworks": ["10.0.0.0/8", "fd00::/8"], "logLevel": "DEBUG",
@@ -474,6 +475,37 @@ def test_allowed_host_paths_become_operator_flags(tmp_path: Path) -> None:
     assert normalise_prefixes(parsed.allowed_host_path) == ("/data/models", "/mnt/a:b#c")
 
 
+def test_node_agent_daemonset_and_its_rbac(schema_dir: Path, tmp_path: Path) -> None:
+    """nodeAgent.enabled: a valid DaemonSet running `warmpool node-agent` on the cache root the
+    operator mounts, with RBAC of its own that reads Secrets by name only and deletes nothing."""
+    assert not by_kind(objects(render(tmp_path, {})), "DaemonSet")
+    values = {"nodeAgent": {"enabled": True, "cacheRoot": "/var/lib/warmpool/blocks", "budgetBytes": 10**12,
+                            "tolerations": [{"operator": "Exists"}]}}
+    manifest = render(tmp_path, values)
+    assert_valid(schema_dir, manifest)
+    objs = objects(manifest)
+    (daemonset,) = by_kind(objs, "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["warmpool", "node-agent"]
+    assert "--cache-root=/var/lib/warmpool/blocks" in container["args"]
+    assert "--budget-bytes=1000000000000" in container["args"]
+    assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/warmpool/blocks"
+    assert "--block-cache-root=/var/lib/warmpool/blocks" in _operator_args(tmp_path, values)
+    from warmpool_nodecache.agent_cli import build_parser
+
+    parsed = build_parser().parse_args(container["args"])  # the rendered flags are the agent's own
+    assert str(parsed.cache_root) == "/var/lib/warmpool/blocks"
+    agent_roles = [o for o in objs if o["kind"] in ("Role", "ClusterRole") and o["metadata"]["name"].endswith(
+        "-node-agent")]
+    assert len(agent_roles) == 2
+    for role in agent_roles:
+        for rule in role["rules"]:
+            assert not {"delete", "deletecollection", "escalate", "bind"} & set(rule["verbs"]), rule
+            if "secrets" in rule["resources"]:
+                assert rule["verbs"] == ["get"], rule
+
+
 # --------------------------------------------------------------------------- bad values
 
 BAD_VALUES: dict[str, tuple[Obj, str]] = {
@@ -488,6 +520,9 @@ BAD_VALUES: dict[str, tuple[Obj, str]] = {
     "bad digest": ({"image": {"digest": "latest"}}, "digest"),
     "relative host path": ({"operator": {"allowedHostPaths": ["models"]}}, "allowedHostPaths"),
     "no host path at all": ({"operator": {"allowedHostPaths": []}}, "allowedHostPaths"),
+    "node agent typo": ({"nodeAgent": {"enabeld": True}}, "enabeld"),
+    "node agent relative cache root": ({"nodeAgent": {"cacheRoot": "cache"}}, "cacheRoot"),
+    "node agent negative budget": ({"nodeAgent": {"budgetBytes": -1}}, "budgetBytes"),
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import Operator, World, warmmodel
+from tests.support.e2e import Operator, World, delete_warmmodels, warmmodel
 from warmpool import contract
 
 pytestmark = pytest.mark.integration
@@ -36,10 +36,7 @@ def world(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> I
     try:
         yield made
     finally:
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
-        for ref in cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout.split():
-            cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p",
-                            '{"metadata":{"finalizers":null}}', check=False)
+        delete_warmmodels(cluster, namespace)
         operator.stop()
         made.close()
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import Operator, World, pod_ready, warmmodel
-from warmpool import contract
+from tests.support.e2e import Operator, World, delete_warmmodels, pod_ready, warmmodel
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +40,7 @@ def pair(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> It
         for operator in (first, second):
             if operator.running():
                 world.operator = operator
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
-        for ref in cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout.split():
-            cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p",
-                            '{"metadata":{"finalizers":null}}', check=False)
+        delete_warmmodels(cluster, namespace)
         first.stop()
         second.stop()
         world.close()

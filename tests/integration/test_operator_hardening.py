@@ -21,7 +21,7 @@ import pytest
 import yaml
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import Operator, World, warmmodel
+from tests.support.e2e import Operator, World, delete_warmmodels, warmmodel
 from warmpool import contract
 
 pytestmark = pytest.mark.integration
@@ -45,10 +45,7 @@ def make_world(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path)
     for world in made:
         if not world.operator.running():
             world.operator.start()
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
-        for ref in cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout.split():
-            cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p",
-                            '{"metadata":{"finalizers":null}}', check=False)
+        delete_warmmodels(cluster, namespace)
         world.operator.stop()
         world.close()
 

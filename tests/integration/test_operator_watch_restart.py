@@ -14,8 +14,7 @@ import pytest
 from warmpool_devcluster import cluster as devcluster
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import Operator, World, warmmodel
-from warmpool import contract
+from tests.support.e2e import Operator, World, delete_warmmodels, warmmodel
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +32,7 @@ def world(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> I
     try:
         yield made
     finally:
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
-        for ref in cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout.split():
-            cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p",
-                            '{"metadata":{"finalizers":null}}', check=False)
+        delete_warmmodels(cluster, namespace)
         operator.stop()
         made.close()
 

@@ -505,6 +505,11 @@ def test_against_llama_cpp_server(sidecars: list[SidecarProcess], tmp_path: Path
         assert sidecar.metric("warmpool_warmup_prefills_total", bucket="128") == 1
         # llama.cpp exports no vLLM KV gauge: the figure is absent (unknown), never 0
         assert not any(name == "warmpool_engine_memory_used_ratio" for name, _ in sidecar.samples())
+        # nor vLLM's request figures: warmpool's request series are absent too, never 0
+        request_series = {"warmpool_requests_total", "warmpool_requests_in_flight", "warmpool_requests_queued",
+                          "warmpool_generated_tokens_total", "warmpool_request_prompt_tokens_count",
+                          "warmpool_request_generated_tokens_count", "warmpool_engine_busy_seconds_total"}
+        assert not request_series & {name for name, _ in sidecar.samples()}
         server.send_signal(signal.SIGKILL)
         server.wait(10)
         body = sidecar.wait_stage("waiting_engine", timeout=20)

@@ -173,6 +173,30 @@ def test_completions(worker: Worker) -> None:
     assert ttft >= 3
 
 
+def test_tokens_per_request_and_busy_seconds(worker: Worker) -> None:
+    """The prompt and generated tokens of each served request, at the contract's edges."""
+    before = worker.metrics()
+    for prompt, max_tokens in (([5] * 20, 3), ([7] * 100, 5)):
+        status, body = worker.json("POST", "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens,
+                                                               "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] == max_tokens, body
+    after = worker.metrics()
+
+    def delta(name: str, le: str | None = None) -> float:
+        key = (name, () if le is None else (("le", le),))
+        return after[key] - before.get(key, 0.0)
+
+    prompt_tokens, generated = "warmpool_request_prompt_tokens", "warmpool_request_generated_tokens"
+    assert delta(prompt_tokens + "_count") == 2 and delta(prompt_tokens + "_sum") == 120
+    assert delta(prompt_tokens + "_bucket", "16.0") == 0
+    assert delta(prompt_tokens + "_bucket", "24.0") == 1  # the 20-token prompt
+    assert delta(prompt_tokens + "_bucket", "96.0") == 1
+    assert delta(prompt_tokens + "_bucket", "128.0") == 2  # and the 100-token one
+    assert delta(generated + "_sum") == 8 and delta(generated + "_bucket", "16.0") == 2
+    assert delta("warmpool_generated_tokens_total") == 8
+    assert delta("warmpool_engine_busy_seconds_total") > 0
+
+
 def test_streaming(worker: Worker) -> None:
     body = json.dumps({"prompt": "Stream me", "max_tokens": 5, "temperature": 0, "stream": True}).encode()
     req = urllib.request.Request(worker.base + "/v1/completions", data=body, method="POST")

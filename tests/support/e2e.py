@@ -82,8 +82,13 @@ def install_crd(cluster: ClusterLike, *, field_manager: str, apply: bool = True,
     if apply:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={field_manager}",
                         "-f", str(CRD_PATH))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=60s")
     deadline = time.monotonic() + 60
+    # A CRD created a moment ago may have no status yet, and `kubectl wait` then fails at once
+    # ("status.conditions accessor error") instead of waiting: retried, within the same bound.
+    wait = ("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=10s")
+    while cluster.kubectl(*wait, check=False).returncode != 0:
+        assert time.monotonic() < deadline, "the WarmModel CRD never became Established"
+        time.sleep(0.5)
     while cluster.kubectl(*discovery, check=False).returncode != 0:
         assert time.monotonic() < deadline, "the WarmModel API never showed up in discovery"
         time.sleep(0.5)
@@ -146,6 +151,15 @@ def warmmodel(name: str, model: Path, *, revision: str = "r1", replicas: int = 1
 
 
 # --------------------------------------------------------------------------- the operator
+
+
+def delete_warmmodels(cluster: ClusterLike, namespace: str) -> None:
+    """A test's teardown: delete every WarmModel in `namespace` (bounded), then drop the finalizer
+    of any left behind (an operator the test killed cannot release it; the namespace would stay)."""
+    cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
+    for ref in cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout.split():
+        cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                        check=False)
 
 
 class Operator:

@@ -225,7 +225,8 @@ def test_invalid_spec_error_names_each_field() -> None:
         )
     errors = caught.value.errors
     assert (
-        "spec.model: exactly one of spec.model.pvc, spec.model.hostPath or spec.model.nodeCache must be set" in errors
+        "spec.model: exactly one of spec.model.pvc, spec.model.hostPath, spec.model.nodeCache, "
+        "spec.model.http or spec.model.s3 must be set" in errors
     )
     assert any(e.startswith("spec.gating: spec.gating.truncateAtPercent must be below") for e in errors)
     assert any(e.startswith("spec.warmup.buckets[1]: ") for e in errors)

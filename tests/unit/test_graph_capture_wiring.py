@@ -57,5 +57,6 @@ def test_graphs_are_captured_only_after_a_full_warmup(tier: Tier, enabled: bool,
     runtime: Any = WorkerRuntime.__new__(WorkerRuntime)  # only the fields _capture_graphs reads
     runtime.config = ServeConfig(model=Path("/models/tiny"), graph_capture=enabled)
     runtime.status = argparse.Namespace(warmup_tier=tier)
+    runtime.recorder = None  # tracing off
     runtime._capture_graphs(engine)
     assert engine.calls == expected_calls

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 #: top-level package -> the folder it lives in
-PRODUCT = {"warmpool": REPO, "warmpool_operator": REPO / "operator", "warmpool_worker": REPO / "worker"}
+PRODUCT = {"warmpool": REPO, "warmpool_operator": REPO / "operator", "warmpool_worker": REPO / "worker",
+           "warmpool_nodecache": REPO / "nodecache"}
 DEVELOPER = {"warmpool_devcluster": REPO / "devcluster", "warmpool_bench": REPO / "bench", "warmpool_dev": REPO / "dev"}
 TESTS = {"tests": REPO}
 NOT_PRODUCT = ("warmpool_devcluster", "warmpool_bench", "warmpool_dev", "tests", "support")
@@ -97,7 +98,8 @@ def test_images_copy_the_product_packages_only(dockerfile: str) -> None:
     sources = [part for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.MULTILINE) for part in line.split()[:-1]]
     assert sources, "no COPY from the build context"
     for source in sources:
-        assert source.split("/")[0] in ("warmpool", "operator", "worker"), f"{dockerfile} copies {source}"
+        # nodecache/: the operator image also runs the chart's node-agent DaemonSet
+        assert source.split("/")[0] in ("warmpool", "operator", "worker", "nodecache"), f"{dockerfile} copies {source}"
         assert not re.search(r"(^|/)(devcluster|dev|bench|tests)(/|$)|pyproject", source), f"{dockerfile}: {source}"
     ignore = (REPO / f"{dockerfile}.dockerignore").read_text()
     assert not re.search(r"^!(devcluster|dev|bench|tests|pyproject)", ignore, re.MULTILINE)

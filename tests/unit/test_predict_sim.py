@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 import pytest
-from warmpool_bench.predict_policies import HpaSettings, NoPrewarm, Predictive, Reactive
+from warmpool_bench.predict_policies import FixedPool, HpaSettings, Predictive, Reactive
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
 from warmpool_bench.predict_trace import TraceRequest
 from warmpool_operator.predict.decision import PredictiveSpec
@@ -39,7 +39,7 @@ class Scripted:
 
 
 def test_queueing_arithmetic_of_one_pod() -> None:
-    sim = Simulation([_req(0.0), _req(0.1)], ONE_SECOND, PoolConfig(1, 1, 10.0), NoPrewarm(idle_timeout_s=1e9))
+    sim = Simulation([_req(0.0), _req(0.1)], ONE_SECOND, PoolConfig(1, 1, 10.0), FixedPool(1))
     assert sim.measured_capacity_rps() is None  # nothing served yet: capacity unknown, never guessed
     sim.run(end_s=3.0)
     first, second = sim.served
@@ -50,18 +50,17 @@ def test_queueing_arithmetic_of_one_pod() -> None:
     assert sim.pod_seconds(3.0) == pytest.approx(3.0)
 
 
-def test_no_prewarm_starts_a_pod_for_a_queued_request_and_stops_it_when_idle() -> None:
-    requests = [_req(0.0), _req(0.2), _req(0.3)]
-    sim = Simulation(requests, ONE_SECOND, PoolConfig(1, 5, 10.0), NoPrewarm(idle_timeout_s=30.0),
-                     idle_timeout_s=30.0)
-    sim.run(end_s=100.0)
-    assert [p.initial for p in sim.pods] == [True, False, False]  # one pod per queued request
-    assert [s.warm_hit for s in sim.served] == [True, False, False]
-    # the existing pod frees up (t=1, t=2) long before the new ones are warm (t=10.2, 10.3): they serve nothing
-    assert not any(s.first_on_new_pod for s in sim.served)
-    # Idle 30 s, a pod stops, down to minWarm: the first pod (idle from t=3) and the first new one go,
-    # the last one to go idle stays.
-    assert [p.stopped_at for p in sim.pods] == [pytest.approx(33.0), pytest.approx(40.2), 100.0]
+def test_a_fixed_pool_never_scales_and_queues_what_it_cannot_serve() -> None:
+    # Two warm pods, 1 s per request, four arrivals at t=0: two served at once, two wait for the
+    # first pods to free up at t=1 (waited 1 s, then their 0.5 s prefill).  No pod ever starts or stops.
+    requests = [_req(0.0)] * 4 + [_req(10.0)]
+    sim = Simulation(requests, ONE_SECOND, PoolConfig(2, 2, 30.0), FixedPool(2))
+    sim.run(end_s=20.0)
+    assert [s.warm_hit for s in sim.served] == [True, True, False, False, True]
+    assert [s.ttft_s for s in sim.served] == pytest.approx([0.5, 0.5, 1.5, 1.5, 0.5])
+    assert len(sim.pods) == 2 and all(p.initial for p in sim.pods)
+    assert sim.pod_seconds(20.0) == pytest.approx(40.0)
+    assert [asked for _, _, asked in sim.pod_timeline] == [2]
 
 
 def test_scale_down_order_when_removing_some() -> None:
@@ -156,3 +155,92 @@ def test_on_a_ramp_predictive_is_warm_before_the_peak_and_reactive_is_not() -> N
     assert missed["predictive"] < missed["reactive"]
     floors = [f.floor for f in predictive_policy.forecasts if f.made_at <= peak_s - pool.cold_start_s]
     assert max(floors) >= needed  # it was the floor, not the HPA, that asked in time
+
+
+def test_no_prewarm_pool_is_sized_for_the_busiest_minute_or_the_mean_or_as_set() -> None:
+    from dataclasses import replace
+
+    from warmpool_bench.predict import PredictBenchSettings, ScaleUp, fixed_pool_size
+    from warmpool_bench.predict_trace import Trace
+
+    # 1 s of service per request.  Minute 0: 150 requests (150 busy seconds: 2.5 pods) -> 3 pods for the
+    # busiest minute; then 10 more over four minutes: 160 busy seconds over 300 s -> 1 pod for the mean.
+    requests = [_req(i * 0.4) for i in range(150)] + [_req(60.0 + 24.0 * k) for k in range(1, 11)]
+    trace = Trace("hand-made", EPOCH, tuple(requests))
+    settings = PredictBenchSettings(prefill_tokens_per_s=1000.0, decode_tokens_per_s=10.0,
+                                    scale_ups=(ScaleUp("test", 5.0, 5.0, "test"),))
+    assert trace.duration_s == 300.0
+    assert fixed_pool_size(trace, settings) == fixed_pool_size(trace, settings, "peak") == 3
+    assert fixed_pool_size(trace, settings, "mean") == 1
+    assert fixed_pool_size(trace, replace(settings, min_warm=2), "mean") == 2
+    assert fixed_pool_size(trace, replace(settings, fixed_replicas=7)) == 7
+    assert fixed_pool_size(trace, replace(settings, fixed_replicas=500, max_replicas=64)) == 64
+    with pytest.raises(ValueError, match="sizing"):
+        fixed_pool_size(trace, settings, "median")
+
+
+def test_first_request_after_a_lull_is_counted_the_same_for_every_policy() -> None:
+    from warmpool_bench.predict import figures
+
+    # One pod, 1 s per request: a burst of three at t=0 (the first after the "lull" before the trace),
+    # then one at t=30 (no lull), then one at t=100 (70 s after the last arrival: a lull).
+    requests = [_req(0.0), _req(0.0), _req(0.0), _req(30.0), _req(100.0)]
+    sim = Simulation(requests, ONE_SECOND, PoolConfig(1, 1, 10.0), FixedPool(1))
+    sim.run(end_s=101.0)
+    out = figures(sim, 101.0)
+    assert out["first_request_count"] == 2 and out["first_request_p95_s"] == pytest.approx(0.5)
+    assert out["new_pod_first_count"] == 0 and out["new_pod_first_p95_s"] is None
+    assert out["no_warm_capacity"] == 2 and out["ttft_p95_s"] > 2.0  # the burst's second and third waited
+
+
+def test_reactive_follows_the_lagged_rate_one_sync_at_a_time() -> None:
+    # 4 req/s from t=0, 1 s per request (measured capacity 1 req/s per pod once one completes).  Each
+    # sync reads the 60 s window ending 15 s ago: t=30 sees [-45, 15) = 1 req/s (1 pod, within tolerance
+    # of the 1 it has), t=45 sees [-30, 30) = 2 req/s, t=60 3 req/s, t=75 the whole 4 req/s.
+    requests = [_req(k * 0.25) for k in range(4 * 300)]
+    hpa = HpaSettings()
+    sim = Simulation(requests, ONE_SECOND, PoolConfig(1, 20, 5.0), Reactive(hpa))
+    sim.run(end_s=300.0)
+    changes = [(t, asked) for (t, _, asked), (_, _, before) in
+               zip(sim.pod_timeline[1:], sim.pod_timeline, strict=False) if asked != before]
+    assert changes[:3] == [(45.0, 2), (60.0, 3), (75.0, 4)]
+    assert max(asked for _, _, asked in sim.pod_timeline) == 4  # never more than the rate needs
+    warm_times = [t for t, warm, _ in sim.pod_timeline if warm == 4]
+    assert warm_times and warm_times[0] == 75.0 + 5.0  # the last pod serves one cold start after it was asked
+
+
+def test_reactive_below_its_floor_goes_to_the_floor_at_once_like_the_hpa() -> None:
+    # No traffic: the HPA alone stays at minWarm.  A floor of 10 (the predictive minReplicas) is reached at
+    # the next sync, not through the scale-up rate limit (x2 or +4 per sync would need two syncs).
+    reactive = Reactive(HpaSettings())
+    sim = Simulation([_req(200.0)], ONE_SECOND, PoolConfig(1, 20, 5.0), reactive)
+    reactive.floor = 10
+    sim.run(end_s=20.0)
+    assert [(t, asked) for t, _, asked in sim.pod_timeline][:2] == [(0.0, 1), (15.0, 10)]
+
+
+def _bursts(minutes: int) -> list[TraceRequest]:
+    """Every minute, 30 requests in its first 10 s (3 req/s), then 50 s of nothing: 0.5 req/s on average."""
+    return [_req(60.0 * m + k / 3) for m in range(minutes) for k in range(30)]
+
+
+def test_predictive_records_each_steps_busiest_10_s_and_sizes_the_floor_for_it() -> None:
+    from warmpool_operator.predict.forecaster import TARGET_REQUESTS
+
+    requests = tuple(_bursts(12))
+    pool = PoolConfig(1, 20, 5.0)
+
+    def run(target: str) -> Predictive:
+        config = ForecasterConfig(use_model=False, only="last_value", target=target)
+        policy = Predictive(Reactive(HpaSettings()), Forecaster(config), PredictiveSpec(enabled=True,
+                            max_extra_replicas=20), requests, EPOCH, lead_s=5.0)
+        Simulation(requests, ONE_SECOND, pool, policy).run(end_s=requests[-1].t)
+        return policy
+
+    peak, count = run("peak"), run(TARGET_REQUESTS)
+    assert peak.history.requests[:10] == [30] * 10
+    assert peak.history.peak_requests[:10] == [180] * 10  # 30 in one 10 s sub-step = 180 per 60 s step
+    # 1 s per request (capacity 1 req/s per pod): the bursts need 3 pods, the minute's mean needs 1.
+    assert {f.predicted for f in peak.forecasts[3:]} == {3} and {f.floor for f in peak.forecasts[3:]} == {3}
+    assert {f.predicted for f in count.forecasts[3:]} == {1}
+    assert all(f.p90 == pytest.approx(3.0) for f in peak.forecasts[3:])  # req/s at the burst's rate

@@ -223,3 +223,14 @@ def test_help_imports_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert "usage: warmpool worker serve" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "loaded:"
+
+
+def test_partial_cache_is_off_by_default_and_its_timeout_is_checked() -> None:
+    from warmpool_worker.partial_cache import PartialCacheConfig
+
+    assert serve_config(build_parser().parse_args(SERVE)).partial_cache is None
+    on = serve_config(build_parser().parse_args([*SERVE, "--partial-cache", "--partial-cache-timeout", "30"]))
+    assert on.partial_cache == PartialCacheConfig(timeout_s=30.0)
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(ConfigError, match="--partial-cache-timeout"):
+            serve_config(build_parser().parse_args([*SERVE, "--partial-cache", "--partial-cache-timeout", bad]))

@@ -34,6 +34,7 @@ from warmpool_worker.weight_table import LM_HEAD, WEIGHT_TABLES, weight_table
 
 if TYPE_CHECKING:
     import torch
+    from warmpool_worker.partial_cache import PartialCache
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -127,11 +128,13 @@ class FileIdentity:
     def of(cls, st: os.stat_result) -> FileIdentity:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
-    def differences(self, other: FileIdentity) -> str:
-        """What changed, in words ('' when nothing did)."""
+    def differences(self, other: FileIdentity, mtime: bool = True) -> str:
+        """What changed, in words ('' when nothing did); `mtime=False` leaves the mtime out (a file
+        of a partial view is written while it fills: the same inode and size, a newer mtime)."""
         changed = [f"{name} {before} -> {after}" for name, before, after in (
             ("inode", self.inode, other.inode), ("device", self.device, other.device),
-            ("size", self.size, other.size), ("mtime_ns", self.mtime_ns, other.mtime_ns),
+            ("size", self.size, other.size),
+            ("mtime_ns", self.mtime_ns if mtime else 0, other.mtime_ns if mtime else 0),
         ) if before != after]
         return ", ".join(changed)
 
@@ -456,10 +459,15 @@ class Checkpoint:
     the path is renamed over meanwhile.  `verify_unchanged` compares that file's identity
     now with the one validated: the engine calls it before faulting in a layer, so a file
     truncated or rewritten in place is a WeightsChangedError, never a SIGBUS mid-request.
+
+    ``fill``: set when the files are a node cache's partial view still filling
+    (``warmpool_worker.partial_cache``): until it is complete the identity check leaves the mtime
+    out (the fill writes blocks into the files); once complete, the files as they are then become
+    the identities checked, mtime included.
     """
 
     def __init__(self, model_dir: Path, config: LlamaConfig, headers: list[SafetensorsHeader],
-                 config_bytes: bytes) -> None:
+                 config_bytes: bytes, fill: PartialCache | None = None) -> None:
         self.model_dir = model_dir
         self.config = config
         self.headers = headers
@@ -472,6 +480,7 @@ class Checkpoint:
         self._digest: str | None = None
         self._identities = {h.path: h.identity for h in headers if h.identity is not None}
         self._fds: dict[Path, int] = {}
+        self.fill = fill
         self._finalizer = weakref.finalize(self, _close_all, self._fds)
         for header in headers:
             try:
@@ -487,6 +496,13 @@ class Checkpoint:
 
     def verify_unchanged(self, paths: Iterable[Path]) -> None:
         """Raise WeightsChangedError naming the file if any of these changed since validation."""
+        paths = list(paths)
+        filling = self.fill is not None and not self.fill.complete()
+        if self.fill is not None and not filling:  # the fill completed: its files as they are now
+            self.fill = None
+            for path, open_fd in self._fds.items():
+                with contextlib.suppress(OSError):
+                    self._identities[path] = FileIdentity.of(os.fstat(open_fd))
         for path in paths:
             fd = self._fds.get(path)
             if fd is None:
@@ -498,7 +514,7 @@ class Checkpoint:
                 now = FileIdentity.of(os.fstat(fd))
             except OSError as error:
                 raise WeightsChangedError(f"{path}: cannot stat the validated weight file: {error}") from None
-            changed = expected.differences(now)
+            changed = expected.differences(now, mtime=not filling)
             if changed:
                 raise WeightsChangedError(
                     f"{path}: weight file changed in place since it was validated ({changed}); "
@@ -592,8 +608,11 @@ def _refuse_pickle_or_missing(model_dir: Path) -> ModelLoadError:
     return _fail(model_dir, f"no safetensors weights: expected {SINGLE_FILE} or {INDEX_FILE}")
 
 
-def open_checkpoint(model_dir: Path | str) -> Checkpoint:
-    """Validate a model directory and map its weights (headers only: fast, no full read)."""
+def open_checkpoint(model_dir: Path | str, fill: PartialCache | None = None) -> Checkpoint:
+    """Validate a model directory and map its weights (headers only: fast, no full read).
+
+    `fill`: the directory is a partial view still filling (see Checkpoint); the caller has
+    waited for what this reads (``PartialCache.wait_openable``)."""
     model_dir = Path(model_dir)
     if not model_dir.exists():
         raise _fail(model_dir, "model directory does not exist")
@@ -660,7 +679,7 @@ def open_checkpoint(model_dir: Path | str) -> Checkpoint:
             raise _fail(info.file, f"tensor {name!r} has shape {list(info.shape)}, config.json needs {list(shape)}")
         if info.dtype not in FLOAT_DTYPES:
             raise _fail(info.file, f"tensor {name!r} has dtype {info.dtype}; weights must be F32, F16 or BF16")
-    return Checkpoint(model_dir, config, headers, config_bytes)
+    return Checkpoint(model_dir, config, headers, config_bytes, fill)
 
 
 def read_generation_eos(model_dir: Path, config: LlamaConfig) -> tuple[int, ...]:

@@ -13,7 +13,6 @@ Only argparse and the standard library are imported before the arguments are par
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,12 +47,20 @@ from warmpool.contract import (
     DEFAULT_WORKER_PORT,
     ENGINE_SLEEP_APIS,
     ENV_POD_IP,
+    LOG_FORMAT_TEXT,
+    LOG_FORMATS,
 )
+from warmpool.logformat import configure_logging
 
 if TYPE_CHECKING:
     from warmpool_worker.config import GuardConfig, ListenConfig, ServeConfig, SidecarConfig, WarmupConfig
+    from warmpool_worker.tracing import TracingConfig
 
     from warmpool.tiering import Thresholds
+
+LEARNED_BUCKETS_HELP = ("warm-up lengths learned from traffic (the operator's JSON file, spec.warmup.learnBuckets): "
+                        "used instead of --buckets while the file is there and valid")
+
 
 def _buckets(text: str) -> tuple[int, ...]:
     from warmpool_worker.warmup import parse_buckets
@@ -92,11 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--prompts", type=Path, default=None, help="warm-up prompts file (JSON list or text)")
     serve.add_argument(
+        "--partial-cache", action="store_true",
+        help="the model directory may be a node cache's partial view still filling: wait for each "
+             "tensor's bytes before touching them (no effect on a directory without a fill progress record)",
+    )
+    serve.add_argument("--partial-cache-timeout", type=float, default=600.0,
+                       help="seconds one --partial-cache wait may take before the load fails")
+    serve.add_argument(
         "--buckets", type=_buckets, default=DEFAULT_LENGTH_BUCKETS, help="warm-up prompt lengths in tokens"
     )
     serve.add_argument(
         "--prompts-per-bucket", type=int, default=DEFAULT_PROMPTS_PER_BUCKET, help="warm-up prompts per bucket"
     )
+    serve.add_argument("--learned-buckets", type=Path, default=None, help=LEARNED_BUCKETS_HELP)
     serve.add_argument(
         "--decode-tokens", type=int, default=DEFAULT_DECODE_TOKENS, help="tokens decoded per warm-up prompt"
     )
@@ -170,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--cgroup-root", type=Path, default=Path(DEFAULT_CGROUP_ROOT), help="where cgroup v2 is mounted"
     )
     serve.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    serve.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
+                       help="text, or json: one object per line, with trace_id/span_id while a span is active")
 
     _add_sidecar_parser(commands)
     return parser
@@ -196,6 +213,7 @@ def _add_sidecar_parser(commands: Any) -> None:
     sc.add_argument("--buckets", type=_buckets, default=DEFAULT_LENGTH_BUCKETS, help="warm-up lengths in tokens")
     sc.add_argument("--prompts-per-bucket", type=int, default=DEFAULT_PROMPTS_PER_BUCKET,
                     help="warm-up prompts per bucket")
+    sc.add_argument("--learned-buckets", type=Path, default=None, help=LEARNED_BUCKETS_HELP)
     sc.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE_TOKENS,
                     help="tokens decoded per warm-up prompt")
     sc.add_argument("--chars-per-token", type=float, default=DEFAULT_CHARS_PER_TOKEN,
@@ -237,6 +255,8 @@ def _add_sidecar_parser(commands: Any) -> None:
     sc.add_argument("--engine-sleep-api", choices=ENGINE_SLEEP_APIS, default="auto",
                     help="the engine's sleep API: vllm, sglang, none, or auto (probe vLLM's GET /is_sleeping)")
     sc.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    sc.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
+                    help="text, or json: one object per line, with trace_id/span_id while a span is active")
 
 
 # -- from flags to configuration objects (the one place a flag meets its field) -------------
@@ -275,9 +295,10 @@ def _guard(args: argparse.Namespace) -> GuardConfig:
 
 def _warmup(args: argparse.Namespace) -> WarmupConfig:
     from warmpool_worker.config import WarmupConfig
+    from warmpool_worker.warmup import read_learned_buckets
 
     return WarmupConfig(
-        buckets=tuple(args.buckets),
+        buckets=read_learned_buckets(args.learned_buckets) or tuple(args.buckets),
         prompts_per_bucket=args.prompts_per_bucket,
         decode_tokens=args.decode_tokens,
         hot_layer_percent=args.hot_layer_percent,
@@ -286,10 +307,26 @@ def _warmup(args: argparse.Namespace) -> WarmupConfig:
     )
 
 
+def _tracing() -> TracingConfig:
+    """Tracing from the standard OTEL_* variables (on only when an OTLP endpoint is set)."""
+    from warmpool_worker.config import ConfigError
+    from warmpool_worker.tracing import TracingConfig, TracingConfigError
+
+    try:
+        return TracingConfig.from_env()
+    except TracingConfigError as error:
+        raise ConfigError("OTEL_* environment:", str(error)) from None
+
+
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     """`warmpool worker serve`'s flags as a checked `ServeConfig` (raises `ConfigError`)."""
     from warmpool_worker.config import ServeConfig, ServingLimits, SleepConfig
 
+    partial_cache = None
+    if args.partial_cache:
+        from warmpool_worker.partial_cache import PartialCacheConfig
+
+        partial_cache = PartialCacheConfig(args.partial_cache_timeout)
     return ServeConfig(
         model=args.model,
         model_name=args.model_name,
@@ -297,6 +334,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         dtype=args.dtype,
         heat_map=args.heat_map,
         kv_prefix_dir=args.kv_prefix_dir,
+        partial_cache=partial_cache,
         graph_capture=args.graph_capture,
         threads=args.threads,
         cgroup_root=args.cgroup_root,
@@ -305,6 +343,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         warmup=_warmup(args),
         limits=ServingLimits(max_queued_requests=args.max_queued_requests, max_tokens_limit=args.max_tokens_limit),
         sleep=SleepConfig(wake_timeout_s=args.wake_timeout, vllm_sleep_api=args.vllm_sleep_api),
+        tracing=_tracing(),
     )
 
 
@@ -342,10 +381,7 @@ def sidecar_config(args: argparse.Namespace) -> SidecarConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     from warmpool_worker.config import ConfigError, SidecarConfig
 
     try:

@@ -217,6 +217,14 @@ class CompletionsApi:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         arrived = time.monotonic()
+        # Counted on arrival, whatever the outcome: the operator's idle signal (and what it drains).
+        self.metrics.request_arrived()
+        try:
+            return await self._complete(request, arrived)
+        finally:
+            self.metrics.request_done()
+
+    async def _complete(self, request: web.Request, arrived: float) -> web.StreamResponse:
         try:
             body = await request.json()
         except json.JSONDecodeError as error:
@@ -342,6 +350,7 @@ class CompletionsApi:
                 self.metrics.set_queued(self.queue.leave(generation))
                 if generation.cancel.is_set():
                     return
+                busy_from = time.monotonic()
                 generator = engine.generate(prompt_ids, parsed.max_tokens, parsed.temperature)
                 try:
                     for step in generator:
@@ -354,6 +363,8 @@ class CompletionsApi:
                     close = getattr(generator, "close", None)
                     if close is not None:
                         close()
+                    # what the engine did for this request, failed or cut short included
+                    self.metrics.request_served(len(prompt_ids), generation.steps, time.monotonic() - busy_from)
         except BaseException as error:  # delivered to the handler, which answers for it
             if isinstance(error, NonFiniteLogitsError):
                 self._mark_unhealthy(error)

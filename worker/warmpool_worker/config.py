@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from warmpool_worker.defaults import (
@@ -38,6 +38,10 @@ from warmpool_worker.defaults import (
     DEFAULT_WAKE_TIMEOUT_S,
 )
 from warmpool_worker.device import valid_device
+
+if TYPE_CHECKING:  # only with --partial-cache is the module imported (the CLI builds it then)
+    from warmpool_worker.partial_cache import PartialCacheConfig
+from warmpool_worker.tracing import TracingConfig
 
 from warmpool.contract import (
     DEFAULT_ENGINE_HEALTH_PATH,
@@ -209,6 +213,7 @@ class ServeConfig:
     dtype: str | None = None  # None: per device and checkpoint (the engine checks the name)
     heat_map: Path | None = None
     kv_prefix_dir: Path | None = None  # persist / reload the warm-prefix KV here
+    partial_cache: PartialCacheConfig | None = None  # the model may be a partial view still filling
     graph_capture: bool = True  # CUDA graphs of the decode step after a full warm-up
     threads: int | None = None  # torch intra-op threads; None: from the CPU quota
     cgroup_root: Path = Path(DEFAULT_CGROUP_ROOT)
@@ -217,6 +222,7 @@ class ServeConfig:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     limits: ServingLimits = field(default_factory=ServingLimits)
     sleep: SleepConfig = field(default_factory=SleepConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)  # from the OTEL_* variables
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, Path) or not str(self.model):
@@ -228,6 +234,10 @@ class ServeConfig:
         _optional_file(self.kv_prefix_dir, "--kv-prefix-dir")
         if self.threads is not None:
             _positive_int(self.threads, "--threads")
+        if self.partial_cache is not None and not (
+                math.isfinite(self.partial_cache.timeout_s) and self.partial_cache.timeout_s > 0):
+            raise ConfigError("--partial-cache-timeout",
+                              f"must be a positive number of seconds, got {self.partial_cache.timeout_s!r}")
 
     @property
     def served_name(self) -> str:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from warmpool_worker.guard import TierGuard
@@ -20,6 +22,7 @@ from warmpool_worker.http_app import BadRequest
 
 from warmpool.contract import (
     CONTROL_FIELD_TIER,
+    CONTROL_FIELD_TRACEPARENT,
     CONTROL_FIELD_TTL,
     CONTROL_TOKEN_HEADER,
     DEFAULT_DIRECTIVE_TTL_SECONDS,
@@ -29,15 +32,19 @@ from warmpool.contract import (
     Tier,
 )
 
+if TYPE_CHECKING:
+    from warmpool_worker.tracing import TraceSink
+
 log = logging.getLogger(__name__)
 
 
 class ControlEndpoint:
     """The control handler one guard answers to; `mount` it on an app (serve and sidecar do)."""
 
-    def __init__(self, guard: TierGuard, token_file: Path | None) -> None:
+    def __init__(self, guard: TierGuard, token_file: Path | None, traces: TraceSink | None = None) -> None:
         self.guard = guard
         self.token_file = token_file
+        self.traces = traces  # tracing on: a directive that changes the tier is a span in its sender's trace
 
     def mount(self, app: web.Application) -> None:
         app.router.add_post(PATH_CONTROL_TIER, self.control_tier)
@@ -88,5 +95,17 @@ class ControlEndpoint:
                 f"(0, {MAX_DIRECTIVE_TTL_SECONDS:g}], got {ttl!r}",
                 param=CONTROL_FIELD_TTL,
             )
+        traceparent = body.get(CONTROL_FIELD_TRACEPARENT)
+        if traceparent is not None:
+            from warmpool_worker.tracing import valid_traceparent  # stdlib only: no OpenTelemetry
+
+            if not valid_traceparent(traceparent):
+                raise BadRequest(400, f"{CONTROL_FIELD_TRACEPARENT} must be a W3C traceparent "
+                                 f"(00-<32 hex>-<16 hex>-<2 hex>), got {traceparent!r}",
+                                 param=CONTROL_FIELD_TRACEPARENT)
+        before = self.guard.state
+        started = time.time()
         state = self.guard.set_directive(Tier(raw_tier), float(ttl))
+        if self.traces is not None and isinstance(traceparent, str) and before.directive is not state.directive:
+            self.traces.directive(traceparent, state.effective.value, before.effective.value, started, time.time())
         return web.json_response(state.describe())

@@ -14,7 +14,8 @@ What the sidecar needs from the engine, and nothing more:
 * ``scrape()``: ``/metrics`` parsed with ``prometheus_client.parser``: the engine's KV-cache
   usage (vLLM under both of its names; absent -> None, never 0) and a process identity
   (``process_start_time_seconds``, or our own worker's process_start phase) so a restart
-  between two health probes is still seen.
+  between two health probes is still seen; and the request figures vLLM exports (requests,
+  running, waiting, generated tokens, token-length histograms: :mod:`.sidecar_signals`).
 
 Every body is read whole, to EOF, under MAX_BODY_BYTES (:mod:`warmpool.http_body`), then
 parsed: a body cut short, or longer than the bound, is an unusable answer (Unknown), never
@@ -31,10 +32,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from warmpool_worker.sidecar_signals import EngineSignals, signals_from_samples
 
 from warmpool.contract import METRIC_PHASE_TIMESTAMP, VLLM_KV_CACHE_USAGE_METRICS
 from warmpool.http_body import BodyTooLarge, read_bounded
@@ -79,6 +81,7 @@ class EngineScrape:
     kv_cache_usage: float | None  # 0..1, None when the engine exports no such figure
     kv_cache_metric: str | None  # which name it came from
     process_start: float | None  # identity: changes when the engine process restarts
+    signals: EngineSignals = field(default_factory=EngineSignals)  # request figures, each None when absent
 
 
 def _positive_int(value: object) -> int | None:
@@ -119,31 +122,34 @@ def parse_completion(body: object) -> str:
 
 
 def parse_metrics(text: str) -> EngineScrape:
-    """KV-cache usage (both vLLM names; the highest series if several) and a process identity."""
+    """KV-cache usage (both vLLM names; the highest series if several), a process identity and
+    the request figures."""
     from prometheus_client.parser import text_string_to_metric_families
 
     usage: dict[str, float] = {}
     start: float | None = None
     own_start: float | None = None
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                value = sample.value
-                if not isinstance(value, float | int) or not math.isfinite(value):
-                    continue
-                if sample.name in VLLM_KV_CACHE_USAGE_METRICS and value >= 0:
-                    usage[sample.name] = max(usage.get(sample.name, 0.0), float(value))
-                elif sample.name == "process_start_time_seconds":
-                    start = float(value)
-                elif sample.name == METRIC_PHASE_TIMESTAMP and sample.labels.get("phase") == "process_start":
-                    own_start = float(value)
+        samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
     except (ValueError, TypeError, IndexError) as error:  # the parser raises these on bad text
         log.debug("engine /metrics did not parse: %s", error)
         return EngineScrape(None, None, None)
+    signals = signals_from_samples(samples)
+    for sample in samples:
+        value = sample.value
+        if not isinstance(value, float | int) or not math.isfinite(value):
+            continue
+        if sample.name in VLLM_KV_CACHE_USAGE_METRICS and value >= 0:
+            usage[sample.name] = max(usage.get(sample.name, 0.0), float(value))
+        elif sample.name == "process_start_time_seconds":
+            start = float(value)
+        elif sample.name == METRIC_PHASE_TIMESTAMP and sample.labels.get("phase") == "process_start":
+            own_start = float(value)
+    identity = start if start is not None else own_start
     for name in VLLM_KV_CACHE_USAGE_METRICS:  # the current name wins when both are exported
         if name in usage:
-            return EngineScrape(usage[name], name, start if start is not None else own_start)
-    return EngineScrape(None, None, start if start is not None else own_start)
+            return EngineScrape(usage[name], name, identity, signals)
+    return EngineScrape(None, None, identity, signals)
 
 
 class EngineClient:

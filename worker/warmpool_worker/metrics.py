@@ -29,6 +29,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics import MetricWrapperBase
+from warmpool_worker.sidecar_signals import EngineSignals, EngineSignalsCollector
 
 from warmpool.contract import (
     LABEL_BUCKET,
@@ -40,6 +42,7 @@ from warmpool.contract import (
     LABEL_SOURCE,
     LABEL_TIER,
     METRIC_DIRECTIVE_ACTIVE,
+    METRIC_ENGINE_BUSY_SECONDS,
     METRIC_ENGINE_MEMORY_RATIO,
     METRIC_ENGINE_RESTARTS,
     METRIC_ENGINE_UP,
@@ -62,9 +65,13 @@ from warmpool.contract import (
     METRIC_PREFETCH_RESIDENT_BYTES,
     METRIC_PREFETCH_TARGET_BYTES,
     METRIC_READY,
+    METRIC_REQUEST_GENERATED_TOKENS,
+    METRIC_REQUEST_PROMPT_TOKENS,
     METRIC_REQUESTS_CANCELLED,
+    METRIC_REQUESTS_IN_FLIGHT,
     METRIC_REQUESTS_QUEUED,
     METRIC_REQUESTS_REJECTED,
+    METRIC_REQUESTS_TOTAL,
     METRIC_SLEEP_CAPABLE,
     METRIC_SLEEP_LEVEL,
     METRIC_SLEEP_RELEASED_BYTES,
@@ -80,6 +87,7 @@ from warmpool.contract import (
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
     PHASES,
+    TOKEN_LENGTH_EDGES,
     Tier,
 )
 
@@ -184,6 +192,12 @@ class WorkerMetrics:
         self.generated_tokens = Counter(
             METRIC_GENERATED_TOKENS, "Tokens generated for served requests", registry=r
         )
+        self.requests_total = Counter(
+            METRIC_REQUESTS_TOTAL, "Completions received (counted on arrival, whatever their outcome)", registry=r
+        )
+        self.requests_in_flight = Gauge(
+            METRIC_REQUESTS_IN_FLIGHT, "Completions received and not yet answered", registry=r
+        )
         self.requests_queued = Gauge(
             METRIC_REQUESTS_QUEUED, "Requests admitted and waiting for the engine", registry=r
         )
@@ -225,6 +239,17 @@ class WorkerMetrics:
         )
         self.wakes_on_request = Counter(
             METRIC_WAKES_ON_REQUEST, "Completions that found the engine asleep and woke it", registry=r
+        )
+        self.request_prompt_tokens = Histogram(
+            METRIC_REQUEST_PROMPT_TOKENS, "Prompt tokens per served request",
+            buckets=TOKEN_LENGTH_EDGES, registry=r,
+        )
+        self.request_generated_tokens = Histogram(
+            METRIC_REQUEST_GENERATED_TOKENS, "Tokens generated per served request",
+            buckets=TOKEN_LENGTH_EDGES, registry=r,
+        )
+        self.engine_busy = Counter(
+            METRIC_ENGINE_BUSY_SECONDS, "Seconds the engine spent generating for served requests", registry=r
         )
         self.ready.set(0)
         self.directive_active.set(0)
@@ -308,6 +333,19 @@ class WorkerMetrics:
     def token_generated(self) -> None:
         self.generated_tokens.inc()
 
+    def request_arrived(self) -> None:
+        self.requests_total.inc()
+        self.requests_in_flight.inc()
+
+    def request_done(self) -> None:
+        self.requests_in_flight.dec()
+
+    def request_served(self, prompt_tokens: int, generated_tokens: int, busy_seconds: float) -> None:
+        """One request the engine worked on (cancelled ones too: they used the engine)."""
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generated_tokens.observe(generated_tokens)
+        self.engine_busy.inc(max(0.0, busy_seconds))
+
     def set_queued(self, waiting: int) -> None:
         self.requests_queued.set(waiting)
 
@@ -377,6 +415,23 @@ class SidecarMetrics(WorkerMetrics):
             METRIC_PREFETCH_FILE_ERRORS, "Weight files the prefetch could not use", registry=r
         )
         self.engine_up.set(0)
+        #: The engine's request figures replace the built-in worker's series of the same names
+        #: (the sidecar serves no requests itself: a request counter stuck at 0 would read as
+        #: "idle" and put a busy engine to sleep; an engine without the figure has none, and the
+        #: operator never puts it to sleep).
+        self.engine_signals = EngineSignalsCollector()
+        self._replace_series(self.engine_signals)
+
+    def _replace_series(self, collector: EngineSignalsCollector) -> None:
+        """Unregister every inherited metric whose name ``collector`` owns, then register it."""
+        owned = {family.name for family in collector.describe()}
+        for value in list(vars(self).values()):
+            if isinstance(value, MetricWrapperBase) and any(f.name in owned for f in value.describe()):
+                self.registry.unregister(value)
+        self.registry.register(collector)
+
+    def set_engine_signals(self, signals: EngineSignals) -> None:
+        self.engine_signals.update(signals)
 
     def set_engine_memory(self, ratio: float | None, source: str | None) -> None:
         self.engine_memory.clear()  # unknown is absent, never 0

@@ -41,6 +41,7 @@ from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
 from warmpool_worker.server import WorkerServer
 from warmpool_worker.sleep import SleepController
+from warmpool_worker.tracing import ColdStartRecorder, TraceSink
 from warmpool_worker.warmup import (
     PromptsError,
     WarmupPlan,
@@ -71,6 +72,9 @@ class WorkerRuntime:
         self.prompts: list[str] = []
         self.stop = asyncio.Event()
         self.exit_code = 0  # non-zero once serving has failed for good (a restart is the fix)
+        #: tracing on only: the sink, and the cold start's steps until they are handed to it
+        self.traces = TraceSink(config.tracing, device) if config.tracing.enabled else None
+        self.recorder = ColdStartRecorder(self.metrics.process_start) if self.traces is not None else None
 
     def _refresh_engine_metrics(self) -> None:
         engine = self.status.engine
@@ -84,8 +88,15 @@ class WorkerRuntime:
 
     def _on_layer(self, resident: int, total: int, index: int) -> None:
         self.metrics.mark_phase("first_layer_ready")
+        if self.recorder is not None:
+            self.recorder.layer(index)
         self.metrics.set_layers(resident, total)
         log.info("layer %d loaded (%d/%d resident)", index, resident, total)
+
+    def _on_prefill(self, bucket: int) -> None:
+        self.metrics.warmup_prefill_done(bucket)
+        if self.recorder is not None:
+            self.recorder.prefill(bucket)
 
     def _stricter_than(self, plan: WarmupPlan, deadline: float | None) -> Callable[[], bool]:
         def should_stop() -> bool:
@@ -101,6 +112,8 @@ class WorkerRuntime:
         """Run (the rest of) a plan; False if cut short by a stricter tier or the deadline."""
         self.status.plan = plan
         self.metrics.set_planned(plan.per_bucket())
+        if self.recorder is not None:
+            self.recorder.tier = plan.tier.value
         step = (
             plan
             if not layers_only
@@ -114,7 +127,7 @@ class WorkerRuntime:
                 self.status.progress,
                 engine_lock=self.engine_lock,
                 on_layer=self._on_layer,
-                on_prefill=self.metrics.warmup_prefill_done,
+                on_prefill=self._on_prefill,
                 should_stop=self._stricter_than(plan, deadline),
                 kv_dir=self.config.kv_prefix_dir,
                 on_kv_save_error=self.metrics.kv_prefix_save_failed,
@@ -134,8 +147,14 @@ class WorkerRuntime:
         from warmpool_worker.engine import load_engine  # torch and the engine: after the thread sizing
 
         started = time.monotonic()
-        engine: Engine = load_engine(config.model, self.device, config.dtype, config.model_name)
-        self.metrics.mark_phase("weights_mapped")
+        if self.recorder is not None:
+            self.recorder.imports_done(time.time())
+        engine: Engine = load_engine(config.model, self.device, config.dtype, config.model_name,
+                                     partial_cache=config.partial_cache)
+        mapped_at = time.time()
+        self.metrics.mark_phase("weights_mapped", mapped_at)
+        if self.recorder is not None:
+            self.recorder.weights_mapped(mapped_at)
         log.info(
             "weights mapped: %s (%d layers, context %d, device %s, digest %s) in %.2fs",
             engine.model_name,
@@ -175,7 +194,12 @@ class WorkerRuntime:
         self.metrics.mark_phase("warmup_done")
         self.status.stage = STAGE_READY
         self.metrics.set_ready(True)
-        self.metrics.mark_phase("ready")
+        ready_at = time.time()
+        self.metrics.mark_phase("ready", ready_at)
+        if self.recorder is not None and self.traces is not None:
+            self.recorder.ready(ready_at)
+            self.traces.cold_start_done(self.recorder, engine.model_digest, ready_at)
+            self.recorder = None  # handed over: a later top-up is not part of the cold start
         log.info(
             "ready: %d/%d layers resident, warm-up %s, %.2fs since process start",
             engine.layers_resident(),
@@ -191,7 +215,10 @@ class WorkerRuntime:
             return
         if not isinstance(engine, GraphCapture):
             return
+        started = time.time()
         timings = engine.capture_graphs()
+        if self.recorder is not None and timings:
+            self.recorder.graph_capture(started, time.time())
         if timings:
             log.info("captured CUDA graphs for decode batch buckets %s in %.3fs",
                      sorted(timings), sum(timings.values()))
@@ -269,10 +296,10 @@ async def serve_worker(config: ServeConfig) -> int:
     device = await asyncio.to_thread(resolve_device, config.device)
     runtime = WorkerRuntime(config, device)
     listen = config.listen
-    control = ControlEndpoint(runtime.guard, listen.control_token_file)
+    control = ControlEndpoint(runtime.guard, listen.control_token_file, runtime.traces)
     sleep = SleepController(runtime.status, runtime.metrics, runtime.engine_lock, config.sleep.wake_timeout_s)
     server = WorkerServer(runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, control, config.limits,
-                          sleep, config.sleep.vllm_sleep_api)
+                          sleep, config.sleep.vllm_sleep_api, runtime.traces)
     started = await start_site(server.app(), listen.host, listen.port, log)
     if started is None:
         return 1
@@ -311,5 +338,7 @@ async def serve_worker(config: ServeConfig) -> int:
         runtime.stop.set()
         await cancel_tasks((guard_task, background))
         await runner.cleanup()
+        if runtime.traces is not None:
+            await asyncio.to_thread(runtime.traces.shutdown)  # flush the spans still queued
     log.info("worker stopped (exit %d)", exit_code)
     return exit_code

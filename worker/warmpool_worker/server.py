@@ -16,7 +16,8 @@ Errors are JSON (`http_app.json_errors`); the server goes on serving after any o
 from __future__ import annotations
 
 import threading
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from warmpool_worker.completions import CompletionsApi
@@ -31,6 +32,12 @@ from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import PATH_HEALTH, PATH_LIVEZ, PATH_METRICS, PATH_READYZ
 
+if TYPE_CHECKING:
+    from warmpool_worker.tracing import TraceSink
+
+#: The route whose requests are traced (the first one always, later ones sampled).
+TRACED_PATH = "/v1/completions"
+
 
 class WorkerServer:
     def __init__(
@@ -43,7 +50,9 @@ class WorkerServer:
         limits: ServingLimits,
         sleep: SleepController | None = None,
         vllm_sleep_api: bool = False,
+        traces: TraceSink | None = None,
     ) -> None:
+        self.traces = traces
         self.status = status
         self.metrics = metrics
         self.guard = guard
@@ -54,7 +63,9 @@ class WorkerServer:
                                   wake=None if sleep is None else sleep.wake_for_request)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors])
+        # The tracing middleware exists only with tracing on: off, a request pays nothing for it.
+        middlewares = [json_errors] if self.traces is None else [self.trace_requests, json_errors]
+        app = web.Application(middlewares=middlewares)
         app.router.add_get(PATH_LIVEZ, self.livez)
         app.router.add_get(PATH_READYZ, self.readyz)
         app.router.add_get(PATH_HEALTH, self.health)
@@ -64,6 +75,22 @@ class WorkerServer:
         if self.sleep_endpoint is not None:
             self.sleep_endpoint.mount(app)
         return app
+
+    @web.middleware
+    async def trace_requests(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != TRACED_PATH or self.traces is None:
+            return await handler(request)  # type: ignore[no-any-return]
+        started = time.time()
+        status = 500
+        try:
+            response: web.StreamResponse = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as error:
+            status = error.status
+            raise
+        finally:
+            self.traces.request(started, time.time(), self.guard.state.effective.value, status)
 
     # -- probes and metrics ------------------------------------------------------------
     async def livez(self, _request: web.Request) -> web.Response:

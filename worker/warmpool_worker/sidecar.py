@@ -76,7 +76,7 @@ log = logging.getLogger("warmpool.sidecar")
 #: Backoff between whole warm-up attempts against an engine that is up but failing them.
 RETRY_WARMUP_MIN_S = 1.0
 RETRY_WARMUP_MAX_S = 30.0
-#: How often the engine's /metrics is scraped (KV-cache figure, restart identity).
+#: How often the engine's /metrics is scraped (KV-cache figure, restart identity, request figures).
 SCRAPE_INTERVAL_S = 2.0
 #: Keep this many recent warm-up errors in the /readyz body.
 RECENT_ERRORS = 5
@@ -278,6 +278,7 @@ class Sidecar:
         self.engine.kv_cache_usage = scrape.kv_cache_usage
         self.engine.kv_cache_metric = scrape.kv_cache_metric
         self.metrics.set_engine_memory(scrape.kv_cache_usage, scrape.kv_cache_metric)
+        self.metrics.set_engine_signals(scrape.signals)
         if scrape.process_start is not None:
             self.engine.identity = scrape.process_start
 

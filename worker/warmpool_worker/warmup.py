@@ -42,7 +42,7 @@ from warmpool_worker.config import WarmupConfig
 from warmpool_worker.defaults import DEFAULT_CHARS_PER_TOKEN, DEFAULT_DECODE_TOKENS, DEFAULT_PROMPTS_PER_BUCKET
 from warmpool_worker.engine_api import Engine, LayerProgress, ModelLoadError
 
-from warmpool.contract import DEFAULT_HOT_LAYER_PERCENT, DEFAULT_LENGTH_BUCKETS, Tier
+from warmpool.contract import DEFAULT_HOT_LAYER_PERCENT, DEFAULT_LENGTH_BUCKETS, LEARNED_BUCKETS_FORMAT, Tier
 from warmpool.heatmap import hot_layers
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,37 @@ def parse_buckets(text: str) -> tuple[int, ...]:
     if not values or any(v <= 0 for v in values):
         raise ValueError(f"buckets must be positive token counts, got {text!r}")
     return tuple(sorted(set(values)))
+
+
+#: Largest learned-buckets file read (a few numbers; anything bigger is not one).
+MAX_LEARNED_BUCKETS_BYTES = 4096
+
+
+def read_learned_buckets(path: Path | None) -> tuple[int, ...] | None:
+    """The warm-up lengths the operator learned from traffic (spec.warmup.learnBuckets), written
+    into the WarmModel's ConfigMap; None when there are none yet (no file: ``--buckets`` stands).
+
+    A file that is there but unusable is logged, naming what is wrong, and ``--buckets`` stands:
+    a bad learned file must never keep a pod from warming up."""
+    if path is None or not path.exists():
+        return None
+    try:
+        raw = path.read_bytes()[: MAX_LEARNED_BUCKETS_BYTES + 1]
+        if len(raw) > MAX_LEARNED_BUCKETS_BYTES:
+            raise ValueError(f"larger than {MAX_LEARNED_BUCKETS_BYTES} bytes")
+        document = json.loads(raw)
+        if not isinstance(document, dict) or document.get("format") != LEARNED_BUCKETS_FORMAT:
+            raise ValueError(f"not a {LEARNED_BUCKETS_FORMAT} document")
+        buckets = document.get("buckets")
+        if (not isinstance(buckets, list) or not buckets or len(buckets) > 16
+                or any(not isinstance(b, int) or isinstance(b, bool) or b <= 0 for b in buckets)):
+            raise ValueError(f"buckets must be 1..16 positive token counts, got {buckets!r}"[:200])
+    except (OSError, ValueError) as error:
+        log.warning("learned warm-up lengths %s not used (%s): warming at --buckets", path, error)
+        return None
+    learned = tuple(sorted(set(buckets)))
+    log.info("warming at the lengths learned from traffic %s (from %s)", list(learned), path)
+    return learned
 
 
 # -- planning (pure) --------------------------------------------------------------------

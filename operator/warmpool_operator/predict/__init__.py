@@ -14,4 +14,7 @@ code over a real trace.  One module per job:
 - :mod:`.forecaster`: candidates, periodic retraining, and the best recent performer.
 - :mod:`.decision`: desired warm pods from the forecast, the measured capacity and lead time.
 - :mod:`.buckets`: warm-up lengths learned from the prompt-length histogram.
+
+The one exception to "no I/O": :mod:`.store` keeps a WarmModel's history in a ConfigMap it
+owns (the Kubernetes client the operator uses), loaded back when the operator starts.
 """

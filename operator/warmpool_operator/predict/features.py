@@ -1,4 +1,4 @@
-"""Features for forecasting the request count of a step from the steps before it.
+"""Features for forecasting a step's request figure (its count, or its peak) from the steps before it.
 
 The reference design: sliding windows of 15 minutes moved by 60 s.  For a forecast made
 after step ``end - 1`` (the last one observed) of the count at step ``end - 1 + horizon``:
@@ -11,7 +11,10 @@ after step ``end - 1`` (the last one observed) of the count at step ``end - 1 + 
   ``time_of_day_min_steps`` (2 days by default: one day cannot tell a daily pattern from noise);
 - ``dow_sin, dow_cos`` (day of week), only once it spans ``day_of_week_min_steps`` (14 days:
   each weekday seen at least twice).  With the default 7-day retention that never happens,
-  so weekly features need a longer retention; this is deliberate, not an oversight.
+  so weekly features need a longer retention; this is deliberate, not an oversight;
+- with a *companion* series (the step counts, when the series forecast is the steps' peaks):
+  ``count_lag_1``, ``count_mean_W`` and ``count_max_W``, so the model sees the mean level the
+  bursts ride on beside the bursts themselves.
 
 Missing steps are NaN (LightGBM routes them); rolling statistics skip them.  One function
 builds every row, so training and inference can never disagree on a feature.
@@ -51,6 +54,7 @@ class FeatureSet:
     long_window: int
     time_of_day: bool
     day_of_week: bool
+    companion: bool = False  # count_* features from a companion series (see the module docstring)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -61,14 +65,16 @@ class FeatureSet:
             names += ["tod_sin", "tod_cos"]
         if self.day_of_week:
             names += ["dow_sin", "dow_cos"]
+        if self.companion:
+            names += ["count_lag_1", f"count_mean_{self.window}", f"count_max_{self.window}"]
         return tuple(names)
 
 
-def feature_set(config: FeatureConfig, history_steps: int) -> FeatureSet:
-    """The features a history of ``history_steps`` steps supports."""
+def feature_set(config: FeatureConfig, history_steps: int, companion: bool = False) -> FeatureSet:
+    """The features a history of ``history_steps`` steps supports (``companion``: with count_* features)."""
     return FeatureSet(window=config.window, long_window=config.long_window,
                       time_of_day=history_steps >= config.time_of_day_min_steps,
-                      day_of_week=history_steps >= config.day_of_week_min_steps)
+                      day_of_week=history_steps >= config.day_of_week_min_steps, companion=companion)
 
 
 def as_series(values: Sequence[float | None]) -> FloatArray:
@@ -77,14 +83,18 @@ def as_series(values: Sequence[float | None]) -> FloatArray:
 
 
 def feature_matrix(series: FloatArray, first_step: int, horizon: int, features: FeatureSet,
-                   step_s: int) -> FloatArray:
+                   step_s: int, companion: FloatArray | None = None) -> FloatArray:
     """One row per forecast origin ``end`` in ``window .. len(series)`` (row i: end = window + i).
 
     Row ``i`` describes ``series[:end]`` and the target step ``end - 1 + horizon``;
-    ``first_step`` is the step index (unix time // step_s) of ``series[0]``.
+    ``first_step`` is the step index (unix time // step_s) of ``series[0]``.  ``companion``
+    (the same steps as ``series``) is required exactly when ``features.companion``.
     """
     if horizon < 1:
         raise ValueError(f"horizon must be >= 1 step, got {horizon}")
+    if features.companion != (companion is not None) or (companion is not None and len(companion) != len(series)):
+        raise ValueError(f"features {'need' if features.companion else 'take no'} companion series of "
+                         f"{len(series)} steps, got {None if companion is None else len(companion)}")
     w = features.window
     n = len(series)
     if n < w:
@@ -97,6 +107,9 @@ def feature_matrix(series: FloatArray, first_step: int, horizon: int, features: 
         std = np.nanstd(windows, axis=1)
         low = np.nanmin(windows, axis=1)
         high = np.nanmax(windows, axis=1)
+        if companion is not None:
+            other = np.lib.stride_tricks.sliding_window_view(companion, w)
+            other_columns = [other[:, -1:], np.nanmean(other, axis=1)[:, None], np.nanmax(other, axis=1)[:, None]]
     ends = np.arange(w, n + 1)
     long_mean = _trailing_mean(series, ends, features.long_window)
     slope = (windows[:, -1] - windows[:, 0]) / w
@@ -108,13 +121,15 @@ def feature_matrix(series: FloatArray, first_step: int, horizon: int, features: 
     if features.day_of_week:
         angle = 2 * math.pi * (target_seconds % (7 * 86400)) / (7 * 86400)
         columns += [np.sin(angle)[:, None], np.cos(angle)[:, None]]
+    if companion is not None:
+        columns += other_columns
     return np.hstack(columns).astype(np.float64)
 
 
 def training_rows(series: FloatArray, first_step: int, horizon: int, features: FeatureSet, step_s: int,
-                  max_rows: int) -> tuple[FloatArray, FloatArray]:
-    """(X, y) for every origin whose target is observed, the most recent ``max_rows`` of them."""
-    matrix = feature_matrix(series, first_step, horizon, features, step_s)
+                  max_rows: int, companion: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:
+    """(X, y) for every origin whose target (in ``series``) is observed, the most recent ``max_rows`` of them."""
+    matrix = feature_matrix(series, first_step, horizon, features, step_s, companion)
     usable = len(matrix) - horizon  # the last `horizon` origins have no target yet
     if usable <= 0:
         return matrix[:0], np.empty(0, dtype=np.float64)
@@ -126,10 +141,12 @@ def training_rows(series: FloatArray, first_step: int, horizon: int, features: F
 
 
 def latest_row(series: FloatArray, first_step: int, horizon: int, features: FeatureSet,
-               step_s: int) -> FloatArray | None:
+               step_s: int, companion: FloatArray | None = None) -> FloatArray | None:
     """The row for a forecast made now (origin = len(series)); None when the history is shorter than a window."""
-    tail = series[-(features.long_window + features.window):]
-    matrix = feature_matrix(tail, first_step + len(series) - len(tail), horizon, features, step_s)
+    keep = features.long_window + features.window
+    tail = series[-keep:]
+    matrix = feature_matrix(tail, first_step + len(series) - len(tail), horizon, features, step_s,
+                            None if companion is None else companion[-keep:])
     return matrix[-1:] if len(matrix) else None
 
 

@@ -13,6 +13,13 @@ there is no forecast at all, and the reason says why: the caller scales reactive
 or at once when the horizons change; the operator calls it from a background thread
 (the model is swapped in whole, so a concurrent :meth:`predict` sees the old or the new).
 CPU time of both is counted (``thread_time``) so its cost per WarmModel can be reported.
+
+**What is forecast** (``ForecasterConfig.target``): by default each step's *peak*
+(:meth:`~.history.History.peak_rates`: the step's busiest sub-step rate, as requests per step),
+because capacity sized for a step's mean queues the bursts inside it; where a history holds no
+peak the step's count stands in, so such a history forecasts exactly as with ``target="requests"``
+(the step's count).  When the history holds peaks, the LightGBM model also gets the counts as
+companion features.  Every candidate forecasts, and is scored on, the same target.
 """
 
 from __future__ import annotations
@@ -27,11 +34,14 @@ from warmpool_operator.predict import baselines
 from warmpool_operator.predict.baselines import Baseline, BaselineConfig, QuantileForecast
 from warmpool_operator.predict.evaluation import Scoreboard
 from warmpool_operator.predict.features import FeatureConfig, FloatArray, as_series
-from warmpool_operator.predict.history import History
+from warmpool_operator.predict.history import MISSING, History
 from warmpool_operator.predict.quantile_model import QuantileModel, QuantileModelConfig, train
 
 LIGHTGBM = "lightgbm"
 CANDIDATES = (LIGHTGBM, *(b.value for b in Baseline))
+TARGET_PEAK = "peak"
+TARGET_REQUESTS = "requests"
+TARGETS = (TARGET_PEAK, TARGET_REQUESTS)
 
 
 @dataclass(frozen=True)
@@ -48,8 +58,11 @@ class ForecasterConfig:
     max_recent_missing_steps: int = 3
     use_model: bool = True  # False: baselines only (no LightGBM import, no training)
     only: str | None = None  # use this candidate whenever it can forecast (a benchmark's per-forecaster run)
+    target: str = TARGET_PEAK  # what is forecast per step (see the module docstring)
 
     def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown forecast target {self.target!r}; known: {', '.join(TARGETS)}")
         if self.only is not None and self.only not in CANDIDATES:
             raise ValueError(f"unknown forecaster {self.only!r}; known: {', '.join(CANDIDATES)}")
         if self.retrain_every_steps < 1:
@@ -58,7 +71,8 @@ class ForecasterConfig:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What the forecaster says after the step ``last_step`` (counts per step, not per second)."""
+    """What the forecaster says after the step ``last_step`` (requests per step, not per second: the
+    step's peak or its count, as ``target`` says)."""
 
     last_step: int
     model: str | None  # the candidate used; None when nothing has been observed
@@ -66,6 +80,7 @@ class Prediction:
     forecasts: tuple[QuantileForecast, ...]  # the used candidate's, one per horizon asked
     candidates: Mapping[str, tuple[QuantileForecast, ...]]
     recent_loss: float | None  # the used candidate's recent quantile loss, when scored
+    target: str = TARGET_REQUESTS  # what was forecast (ForecasterConfig.target)
 
     @property
     def p90(self) -> float | None:
@@ -100,13 +115,17 @@ class Forecaster:
         if not self.wants_model() or not len(history):
             return False
         wanted = frozenset(horizons)
+        series, companion = self.series(history)
+        model = self.model
         due = (self._last_train_attempt is None or wanted != self._attempted_horizons
                or history.end - self._last_train_attempt >= self.config.retrain_every_steps
-               or (self.model is None and history.end > self._last_train_attempt))
+               or (model is None and history.end > self._last_train_attempt)
+               # peaks began (or stopped) arriving: the model's features no longer match what it is given
+               or (model is not None and model.features.companion != (companion is not None)))
         if not due:
             return False
         started = time.thread_time()
-        outcome = train(as_series(history.rates()), history.start, wanted, self.config.features, self.config.model)
+        outcome = train(series, history.start, wanted, self.config.features, self.config.model, companion)
         self.cpu_train_s += time.thread_time() - started
         self._last_train_attempt, self._attempted_horizons = history.end, wanted
         self.train_reason = outcome.reason
@@ -124,6 +143,15 @@ class Forecaster:
         finally:
             self.cpu_predict_s += time.thread_time() - started
 
+    def series(self, history: History) -> tuple[FloatArray, FloatArray | None]:
+        """The series forecast (the configured target, NaN where missing) and the companion counts (only
+        when the target is the peak and the history holds some peak: otherwise the two are the same)."""
+        if self.config.target == TARGET_REQUESTS:
+            return as_series(history.rates()), None
+        peaks = as_series(history.peak_rates())
+        has_peaks = any(p != MISSING for p in history.peak_requests)
+        return peaks, as_series(history.rates()) if has_peaks else None
+
     def update(self, history: History, horizons: Sequence[int]) -> Prediction:
         """:meth:`maybe_train` then :meth:`predict` on the calling thread (a benchmark's loop)."""
         self.maybe_train(history, horizons)
@@ -132,37 +160,38 @@ class Forecaster:
     def _predict(self, history: History, horizons: tuple[int, ...]) -> Prediction:
         if not horizons or min(horizons) < 1:
             raise ValueError(f"horizons must be >= 1 step, got {horizons}")
-        self._score(history)
+        series, companion = self.series(history)
+        self._score(history, series)
         last_step = history.end - 1
-        series = as_series(history.rates())
+        target = self.config.target
         if not np.any(~np.isnan(series)):
-            return Prediction(last_step, None, "no observed steps yet", (), {}, None)
+            return Prediction(last_step, None, "no observed steps yet", (), {}, None, target)
         missing = _trailing_missing(series)
         if missing >= self.config.max_recent_missing_steps:
             return Prediction(last_step, None, f"request metrics missing or unusable for the last {missing} steps: "
-                              "no forecast (reactive scaling only)", (), {}, None)
-        offered = self._candidates(series, history.start, horizons)
+                              "no forecast (reactive scaling only)", (), {}, None, target)
+        offered = self._candidates(series, history.start, horizons, companion)
         for name, forecasts in offered.items():
             for forecast in forecasts:
                 self.scoreboard.record(name, last_step + forecast.horizon, forecast)
         name, reason = self._choose(offered)
         loss = next((s.loss for s in self.scoreboard.standings() if s.candidate == name), None)
-        return Prediction(last_step, name, reason, offered.get(name, ()), offered, loss)
+        return Prediction(last_step, name, reason, offered.get(name, ()), offered, loss, target)
 
-    def _score(self, history: History) -> None:
+    def _score(self, history: History, series: FloatArray) -> None:
         start = history.start if self._scored_until is None else max(self._scored_until, history.start)
         for step in range(start, history.end):
-            count = history.requests[step - history.start]
-            self.scoreboard.observe(step, None if count < 0 else float(count))
+            value = float(series[step - history.start])
+            self.scoreboard.observe(step, None if np.isnan(value) else value)
         self._scored_until = history.end
         self.scoreboard.drop_before(history.start)
 
-    def _candidates(self, series: FloatArray, first_step: int,
-                    horizons: tuple[int, ...]) -> dict[str, tuple[QuantileForecast, ...]]:
+    def _candidates(self, series: FloatArray, first_step: int, horizons: tuple[int, ...],
+                    companion: FloatArray | None = None) -> dict[str, tuple[QuantileForecast, ...]]:
         offered: dict[str, tuple[QuantileForecast, ...]] = {}
         model = self.model  # one read: a background retrain may swap it
         if model is not None and self.wants_model():
-            made = [model.predict(series, first_step, h, self.config.features.step_s) for h in horizons]
+            made = [model.predict(series, first_step, h, self.config.features.step_s, companion) for h in horizons]
             if all(f is not None for f in made):
                 offered[LIGHTGBM] = tuple(f for f in made if f is not None)
         for kind in Baseline:

@@ -2,7 +2,10 @@
 
 Each step (60 s by default) holds the number of requests, and the prompt and generated tokens
 they carried; a step whose metrics were missing or garbage is held as *missing*, never as
-zero (zero is a real observation: no traffic).  Prompt and generated lengths also go into
+zero (zero is a real observation: no traffic).  It may also hold the step's *peak*: the
+requests the step would have seen had it run throughout at the rate of its busiest sub-step
+(:data:`PEAK_SUBSTEP_S`, 10 s, by default): load that comes in bursts shorter than a step
+queues at the burst's rate, which the step's count averages away.  Prompt and generated lengths also go into
 histograms over :data:`~.lengths.LENGTH_EDGES`, one per hour slot, so the learned warm-up
 buckets follow the same retention as the rates.  Everything older than the retention
 (7 days by default) is dropped as new steps arrive.
@@ -14,10 +17,12 @@ Serialised form (:func:`dumps`), for a ConfigMap value::
 The JSON is ``{"format": "warmpool.history", "version": 1, "step_s", "retention_s",
 "slot_s", "edges", "start", "requests", "prompt_tokens", "generated_tokens",
 "prompt_hist", "generated_hist"}`` with ``-1`` for a missing step and the histograms as
-``{slot: [counts...]}``.  Seven full days (10,080 steps, 168 hour slots) take about 45 kB
-with tens of requests per step and about 100 kB with thousands (random counts, which
-compress worst; measured in ``tests/unit/test_predict_history.py``), well under a
-ConfigMap's 1 MiB.  :func:`loads` refuses anything else with :class:`HistoryFormatError` naming what is
+``{slot: [counts...]}``, and optionally ``"peak_requests"`` (same length as ``"requests"``,
+``-1`` where unknown).  The peaks came later within version 1: a document without them loads
+with every peak unknown, and an older reader ignores them.  Seven full days (10,080 steps, 168
+hour slots) take about 45 kB with tens of requests per step and about 100 kB with thousands
+(random counts, which compress worst; measured in ``tests/unit/test_predict_history.py``),
+well under a ConfigMap's 1 MiB.  :func:`loads` refuses anything else with :class:`HistoryFormatError` naming what is
 wrong; :func:`loads_or_empty` is what a caller that must not fail uses.
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +47,9 @@ MISSING = -1
 MAX_DECODED_BYTES = 8 * 2**20
 #: Counts above this in one step are not a plausible observation (garbage, or a counter reset read as a delta).
 MAX_STEP_COUNT = 10**12
+#: The sub-step a step's peak is measured over, when the producer can choose (the replay benchmark does;
+#: the operator's is its scrape interval).  Shorter than a step: the trace's bursts last 10-30 s.
+PEAK_SUBSTEP_S = 10
 
 
 class HistoryFormatError(ValueError):
@@ -75,10 +84,15 @@ class StepObservation:
     generated_tokens: int = 0
     prompt_lengths: tuple[int, ...] = ()  # counts per length bin, or () when not known
     generated_lengths: tuple[int, ...] = ()
+    #: The busiest sub-step's count scaled to the whole step (count x step ÷ sub-step, rounded up);
+    #: None when not measured.  See :func:`peak_of`.
+    peak_requests: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("requests", "prompt_tokens", "generated_tokens"):
+        for name in ("requests", "prompt_tokens", "generated_tokens", "peak_requests"):
             value = getattr(self, name)
+            if name == "peak_requests" and value is None:
+                continue
             if not 0 <= value <= MAX_STEP_COUNT:
                 raise ValueError(f"{name} must be within 0..{MAX_STEP_COUNT}, got {value}")
         for name in ("prompt_lengths", "generated_lengths"):
@@ -87,9 +101,24 @@ class StepObservation:
                 raise ValueError(f"{name} must be {BIN_COUNT} non-negative counts, got {list(counts)[:8]}...")
 
 
+def peak_of(sub_step_counts: Sequence[int], step_s: int, sub_step_s: float) -> int:
+    """A step's peak from its sub-steps' request counts: the busiest one's count scaled to the step."""
+    if not 0 < sub_step_s <= step_s:
+        raise ValueError(f"sub-step must be within (0, {step_s}] s, got {sub_step_s}")
+    if any(c < 0 for c in sub_step_counts):
+        raise ValueError(f"sub-step counts must be >= 0, got {list(sub_step_counts)[:8]}")
+    busiest = max(sub_step_counts, default=0)
+    # The epsilon keeps a float product that lands a hair above a whole number from adding a request.
+    return math.ceil(busiest * step_s / sub_step_s - 1e-9)
+
+
 @dataclass
 class History:
-    """Steps ``start .. start + len(requests) - 1`` (step index = unix time // step_s)."""
+    """Steps ``start .. start + len(requests) - 1`` (step index = unix time // step_s).
+
+    ``peak_requests`` runs beside ``requests`` (:data:`MISSING` where a step's peak is unknown);
+    a history built without it (an older caller, an older document) gets every peak unknown.
+    """
 
     limits: HistoryLimits = field(default_factory=HistoryLimits)
     start: int = 0
@@ -98,6 +127,13 @@ class History:
     generated_tokens: list[int] = field(default_factory=list)
     prompt_hist: dict[int, list[int]] = field(default_factory=dict)  # slot -> counts per bin
     generated_hist: dict[int, list[int]] = field(default_factory=dict)
+    peak_requests: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.peak_requests) > len(self.requests):
+            raise ValueError(f"peak_requests holds {len(self.peak_requests)} steps, requests {len(self.requests)}")
+        # Unknown peaks for the oldest steps (a history built before peaks were kept, or without them).
+        self.peak_requests[:0] = [MISSING] * (len(self.requests) - len(self.peak_requests))
 
     @property
     def end(self) -> int:
@@ -121,22 +157,35 @@ class History:
         if gap >= self.limits.points:  # everything held is older than the retention
             self._clear(step)
         else:
-            for series in (self.requests, self.prompt_tokens, self.generated_tokens):
+            for series in self._series():
                 series.extend([MISSING] * gap)
         if observation is None:
-            values = (MISSING, MISSING, MISSING)
+            values = (MISSING, MISSING, MISSING, MISSING)
         else:
-            values = (observation.requests, observation.prompt_tokens, observation.generated_tokens)
+            peak = MISSING if observation.peak_requests is None else observation.peak_requests
+            values = (observation.requests, observation.prompt_tokens, observation.generated_tokens, peak)
             slot = step * self.limits.step_s // self.limits.slot_s
             _add_counts(self.prompt_hist, slot, observation.prompt_lengths)
             _add_counts(self.generated_hist, slot, observation.generated_lengths)
-        for series, value in zip((self.requests, self.prompt_tokens, self.generated_tokens), values, strict=True):
+        for series, value in zip(self._series(), values, strict=True):
             series.append(value)
         self._trim()
 
     def rates(self) -> list[float | None]:
         """Requests per step, None where missing."""
         return [None if r == MISSING else float(r) for r in self.requests]
+
+    def peak_rates(self) -> list[float | None]:
+        """Each step's peak (requests per step at its busiest sub-step's rate), None where the step is missing.
+
+        Where the peak is unknown, the step's count stands in (a peak is never below the mean rate),
+        so a history without peaks forecasts exactly as :meth:`rates` does.
+        """
+        return [None if r == MISSING else float(r if p == MISSING else max(r, p))
+                for r, p in zip(self.requests, self.peak_requests, strict=True)]
+
+    def _series(self) -> tuple[list[int], ...]:
+        return (self.requests, self.prompt_tokens, self.generated_tokens, self.peak_requests)
 
     def prompt_histogram(self) -> list[int]:
         return _sum_slots(self.prompt_hist)
@@ -146,7 +195,7 @@ class History:
 
     def _clear(self, step: int) -> None:
         self.start = step
-        for series in (self.requests, self.prompt_tokens, self.generated_tokens):
+        for series in self._series():
             series.clear()
         self.prompt_hist.clear()
         self.generated_hist.clear()
@@ -154,7 +203,8 @@ class History:
     def _trim(self) -> None:
         excess = len(self.requests) - self.limits.points
         if excess > 0:
-            del self.requests[:excess], self.prompt_tokens[:excess], self.generated_tokens[:excess]
+            for series in self._series():
+                del series[:excess]
             self.start += excess
         first_slot = self.start * self.limits.step_s // self.limits.slot_s
         for hist in (self.prompt_hist, self.generated_hist):
@@ -197,6 +247,8 @@ def dumps(history: History) -> str:
         "prompt_hist": {str(slot): _trimmed(c) for slot, c in sorted(history.prompt_hist.items())},
         "generated_hist": {str(slot): _trimmed(c) for slot, c in sorted(history.generated_hist.items())},
     }
+    if any(p != MISSING for p in history.peak_requests):  # an older reader ignores it; absent when all unknown
+        document["peak_requests"] = history.peak_requests
     raw = json.dumps(document, separators=(",", ":")).encode()
     return PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
@@ -268,9 +320,12 @@ def _from_document(document: Any) -> History:
         raise HistoryFormatError(f"history series differ in length: {[len(s) for s in series]}")
     if len(series[0]) > limits.points:
         raise HistoryFormatError(f"history holds {len(series[0])} steps, more than its retention ({limits.points})")
+    peaks = _series(document, "peak_requests") if "peak_requests" in document else []
+    if "peak_requests" in document and len(peaks) != len(series[0]):
+        raise HistoryFormatError(f"history field 'peak_requests' holds {len(peaks)} steps, 'requests' {len(series[0])}")
     history = History(limits=limits, start=start, requests=series[0], prompt_tokens=series[1],
                       generated_tokens=series[2], prompt_hist=_histograms(document, "prompt_hist"),
-                      generated_hist=_histograms(document, "generated_hist"))
+                      generated_hist=_histograms(document, "generated_hist"), peak_requests=peaks)
     first_slot = start * limits.step_s // limits.slot_s
     last_slot = (history.end - 1) * limits.step_s // limits.slot_s
     for name, hist in (("prompt_hist", history.prompt_hist), ("generated_hist", history.generated_hist)):

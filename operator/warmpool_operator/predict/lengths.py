@@ -11,10 +11,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
+from warmpool.contract import TOKEN_LENGTH_EDGES
+
 #: Upper edges (inclusive) of the length bins; a length above the last lands in the overflow bin.
-LENGTH_EDGES: tuple[int, ...] = tuple(
-    sorted({1 << shift for shift in range(4, 18)} | {3 << shift for shift in range(3, 16)})
-)
+#: The contract owns them: the workers' token histograms use the same buckets.
+LENGTH_EDGES: tuple[int, ...] = TOKEN_LENGTH_EDGES
 #: Bins: one per edge plus the overflow bin (lengths above ``LENGTH_EDGES[-1]``).
 BIN_COUNT = len(LENGTH_EDGES) + 1
 

@@ -69,10 +69,13 @@ class QuantileModel:
     def horizons(self) -> frozenset[int]:
         return frozenset(h for h, _ in self.boosters)
 
-    def predict(self, series: FloatArray, first_step: int, horizon: int, step_s: int) -> QuantileForecast | None:
-        if (horizon, QUANTILES[0]) not in self.boosters:
+    def predict(self, series: FloatArray, first_step: int, horizon: int, step_s: int,
+                companion: FloatArray | None = None) -> QuantileForecast | None:
+        """The forecast now; None when the model has no such horizon, or was trained with(out) a
+        companion series and is now asked without (with) one."""
+        if (horizon, QUANTILES[0]) not in self.boosters or self.features.companion != (companion is not None):
             return None
-        row = latest_row(series, first_step, horizon, self.features, step_s)
+        row = latest_row(series, first_step, horizon, self.features, step_s, companion)
         if row is None:
             return None
         p50, p90 = (float(self.boosters[(horizon, q)].predict(row, num_threads=1)[0]) for q in QUANTILES)
@@ -89,10 +92,11 @@ class TrainOutcome:
 
 
 def train(series: FloatArray, first_step: int, horizons: Iterable[int], feature_config: FeatureConfig,
-          config: QuantileModelConfig) -> TrainOutcome:
-    """Train p50 and p90 models for each horizon on ``series``; no model (with the reason) when too short."""
-    features = feature_set(feature_config, int(np.count_nonzero(~np.isnan(series))))
-    data = {h: training_rows(series, first_step, h, features, feature_config.step_s, config.max_rows)
+          config: QuantileModelConfig, companion: FloatArray | None = None) -> TrainOutcome:
+    """Train p50 and p90 models for each horizon on ``series`` (with ``companion``'s count_* features when
+    given); no model (with the reason) when too short."""
+    features = feature_set(feature_config, int(np.count_nonzero(~np.isnan(series))), companion is not None)
+    data = {h: training_rows(series, first_step, h, features, feature_config.step_s, config.max_rows, companion)
             for h in sorted(set(horizons))}
     shortest = min((len(y) for _, y in data.values()), default=0)
     if shortest < config.min_rows:

@@ -9,7 +9,9 @@ right there, under the same lock, so a request never sees a missing weight.
 On CPU, in the checkpoint's own dtype, a weight is the file's mapping itself (zero copy):
 loading a layer faults its pages in, in order.  Other dtypes convert in one pass.  On CUDA,
 copies go through the pinned stager.  Before any page of a layer is touched, the files under
-it are checked to be the ones validated (WeightsChangedError otherwise, never a SIGBUS).
+it are checked to be the ones validated (WeightsChangedError otherwise, never a SIGBUS), and on
+a node cache's partial view (``Checkpoint.fill``) its tensors' bytes are waited for, bounded
+(``partial_cache.PartialCache.wait``: a PartialCacheError names the file and layer otherwise).
 
 Sleep (`release` / `restore`, vLLM's levels):
 
@@ -90,12 +92,19 @@ class LayerStore:
         out.copy_(tensor)
         return out
 
-    def _load_named(self, parts: Sequence[tuple[str, str]]) -> Weights:
+    def _load_named(self, parts: Sequence[tuple[str, str]], what: str) -> Weights:
         tensors = self.checkpoint.tensors
         missing = [name for _, name in parts if name not in tensors]
         if missing:  # the table needs it: loading without it would compute a different model
             raise ModelLoadError(f"{self.checkpoint.model_dir}: tensors the {self.checkpoint.config.model_type} "
                                  f"weight table needs are not in the checkpoint: {', '.join(missing)}")
+        fill = self.checkpoint.fill
+        if fill is not None:  # a partial view still filling: the bytes first (bounded wait)
+            starts = {h.path: h.data_start for h in self.checkpoint.headers}
+            for _, name in parts:
+                info = tensors[name]
+                fill.wait(info.file, starts[info.file] + info.begin, starts[info.file] + info.end,
+                          f"{what}: tensor {name!r}")
         # The files under the mapping must still be the ones validated: a file truncated in
         # place would SIGBUS on the first page touched below, one rewritten would be garbage.
         self.checkpoint.verify_unchanged({tensors[name].file for _, name in parts})
@@ -124,7 +133,7 @@ class LayerStore:
             return core
         with self._lock:
             if self._core is None:
-                loaded = self._load_named(self.table.core_names())
+                loaded = self._load_named(self.table.core_names(), "the core (embeddings, norm, head)")
                 if self.table.tied_head:
                     loaded["head"] = loaded["embed"]
                 self._core = loaded
@@ -139,7 +148,7 @@ class LayerStore:
             layer = self._layers[index]
             if layer is None:
                 started = time.perf_counter()
-                layer = self._load_named(self.table.layer_names(index))
+                layer = self._load_named(self.table.layer_names(index), f"layer {index}")
                 self.load_seconds[index] = time.perf_counter() - started
                 self._layers[index] = layer  # published only once complete
             return layer

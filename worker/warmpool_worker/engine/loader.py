@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from warmpool_worker.checkpoint import TOKENIZER_FILE, LlamaConfig, open_checkpoint
+from warmpool_worker.checkpoint import DIGEST_SAMPLE_BYTES, TOKENIZER_FILE, LlamaConfig, open_checkpoint
 from warmpool_worker.engine.llama import LlamaEngine
 from warmpool_worker.engine_api import ModelLoadError
+
+if TYPE_CHECKING:
+    from warmpool_worker.partial_cache import PartialCacheConfig
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -40,9 +43,12 @@ def resolve_dtype(name: str | None, config: LlamaConfig, device: torch.device) -
 
 
 def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = None,
-                model_name: str | None = None, **options: Any) -> LlamaEngine:
+                model_name: str | None = None, partial_cache: PartialCacheConfig | None = None,
+                **options: Any) -> LlamaEngine:
     """Validate and map a checkpoint, read its tokenizer; no weight is read yet (fast).
 
+    `partial_cache`: the directory may be a node cache's partial view; what opening reads is
+    waited for first, and each tensor's bytes before they are touched (``partial_cache.py``).
     `options` go to LlamaEngine (heat_half_life_s, clock, graph_max_len).
     """
     model_dir = Path(model_dir)
@@ -54,7 +60,15 @@ def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = None,
         raise ModelLoadError(f"device {device!r} asked for but CUDA is not available")
     if dev.type not in ("cpu", "cuda"):
         raise ModelLoadError(f"device {device!r} is not supported (cpu or cuda)")
-    checkpoint = open_checkpoint(model_dir)
+    fill = None
+    if partial_cache is not None:
+        from warmpool_worker.partial_cache import PartialCache  # only a worker started with --partial-cache
+
+        fill = PartialCache.open(model_dir, partial_cache)
+    if fill is not None:
+        fill.wait_openable(DIGEST_SAMPLE_BYTES)
+        model_name = model_name or model_dir.name  # the view's own name carries the fill's lease version
+    checkpoint = open_checkpoint(model_dir, fill)
     tokenizer_path = model_dir / TOKENIZER_FILE
     if not tokenizer_path.is_file():
         raise ModelLoadError(f"{tokenizer_path}: file is missing (the engine reads tokenizer.json)")

@@ -1,0 +1,201 @@
+"""The node agent's decisions and its cache-side work, without the API server (standard library only).
+
+``agent_kube.py`` watches the cluster and calls into this module: which WarmModels have an
+object-store source (:func:`model_ref`), the source object for one (:func:`open_source`), the
+order to fill in -- the first block of every safetensors file (its header says where each
+layer's tensors lie), then the heat map's layers hottest first (:func:`heat_order`) -- how much
+of a revision the cache holds (:func:`cached_bytes`), and which node labels to set or drop
+(:func:`label_changes`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from warmpool import cachekeys, contract
+from warmpool.heatmap import HeatMap, HeatMapError
+from warmpool_nodecache.blocks import BlockStore
+from warmpool_nodecache.layout import CacheLayout
+from warmpool_nodecache.manifest import BlockRef, Manifest
+from warmpool_nodecache.order import BlockOrder, LayerRanges, heat_block_order, layers_first
+from warmpool_nodecache.source import Source
+from warmpool_nodecache.spec import credentials_from_secret_data, source_from_spec
+
+#: A decoder layer's tensor names ("model.layers.7.mlp..."): the same families the worker's
+#: prefetch knows (warmpool_worker.prefetch, which the agent's image does not ship).
+_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
+#: A safetensors header larger than this is refused (the format's own readers cap it alike).
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """One WarmModel with an object-store source, as the agent needs it."""
+
+    namespace: str
+    name: str
+    uid: str
+    source: dict[str, Any]  # {"http": {...}} or {"s3": {...}}, camelCase as in the API
+    fingerprint: str
+    secret_name: str | None  # s3: the Secret with the keys
+    #: spec.model.startOnPartialCache: fill as a partial view, and keep partial/<hex> naming the revision
+    partial: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def model_ref(obj: Mapping[str, Any]) -> ModelRef | None:
+    """The WarmModel as a ModelRef when its source is http or s3; None otherwise."""
+    meta = obj.get("metadata") or {}
+    model = (obj.get("spec") or {}).get("model") or {}
+    for kind in ("http", "s3"):
+        block = model.get(kind)
+        if isinstance(block, Mapping):
+            source = {kind: dict(block)}
+            secret = (block.get("secretRef") or {}).get("name") if kind == "s3" else None
+            return ModelRef(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")), source,
+                            cachekeys.source_fingerprint(source), secret,
+                            partial=model.get("startOnPartialCache") is True)
+    return None
+
+
+def open_source(source: Mapping[str, Any], secret_data: Mapping[str, str] | None, secret: str = "the Secret") -> Source:
+    """The Source object for a WarmModel's http/s3 block (``secret_data``: the s3 Secret's ``.data``,
+    base64 values as the API returns them; None for http or an s3 source without a secretRef)."""
+    credentials = None if secret_data is None else credentials_from_secret_data(secret_data, secret)
+    return source_from_spec(source, credentials=credentials)
+
+
+def safetensors_header(first_block: bytes, describe: str) -> dict[str, Any] | None:
+    """The JSON header of a safetensors file from its first bytes; None when it runs past them."""
+    if len(first_block) < 8:
+        return None
+    (length,) = struct.unpack("<Q", first_block[:8])
+    if length > MAX_HEADER_BYTES:
+        raise ValueError(f"{describe}: safetensors header of {length} bytes is implausible")
+    if 8 + length > len(first_block):
+        return None
+    header = json.loads(first_block[8:8 + length])
+    if not isinstance(header, dict):
+        raise ValueError(f"{describe}: safetensors header is not a JSON object")
+    header["__data_start__"] = 8 + length
+    return header
+
+
+def layer_ranges(headers: Mapping[str, Mapping[str, Any]]) -> tuple[int, LayerRanges]:
+    """(number of layers, layer -> byte spans) from each file's safetensors header."""
+    spans: dict[int, list[tuple[str, int, int]]] = {}
+    for path, header in headers.items():
+        start = int(header["__data_start__"])
+        for name, info in header.items():
+            if name.startswith("__") or not isinstance(info, Mapping):
+                continue
+            match = _LAYER_RE.search(name)
+            offsets = info.get("data_offsets")
+            if match is None or not isinstance(offsets, list) or len(offsets) != 2:
+                continue
+            spans.setdefault(int(match.group(1)), []).append((path, start + int(offsets[0]), start + int(offsets[1])))
+    return (max(spans) + 1 if spans else 0), spans
+
+
+def header_blocks(manifest: Manifest) -> list[BlockRef]:
+    """The first block of every safetensors file (fetched first: the headers order the rest)."""
+    return [ref for ref in manifest.block_refs() if ref.index == 0 and ref.path.endswith(".safetensors")]
+
+
+def heat_order(manifest: Manifest, headers: Mapping[str, Mapping[str, Any]], heat_text: str | None) -> BlockOrder:
+    """Header blocks, then the layers hottest first (the default order without a usable heat map)."""
+    num_layers, ranges = layer_ranges(headers)
+    heat: dict[int, float] | None = None
+    if heat_text:
+        try:
+            parsed = HeatMap.from_json(json.loads(heat_text), "the WarmModel's heat map")
+            heat = parsed.heat if parsed.num_layers == num_layers else None
+        except (ValueError, HeatMapError):
+            heat = None  # advisory: a bad map only costs the order
+    by_heat = heat_block_order(heat, num_layers, ranges)
+    first = header_blocks(manifest)
+
+    def order(m: Manifest) -> list[BlockRef]:
+        return first + [ref for ref in by_heat(m) if ref.index != 0 or not ref.path.endswith(".safetensors")]
+
+    return order
+
+
+def core_spans(headers: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, int, int]]:
+    """Byte spans of the tensors outside the decoder layers (embeddings, final norm, head)."""
+    spans: list[tuple[str, int, int]] = []
+    for path, header in headers.items():
+        start = int(header["__data_start__"])
+        for name, info in header.items():
+            offsets = info.get("data_offsets") if isinstance(info, Mapping) else None
+            if name.startswith("__") or _LAYER_RE.search(name) or not isinstance(offsets, list) or len(offsets) != 2:
+                continue
+            spans.append((path, start + int(offsets[0]), start + int(offsets[1])))
+    return spans
+
+
+def start_order(manifest: Manifest, headers: Mapping[str, Mapping[str, Any]], heat_text: str | None) -> BlockOrder:
+    """What a worker started on a partial view needs, in the order it needs it: the files that are
+    not weights (config, tokenizer, index: read whole at start), the header blocks, the core tensors
+    (the engine loads them before any layer), then the layers hottest first (:func:`heat_order`)."""
+    by_heat = heat_order(manifest, headers, heat_text)
+    core = layers_first([0], {0: core_spans(headers)})
+
+    def order(m: Manifest) -> list[BlockRef]:
+        small = [ref for ref in m.block_refs() if not ref.path.endswith(".safetensors")]
+        first = header_blocks(m)
+        chosen: list[BlockRef] = []
+        seen: set[tuple[str, int]] = set()
+        for ref in [*small, *first, *core(m), *by_heat(m)]:
+            if (ref.path, ref.index) not in seen:
+                seen.add((ref.path, ref.index))
+                chosen.append(ref)
+        return chosen
+
+    return order
+
+
+def cached_bytes(layout: CacheLayout, manifest: Manifest) -> int:
+    """Bytes of the revision's (distinct) blocks present in the cache."""
+    store = BlockStore(layout)
+    seen: set[str] = set()
+    total = 0
+    for ref in manifest.block_refs():
+        if ref.sha256 not in seen:
+            seen.add(ref.sha256)
+            if store.has(ref.sha256):
+                total += ref.length
+    return total
+
+
+def unique_bytes(manifest: Manifest) -> int:
+    seen: set[str] = set()
+    total = 0
+    for ref in manifest.block_refs():
+        if ref.sha256 not in seen:
+            seen.add(ref.sha256)
+            total += ref.length
+    return total
+
+
+def published_digests(layout: CacheLayout) -> set[str]:
+    if not layout.revisions.is_dir():
+        return set()
+    return {f"sha256:{p.name}" for p in layout.revisions.iterdir() if p.is_dir() and len(p.name) == 64}
+
+
+def label_changes(labels: Mapping[str, str], published: set[str]) -> dict[str, str | None]:
+    """The node-label patch (None drops a label) that makes the cache labels match ``published``."""
+    want = {cachekeys.cache_node_label(d): contract.CACHE_NODE_LABEL_VALUE for d in published}
+    prefix = contract.CACHE_NODE_LABEL_PREFIX + "/"
+    patch: dict[str, str | None] = {k: None for k in labels if k.startswith(prefix) and k not in want}
+    patch.update({k: v for k, v in want.items() if labels.get(k) != v})
+    return patch

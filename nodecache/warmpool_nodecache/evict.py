@@ -1,0 +1,141 @@
+"""Eviction: LRU-K (K=2) over revision uses, down to a size budget, never a revision in use.
+
+A revision's eviction key is its K-th most recent use (``uses/<digest>``); a revision used fewer
+than K times has none and goes first (LRU-K's rule: one use says little), ties broken by the
+most recent use.  A revision is in use -- and never evicted -- while a live process holds a pin
+on it (``use.pinned``) or maps one of its files (``/proc/*/maps``, see ``use.mapped_revisions``).
+Removing a revision renames its directory away first (readers see it whole or not at all),
+then frees every block no remaining manifest references.  Size is disk usage (allocated bytes,
+each inode once) of the blocks and the revisions' files; reflinked extents count twice, which
+errs on the side of evicting.  The whole pass runs under the cache-wide lock held exclusive,
+so it waits for fills in progress (bounded) and leaves their blocks alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+from dataclasses import dataclass
+
+from warmpool.contract import FILL_PROGRESS_SUFFIX
+from warmpool_nodecache.blocks import BlockStore
+from warmpool_nodecache.gclock import gc_lock
+from warmpool_nodecache.layout import CacheLayout
+from warmpool_nodecache.manifest import ManifestError, parse_manifest
+from warmpool_nodecache.use import live_pins, mapped_revisions, use_times
+
+LRU_K = 2
+
+
+@dataclass(frozen=True)
+class EvictResult:
+    evicted: tuple[str, ...]  # digests (hex), in eviction order
+    in_use: tuple[str, ...]  # revisions kept because a process pins or maps them
+    bytes_before: int
+    bytes_after: int
+    blocks_freed: int
+
+
+def cache_bytes(layout: CacheLayout) -> int:
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for top in (layout.blocks, layout.revisions):
+        for dirpath, _, filenames in os.walk(top):
+            for name in filenames:
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.lstat(os.path.join(dirpath, name))
+                    if (st.st_dev, st.st_ino) not in seen:
+                        seen.add((st.st_dev, st.st_ino))
+                        total += st.st_blocks * 512
+    return total
+
+
+def lru_k_key(times: list[float], k: int = LRU_K) -> tuple[float, float]:
+    """Sort key, smallest evicted first: (K-th most recent use or -inf, most recent use or -inf)."""
+    kth = times[-k] if len(times) >= k else -math.inf
+    return (kth, times[-1] if times else -math.inf)
+
+
+def _published(layout: CacheLayout) -> list[str]:
+    if not layout.revisions.is_dir():
+        return []
+    return sorted(p.name for p in layout.revisions.iterdir() if p.is_dir())
+
+
+def _drop_abandoned_fills(layout: CacheLayout, published: set[str]) -> None:
+    """Manifests and staging of fills that died unpublished (no fill runs while we hold the lock exclusive)."""
+    if layout.manifests.is_dir():
+        for path in layout.manifests.glob("*.json"):
+            if path.stem not in published:
+                path.unlink()
+    if layout.staging.is_dir():
+        # Directories (views, staged blocks) before files (their progress records): a view never
+        # outlives its record.  A published revision's record stays until the revision goes: a
+        # worker started on the view may still read it.
+        for path in sorted(layout.staging.iterdir(), key=lambda p: not p.is_dir()):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.name.split(".")[0] not in published:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+    if layout.partial.is_dir():
+        for link in layout.partial.iterdir():
+            if not link.exists():  # its view is gone: the fill died or failed
+                with contextlib.suppress(FileNotFoundError):
+                    link.unlink()
+
+
+def _free_unreferenced_blocks(layout: CacheLayout) -> int:
+    referenced: set[str] = set()
+    if layout.manifests.is_dir():
+        for path in layout.manifests.glob("*.json"):
+            try:
+                referenced |= parse_manifest(path.read_text(), str(path)).unique_blocks()
+            except ManifestError as exc:
+                raise RuntimeError(f"{path}: a cached manifest no longer parses ({exc}); not freeing blocks") from None
+    store = BlockStore(layout)
+    freed = 0
+    for sha in store.all_blocks() - referenced:
+        store.remove(sha)
+        freed += 1
+    return freed
+
+
+def evict(
+    layout: CacheLayout, budget_bytes: int, *, k: int = LRU_K, lock_timeout_s: float = 30.0,
+    keep: frozenset[str] = frozenset(),
+) -> EvictResult:
+    """Evict revisions (LRU-K) until the cache fits `budget_bytes` or only revisions in use are left.
+
+    ``keep``: digests (hex) counted as in use besides pins and maps -- the node agent's revisions
+    that pods on its node need but may not have mapped yet."""
+    if budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+    with gc_lock(layout, exclusive=True, timeout_s=lock_timeout_s):
+        before = cache_bytes(layout)
+        published = _published(layout)
+        _drop_abandoned_fills(layout, set(published))
+        freed = _free_unreferenced_blocks(layout)
+        mapped = mapped_revisions(layout)
+        in_use = [d for d in published if d in keep or d in mapped or live_pins(layout, d)]
+        candidates = sorted((d for d in published if d not in in_use), key=lambda d: lru_k_key(use_times(layout, d), k))
+        evicted: list[str] = []
+        size = cache_bytes(layout)
+        for digest in candidates:
+            if size <= budget_bytes:
+                break
+            trash = layout.staging / f".evict-{digest}.{os.getpid()}"
+            layout.staging.mkdir(parents=True, exist_ok=True)
+            os.rename(layout.revision(digest), trash)
+            shutil.rmtree(trash)
+            records = list(layout.staging.glob(f"{digest}.*{FILL_PROGRESS_SUFFIX}"))
+            for leftover in (layout.manifest(digest), layout.uses / digest, layout.partial_link(digest), *records):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
+            shutil.rmtree(layout.pins / digest, ignore_errors=True)
+            freed += _free_unreferenced_blocks(layout)
+            evicted.append(digest)
+            size = cache_bytes(layout)
+        return EvictResult(tuple(evicted), tuple(in_use), before, size, freed)

@@ -1,0 +1,307 @@
+"""Filling one revision into the cache: hottest blocks first, resumable, one download however many race.
+
+1. The manifest comes from the source and is validated; every file's size is checked at the
+   source (HEAD) before the cache is touched, so a manifest that lies about sizes, or names a
+   file the source lacks, fails with the cache exactly as it was.
+2. A published revision is returned at once (nothing downloaded).
+3. The fill lease serialises fillers: the one holding it downloads; the others wait, bounded,
+   for the revision to be published -- or for the lease to expire (its holder died), and then
+   take it over with a higher version.
+4. The holder fetches each missing block in the given order (blocks already stored are skipped,
+   so a fill killed midway resumes where it stopped), verifies it on arrival (a corrupt block is
+   fetched again, a bounded number of times), materialises the files in a staging directory, and
+   publishes it by renaming it to ``revisions/<digest>`` under the lease's fence.
+
+The fetches overlap (``pipeline.OrderedPool``): ``fetch_workers`` threads each fetch, verify and
+stage one block (``BlockStore.stage``: written, not yet fsynced, under the fill's staging), at
+most ``2 x fetch_workers`` blocks ahead of the one the fill takes next, so memory stays at
+``fetch_workers x block size`` of fetched bytes.  The fill takes the staged blocks in its order
+(hot-first) and commits them in batches (``BlockStore.commit``: fsync, rename into ``blocks/``,
+fsync of the shards, in a commit thread beside the fetches: ``commits.BlockCommits``) -- every
+``sync_batch_blocks`` blocks, whenever it would otherwise wait for the network, and always,
+waited for, before materialising and publishing.  So a block is in the store only
+once verified *and* durable, blocks enter the store in the fill's order, and the revision is
+published only after every block it needs is durable.  A crash (SIGKILL or power) loses at most
+the staged, uncommitted blocks; the next holder of the lease removes them and fetches them again.
+A failure other than a corrupt block (the lease lost, the source down) first commits the blocks
+already verified, so a later fill resumes from them.  Both sources are safe to call from several
+threads: ``HttpSource`` opens a connection per request and shares nothing mutable; ``S3Source``
+shares one boto3 client, which boto3 documents as thread-safe (its pool holds 10 connections,
+above the most workers allowed).
+
+With ``FillOptions.partial_view`` the staging directory is laid out before the first fetch and
+each committed block is written into it at once (``partial.PartialView``), with a progress record
+beside it listing the blocks in place, so a worker can start on the partial revision and fault
+in the rest; publishing is the same rename of the whole directory (the same inodes).  Without
+it, the files are materialised from the blocks after the last commit, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmpool.contract import MANIFEST_FILENAME
+from warmpool_nodecache.blocks import BlockCorruptError, BlockStore, fsync_dir
+from warmpool_nodecache.commits import BlockCommits
+from warmpool_nodecache.gclock import gc_lock
+from warmpool_nodecache.layout import CacheLayout
+from warmpool_nodecache.lease import Lease
+from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError, parse_manifest
+from warmpool_nodecache.materialise import materialise_file
+from warmpool_nodecache.order import BlockOrder
+from warmpool_nodecache.partial import PartialView, point_link, remove_views
+from warmpool_nodecache.pipeline import OrderedPool
+from warmpool_nodecache.source import Source
+from warmpool_nodecache.use import record_use
+
+
+class FillTimeoutError(TimeoutError):
+    """Another filler held the revision's lease past the wait bound without publishing."""
+
+
+#: boto3's default connection pool holds 10; more threads than that would only queue for a connection.
+MAX_FETCH_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class FillOptions:
+    lease_ttl_s: float = 60.0
+    wait_timeout_s: float = 900.0  # how long a filler waits for another's fill to publish
+    poll_s: float = 0.05
+    block_attempts: int = 3  # fetches of one block before its bytes are judged wrong at the source
+    #: An outer lease's check (the node agent's coordination.k8s.io Lease): called whenever the
+    #: file lease is renewed and just before publishing; it raises LeaseLostError once that lease
+    #: is lost, so a writer fenced out there neither goes on downloading nor publishes.
+    fence: Callable[[], None] | None = None
+    #: Blocks fetched at once (memory: this many blocks of fetched bytes).  On the 2-vCPU dev VM
+    #: against loopback SeaweedFS (load 6-12 from other work), 1/2/4/8 gave 69-75/60-83/70-95/65-111
+    #: MiB/s: 4 beat 1-2, 8 was no better than 4 within the noise, so 4 (fewer threads, less memory).
+    fetch_workers: int = 4
+    #: Verified blocks staged before they are made durable and visible together (x block size
+    #: of unsynced bytes at most); a batch is also committed whenever the fill waits for a fetch.
+    sync_batch_blocks: int = 32
+    #: Lay the revision out in staging and write each block in as it is committed, with a progress
+    #: record a worker started on the partial view waits on (``partial.py``).
+    partial_view: bool = False
+
+    def check(self) -> None:
+        """ValueError naming the option that is out of bounds."""
+        if not 1 <= self.fetch_workers <= MAX_FETCH_WORKERS:
+            raise ValueError(f"FillOptions.fetch_workers must be 1..{MAX_FETCH_WORKERS}, got {self.fetch_workers}")
+        if self.sync_batch_blocks < 1:
+            raise ValueError(f"FillOptions.sync_batch_blocks must be >= 1, got {self.sync_batch_blocks}")
+        if self.block_attempts < 1:
+            raise ValueError(f"FillOptions.block_attempts must be >= 1, got {self.block_attempts}")
+
+
+@dataclass(frozen=True)
+class FillResult:
+    digest: str
+    path: Path
+    blocks_fetched: int
+    bytes_fetched: int
+    filled_here: bool  # False: another filler (or an earlier fill) published it
+    methods: tuple[str, ...] = ()  # how each file was materialised, in manifest order
+
+
+def _ordered(manifest: Manifest, order: BlockOrder | None) -> list[BlockRef]:
+    refs = list(manifest.block_refs())
+    if order is None:
+        return refs
+    first = list(order(manifest))
+    chosen = {(r.path, r.index) for r in first}
+    return first + [r for r in refs if (r.path, r.index) not in chosen]
+
+
+def _check_sizes(manifest: Manifest, source: Source) -> None:
+    for f in manifest.files:
+        actual = source.size(f.path)
+        if actual != f.size:
+            raise ManifestError(
+                f"{source.describe()}: the manifest says {f.path!r} has {f.size} bytes, the source has {actual}"
+            )
+
+
+def _fetch_block(store: BlockStore, source: Source, ref: BlockRef, attempts: int, directory: Path) -> Path:
+    """Fetch, verify and stage one block (in a pool thread); BlockCorruptError after `attempts` bad copies."""
+    for attempt in range(1, attempts + 1):
+        data = source.fetch_range(ref.path, ref.offset, ref.length)
+        try:
+            return store.stage(ref.sha256, data, directory)
+        except BlockCorruptError as exc:
+            if attempt == attempts:
+                raise BlockCorruptError(
+                    f"{source.describe()}/{ref.path}: block {ref.index} (bytes {ref.offset}+{ref.length}) "
+                    f"never matched the manifest's SHA-256 in {attempts} fetches ({exc}); the manifest or the "
+                    "source is wrong"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+def _missing(store: BlockStore, manifest: Manifest, order: BlockOrder | None) -> Iterator[BlockRef]:
+    """The blocks to fetch, in order, each once; checked lazily, as the pool takes them."""
+    seen: set[str] = set()
+    for ref in _ordered(manifest, order):
+        if ref.sha256 not in seen:
+            seen.add(ref.sha256)
+            if not store.has(ref.sha256):
+                yield ref
+
+
+def _write_manifest(layout: CacheLayout, manifest: Manifest) -> None:
+    layout.manifests.mkdir(parents=True, exist_ok=True)
+    final = layout.manifest(manifest.digest_hex)
+    tmp = final.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(manifest.to_text())
+    os.rename(tmp, final)
+
+
+def _referenced_elsewhere(layout: CacheLayout, digest_hex: str) -> set[str]:
+    referenced: set[str] = set()
+    for path in layout.manifests.glob("*.json"):
+        if path.stem != digest_hex:
+            with contextlib.suppress(OSError, ManifestError):
+                referenced |= parse_manifest(path.read_text(), str(path)).unique_blocks()
+    return referenced
+
+
+def _roll_back(layout: CacheLayout, store: BlockStore, manifest: Manifest, stored: list[str]) -> None:
+    """Undo a fill of a bad revision: its manifest and the blocks it alone brought."""
+    with contextlib.suppress(FileNotFoundError):
+        layout.manifest(manifest.digest_hex).unlink()
+    keep = _referenced_elsewhere(layout, manifest.digest_hex)
+    for sha in stored:
+        if sha not in keep:
+            store.remove(sha)
+            with contextlib.suppress(OSError):
+                layout.block(sha).parent.rmdir()  # the shard, if this fill made it and left it empty
+
+
+def _fill_holding_lease(
+    layout: CacheLayout, source: Source, manifest: Manifest, lease: Lease, order: BlockOrder | None,
+    options: FillOptions,
+) -> FillResult:
+    store = BlockStore(layout)
+    final = layout.revision(manifest.digest_hex)
+    assert lease.version is not None
+    with gc_lock(layout, exclusive=False, timeout_s=options.wait_timeout_s):
+        _write_manifest(layout, manifest)
+        layout.staging.mkdir(parents=True, exist_ok=True)
+        remove_views(layout.staging, manifest.digest_hex)  # an earlier holder's, died midway
+        staging = layout.staging / f"{manifest.digest_hex}.{lease.version}"
+        blocks_dir = layout.staging / f"{manifest.digest_hex}.{lease.version}.blocks"
+        blocks_dir.mkdir()
+        view = (PartialView(store, manifest, staging, layout.partial_link(manifest.digest_hex))
+                if options.partial_view else None)
+        batch = BlockCommits(store, options.sync_batch_blocks, on_commit=None if view is None else view.place)
+        last_renew = time.monotonic()
+
+        def keep_lease() -> None:
+            nonlocal last_renew
+            if time.monotonic() - last_renew > options.lease_ttl_s / 3:
+                lease.renew()
+                if options.fence is not None:
+                    options.fence()
+                last_renew = time.monotonic()
+
+        def idle() -> None:  # the next block is still on its way: start making the staged ones durable
+            keep_lease()
+            batch.submit()
+
+        def fetch(ref: BlockRef) -> Path:
+            return _fetch_block(store, source, ref, options.block_attempts, blocks_dir)
+
+        try:
+            if view is not None:
+                view.create()
+            with OrderedPool(fetch, workers=options.fetch_workers) as pool:
+                for ref, path in pool.results(_missing(store, manifest, order), idle=idle):
+                    batch.add(ref, path)
+                    keep_lease()
+            batch.finish()  # the durability point: every block is on disk before any file is made of it
+            blocks_dir.rmdir()
+            if view is None:
+                staging.mkdir()
+                methods = tuple(materialise_file(store, f, manifest.block_size, staging / f.path)
+                                for f in manifest.files)
+            else:
+                methods = view.finish()
+            fsync_dir(staging)
+            layout.revisions.mkdir(parents=True, exist_ok=True)
+            if options.fence is not None:
+                options.fence()
+            lease.publish(staging, final)
+        except BlockCorruptError as exc:
+            with contextlib.suppress(OSError):
+                batch.finish(commit_staged=False)  # the commits under way end, so all it stored is known
+            if view is not None:
+                view.failed(exc)  # before the view goes: a worker waiting on it learns why
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(blocks_dir, ignore_errors=True)
+            _roll_back(layout, store, manifest, batch.stored)
+            raise
+        except BaseException as exc:
+            # The pool's threads have ended (its exit waits): the verified blocks staged so far are
+            # committed, so a later fill resumes from them; a failing commit loses only those.
+            with contextlib.suppress(OSError):
+                batch.finish()
+            if view is not None:
+                view.failed(exc)
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(blocks_dir, ignore_errors=True)
+            raise
+        finally:
+            batch.close()
+        if view is not None:
+            with contextlib.suppress(OSError):  # published already: the record is for waiting readers
+                view.published(final)
+    record_use(layout, manifest.digest_hex)
+    return FillResult(manifest.digest, final, len(batch.stored), batch.bytes, True, methods)
+
+
+def _already_published(layout: CacheLayout, manifest: Manifest, options: FillOptions) -> FillResult:
+    final = layout.revision(manifest.digest_hex)
+    if options.partial_view:  # a worker pointed at the fixed partial name finds the revision there
+        point_link(layout.partial_link(manifest.digest_hex), final)
+    record_use(layout, manifest.digest_hex)
+    return FillResult(manifest.digest, final, 0, 0, False)
+
+
+def fill_revision(
+    layout: CacheLayout, source: Source, *, order: BlockOrder | None = None, options: FillOptions | None = None
+) -> FillResult:
+    """Make the source's revision published in the cache (see the module's docstring for how)."""
+    options = options or FillOptions()
+    options.check()
+    manifest_url = f"{source.describe()}/{MANIFEST_FILENAME}"
+    manifest = parse_manifest(source.fetch_manifest(), manifest_url)
+    final = layout.revision(manifest.digest_hex)
+    if final.is_dir():
+        return _already_published(layout, manifest, options)
+    if order is not None:
+        order(manifest)  # an order naming unknown files is an error before anything is fetched
+    _check_sizes(manifest, source)
+    lease = Lease(layout.leases, manifest.digest_hex, options.lease_ttl_s)
+    deadline = time.monotonic() + options.wait_timeout_s
+    while not lease.try_acquire():
+        if final.is_dir():
+            return _already_published(layout, manifest, options)
+        if time.monotonic() >= deadline:
+            held = lease.read()
+            raise FillTimeoutError(
+                f"revision {manifest.digest}: another filler ({held.holder if held else '?'}) did not publish "
+                f"within {options.wait_timeout_s}s"
+            )
+        time.sleep(options.poll_s)
+    try:
+        if final.is_dir():  # published between our check and our lease
+            return _already_published(layout, manifest, options)
+        return _fill_holding_lease(layout, source, manifest, lease, order, options)
+    finally:
+        lease.release()

@@ -1,0 +1,197 @@
+"""A revision's partial view while it fills: its files in the staging directory, blocks written in as they land.
+
+A fill with ``FillOptions.partial_view`` lays the revision out in its staging directory before
+fetching: every file of several blocks pre-sized (sparse: ``ftruncate``), an empty file empty.
+Each block, once verified and committed to the store (``BlockCommits`` calls ``place`` in its
+commit thread, after the commit's fsyncs and renames), is written into every place the revision
+uses it -- cloned (FICLONERANGE) where the filesystem shares extents, else copied in the kernel;
+a file of one block is a hard link to it, made when it lands (the name appears whole) -- and
+then the progress record (``warmpool.fill_progress``, beside the view) is replaced listing it.
+Blocks the store already held (a resumed fill, blocks shared with another revision) are placed
+before the first fetch.  So a reader that waits for the record to list a byte range reads only
+verified bytes, and the files it opened stay the files that are published: ``finish`` fsyncs
+and makes them read-only, the fill renames the whole directory to ``revisions/<digest>`` (same
+inodes), and the record then says ``published``.  A failed fill says ``failed`` (and why) before
+the view is removed, so a waiting worker ends with the fill's error instead of waiting on.
+
+``<root>/partial/<digest hex>`` is a symbolic link to the current view (and to the published
+revision once published), a fixed name a worker can be pointed at before the fill's lease
+version is known; it goes when the fill fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from warmpool.fill_progress import (
+    STATE_FAILED,
+    STATE_FILLING,
+    STATE_PUBLISHED,
+    FileProgress,
+    FillProgress,
+    merge_intervals,
+    progress_path,
+    write_progress,
+)
+from warmpool_nodecache.blocks import BlockStore, fsync_dir
+from warmpool_nodecache.manifest import Manifest
+from warmpool_nodecache.materialise import clone_range, copy_range
+
+
+def point_link(link: Path, target: Path) -> None:
+    """Make `link` a symbolic link to `target` (relative), replacing any old one atomically."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(os.path.relpath(target, link.parent), tmp)
+    os.rename(tmp, link)
+
+
+class PartialView:
+    """The view of one fill (one lease version); see the module docstring for its life."""
+
+    def __init__(self, store: BlockStore, manifest: Manifest, directory: Path, link: Path) -> None:
+        self.store, self.manifest, self.directory, self.link = store, manifest, directory, link
+        self.record = progress_path(directory)
+        self._lock = threading.Lock()
+        self._present: dict[str, set[int]] = {f.path: set() for f in manifest.files}
+        #: sha256 -> every (file, block index) of the revision that holds it
+        self._places: dict[str, list[tuple[str, int]]] = {}
+        for ref in manifest.block_refs():
+            self._places.setdefault(ref.sha256, []).append((ref.path, ref.index))
+        self._sizes = {f.path: f.size for f in manifest.files}
+        self._blocks = {f.path: len(f.blocks) for f in manifest.files}
+        self.methods: dict[str, str] = {}
+
+    # ---- life -------------------------------------------------------------------------------
+    def create(self) -> None:
+        """The record first, then the directory with every file laid out, then what the store holds."""
+        self._write(STATE_FILLING)
+        self.directory.mkdir()
+        for f in self.manifest.files:
+            dest = self.directory / f.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if len(f.blocks) == 1:
+                continue  # a hard link to its block, made when the block is in the store
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.ftruncate(fd, f.size)
+            finally:
+                os.close(fd)
+            self.methods[f.path] = "empty" if not f.blocks else "reflink"
+        held = [sha for sha in self._places if self.store.has(sha)]
+        self.place(held)
+        point_link(self.link, self.directory)
+
+    def place(self, shas: Iterable[str]) -> None:
+        """Write these committed blocks into every place the revision uses them; then list them."""
+        with self._lock:
+            placed = False
+            for sha in dict.fromkeys(shas):
+                for path, index in self._places.get(sha, ()):
+                    if index not in self._present[path]:
+                        self._put(sha, path, index)
+                        self._present[path].add(index)
+                        placed = True
+            if placed:
+                self._write(STATE_FILLING)
+
+    def _put(self, sha: str, path: str, index: int) -> None:
+        block = self.store.layout.block(sha)
+        dest = self.directory / path
+        offset = index * self.manifest.block_size
+        length = min(self.manifest.block_size, self._sizes[path] - offset)
+        if self._blocks[path] == 1:
+            try:
+                os.link(block, dest)
+                self.methods[path] = "hardlink"
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+            tmp = dest.with_name(f".{dest.name}.tmp")
+            self.methods[path] = self._write_range(block, tmp, length, 0, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                                   "reflink")
+            os.rename(tmp, dest)  # the name appears whole
+            return
+        self.methods[path] = self._write_range(block, dest, length, offset, os.O_WRONLY,
+                                               self.methods.get(path, "reflink"))
+
+    @staticmethod
+    def _write_range(block: Path, dest: Path, length: int, offset: int, flags: int, method: str) -> str:
+        """The block's bytes at `offset` of `dest`: cloned, or copied once a clone fails here; how."""
+        fd = os.open(dest, flags, 0o644)
+        try:
+            src_fd = os.open(block, os.O_RDONLY)
+            try:
+                if not (method == "reflink" and clone_range(src_fd, fd, length, offset)):
+                    method = "copy"  # once a clone fails on this filesystem, the rest copy
+                    copy_range(src_fd, fd, length, offset)
+            finally:
+                os.close(src_fd)
+        finally:
+            os.close(fd)
+        return method
+
+    def finish(self) -> tuple[str, ...]:
+        """Every block placed: fsync and seal the files (read-only); how each was made, in manifest order."""
+        with self._lock:
+            absent = {p: self._blocks[p] - len(s) for p, s in self._present.items() if len(s) != self._blocks[p]}
+            if absent:
+                raise RuntimeError(f"{self.directory}: blocks never placed in the view: {absent}")
+            for f in self.manifest.files:
+                dest = self.directory / f.path
+                if not f.blocks and not dest.exists():
+                    dest.touch(0o644)
+                if self.methods.get(f.path) != "hardlink":
+                    fd = os.open(dest, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    os.chmod(dest, 0o444)
+            for directory in {(self.directory / f.path).parent for f in self.manifest.files}:
+                fsync_dir(directory)
+            return tuple(self.methods.get(f.path, "empty") for f in self.manifest.files)
+
+    def published(self, final: Path) -> None:
+        """After the rename: the record says so, and the fixed link names the published revision."""
+        with self._lock:
+            self._write(STATE_PUBLISHED)
+        point_link(self.link, final)
+
+    def failed(self, error: BaseException) -> None:
+        """Before the view is removed: a waiting reader learns why, and the link goes -- unless it
+        names another view by now (a holder that took the lease over re-points it)."""
+        with contextlib.suppress(OSError):
+            if os.readlink(self.link) == os.path.relpath(self.directory, self.link.parent):
+                self.link.unlink()
+        with self._lock, contextlib.suppress(OSError):
+            self._write(STATE_FAILED, f"{type(error).__name__}: {error}")
+
+    def _write(self, state: str, error: str | None = None) -> None:
+        bs = self.manifest.block_size
+        files = {p: FileProgress(self._sizes[p], merge_intervals((i, i + 1) for i in present))
+                 for p, present in self._present.items()}
+        write_progress(self.record, FillProgress(self.manifest.digest, bs, files, state, error, time.time()))
+
+
+def remove_views(staging: Path, digest_hex: str) -> None:
+    """Every earlier fill's view of this revision and its record: directories first, so a view
+    never exists without its record (a reader of an orphaned record finds its view gone)."""
+    import shutil
+
+    for old in sorted(staging.glob(f"{digest_hex}.*")):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+    for old in staging.glob(f"{digest_hex}.*"):
+        if not old.is_dir():
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()

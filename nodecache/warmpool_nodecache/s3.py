@@ -1,0 +1,262 @@
+"""An S3-compatible object store as a fill `Source` (``spec.model.s3``), through boto3.
+
+Layout: the revision's files are objects ``<prefix>/<file path>`` in ``bucket``, and its
+manifest is ``<prefix>/warmpool-manifest.json`` (written last by ``warmpool model push``).
+
+boto3 is imported only when a client is made, so the cache core (and the HTTP source) stay
+standard-library only.  Every request is bounded: connect/read timeouts and botocore's
+"standard" retry mode with a fixed attempt count (transient 5xx, throttling, connection
+errors); a truncated body is read again the same bounded number of times.  Errors say
+what is wrong in the reader's terms: refused credentials name the access key id (never the
+secret) and the endpoint; a missing bucket names the bucket; a key that would climb out
+of the prefix (``..``, absolute, backslash) is refused before any request is made.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from warmpool.contract import MANIFEST_FILENAME
+from warmpool_nodecache.source import SourceError, SourceMissingError
+
+#: Error codes S3 (and SeaweedFS) answer for credentials it does not accept.
+_AUTH_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403",
+                         "InvalidClientTokenId", "AuthorizationHeaderMalformed"})
+_MISSING_KEY_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+
+
+class SourceAuthError(SourceError):
+    """The store refused the credentials (the message names the key id and endpoint)."""
+
+
+class S3KeyError(SourceError):
+    """A key or prefix that would escape the revision's prefix; refused before any request."""
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    access_key_id: str
+    secret_access_key: str = field(repr=False)  # never printed, logged or put in an error
+
+
+def check_key_part(value: str, what: str) -> str:
+    """A relative, normalised POSIX key fragment, or S3KeyError (before any request)."""
+    if "\\" in value or "\x00" in value:
+        raise S3KeyError(f"{what} {value!r} holds a backslash or NUL; refused")
+    if value.startswith("/") or PurePosixPath(value).is_absolute():
+        raise S3KeyError(f"{what} {value!r} is absolute; it must be relative to the bucket's prefix")
+    parts = value.split("/")
+    if ".." in parts:
+        raise S3KeyError(f"{what} {value!r} has a '..' component and would escape the prefix; refused")
+    if any(part in ("", ".") for part in parts):
+        raise S3KeyError(f"{what} {value!r} has an empty or '.' component; write it normalised")
+    return value
+
+
+def normalise_prefix(prefix: str) -> str:
+    """``a/b/`` -> ``a/b``; ``""`` stays the bucket's root.  Refuses what `check_key_part` refuses."""
+    stripped = prefix.rstrip("/")
+    return check_key_part(stripped, "prefix") if stripped else ""
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> (bucket, normalised prefix)."""
+    if not url.startswith("s3://"):
+        raise SourceError(f"{url!r} is not an s3://bucket/prefix URL")
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise SourceError(f"{url!r} names no bucket (expected s3://bucket/prefix)")
+    return bucket, normalise_prefix(prefix)
+
+
+def credentials_from_env(environ: dict[str, str] | None = None) -> S3Credentials | None:
+    """The standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` pair, or None if unset."""
+    env = os.environ if environ is None else environ
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if not key and not secret:
+        return None
+    if not key or not secret:
+        raise SourceError("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither")
+    return S3Credentials(key, secret)
+
+
+def credentials_from_file(path: Path, profile: str = "default") -> S3Credentials:
+    """Read an AWS shared-credentials file (INI: ``[profile]`` with aws_access_key_id/aws_secret_access_key)."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SourceError(f"credentials file {path}: {exc.strerror or exc}") from None
+    try:
+        parser.read_string(text, str(path))
+    except configparser.Error as exc:
+        raise SourceError(f"credentials file {path}: not an AWS credentials file ({exc.__class__.__name__})") from None
+    if not parser.has_section(profile):
+        raise SourceError(f"credentials file {path}: no [{profile}] section")
+    key = parser.get(profile, "aws_access_key_id", fallback="").strip()
+    secret = parser.get(profile, "aws_secret_access_key", fallback="").strip()
+    if not key or not secret:
+        raise SourceError(f"credentials file {path}: [{profile}] needs aws_access_key_id and aws_secret_access_key")
+    return S3Credentials(key, secret)
+
+
+@dataclass(frozen=True)
+class S3SourceConfig:
+    endpoint: str  # e.g. http://127.0.0.1:8333 (path-style addressing: works with any S3-compatible store)
+    bucket: str
+    prefix: str = ""
+    credentials: S3Credentials | None = None  # None: unsigned requests (a public bucket)
+    region: str = "us-east-1"
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    attempts: int = 4
+
+
+def require_boto3() -> None:
+    """A SourceError saying how to install boto3 when it is missing (it is an extra: 'nodecache')."""
+    try:
+        import boto3  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise SourceError(f"the S3 source needs boto3, which is not installed ({exc}): "
+                          "pip install 'warmpool[nodecache]'") from None
+
+
+def make_client(config: S3SourceConfig) -> Any:
+    """A boto3 S3 client for `config` (boto3 imported here, and only here)."""
+    require_boto3()
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    if config.attempts < 1 or config.connect_timeout_s <= 0 or config.read_timeout_s <= 0:
+        raise SourceError(f"{config.endpoint}: attempts must be >= 1 and timeouts > 0")
+    if not config.endpoint.startswith(("http://", "https://")):
+        raise SourceError(f"endpoint {config.endpoint!r} is not an http(s) URL")
+    botocore_config = Config(
+        region_name=config.region,
+        connect_timeout=config.connect_timeout_s,
+        read_timeout=config.read_timeout_s,
+        retries={"mode": "standard", "total_max_attempts": config.attempts},
+        s3={"addressing_style": "path"},
+        signature_version=UNSIGNED if config.credentials is None else "s3v4",
+        # Checksums only when an operation requires them: S3-compatible stores differ in
+        # their support of the newer default CRC trailers.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    creds = config.credentials
+    # A session of its own: no profile, config file or environment credentials leak in.
+    session = boto3.session.Session(
+        aws_access_key_id=creds.access_key_id if creds else None,
+        aws_secret_access_key=creds.secret_access_key if creds else None,
+        region_name=config.region,
+    )
+    return session.client("s3", endpoint_url=config.endpoint, config=botocore_config)
+
+
+def explain(exc: BaseException, config: S3SourceConfig, key: str | None) -> SourceError:
+    """A botocore exception as a SourceError in the reader's terms (never the secret)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    where = f"s3://{config.bucket}/{key}" if key is not None else f"s3://{config.bucket}"
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code == "NoSuchBucket":
+            return SourceMissingError(f"bucket {config.bucket!r} does not exist at {config.endpoint} ({where})")
+        if code in _AUTH_CODES or status == 403:
+            key_id = config.credentials.access_key_id if config.credentials else "(unsigned)"
+            return SourceAuthError(
+                f"{config.endpoint} refused access key id {key_id!r} for {where} ({code or status}): "
+                "wrong credentials, or they lack read/write on the bucket"
+            )
+        if code in _MISSING_KEY_CODES or status == 404:
+            return SourceMissingError(f"{where}: not found at {config.endpoint}")
+        return SourceError(f"{where} at {config.endpoint}: {code or status} {error.get('Message', '')}".rstrip())
+    if isinstance(exc, BotoCoreError):
+        return SourceError(f"{where}: {config.endpoint} did not answer after {config.attempts} attempts: {exc}")
+    return SourceError(f"{where} at {config.endpoint}: {exc}")
+
+
+class S3Source:
+    """The `Source` Protocol over an S3 bucket and prefix (see the module's docstring)."""
+
+    def __init__(self, config: S3SourceConfig, client: Any = None) -> None:
+        if not config.bucket or "/" in config.bucket:
+            raise SourceError(f"bucket {config.bucket!r} is not a bucket name")
+        self.config = replace(config, prefix=normalise_prefix(config.prefix))
+        self._client = client if client is not None else make_client(self.config)
+
+    def describe(self) -> str:
+        prefix = f"/{self.config.prefix}" if self.config.prefix else ""
+        return f"s3://{self.config.bucket}{prefix}"
+
+    def key(self, path: str) -> str:
+        check_key_part(path, "object path")
+        return f"{self.config.prefix}/{path}" if self.config.prefix else path
+
+    def _missing_bucket_or(self, error: SourceError) -> SourceError:
+        """A HEAD's bare 404 does not say whether the key or the bucket is missing: ask."""
+        if not isinstance(error, SourceMissingError):
+            return error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.head_bucket(Bucket=self.config.bucket)
+        except (ClientError, BotoCoreError) as exc:
+            found = explain(exc, self.config, None)
+            if isinstance(found, SourceMissingError):
+                return SourceMissingError(f"bucket {self.config.bucket!r} does not exist at {self.config.endpoint}")
+            return found
+        return error
+
+    def _get(self, key: str, byte_range: str | None) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        last: Exception | None = None
+        extra = {"Range": byte_range} if byte_range else {}
+        for _ in range(self.config.attempts):
+            try:  # botocore retries the request itself (bounded by the same attempt count)
+                response = self._client.get_object(Bucket=self.config.bucket, Key=key, **extra)
+            except (ClientError, BotoCoreError) as exc:
+                raise self._missing_bucket_or(explain(exc, self.config, key)) from None
+            try:
+                body: bytes = response["Body"].read()
+                return body
+            except (BotoCoreError, OSError) as exc:  # a body cut off mid-read: ask again, bounded
+                last = exc
+        assert last is not None
+        raise explain(last, self.config, key) from None
+
+    def fetch_manifest(self) -> bytes:
+        return self._get(self.key(MANIFEST_FILENAME), None)
+
+    def size(self, path: str) -> int:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self.key(path)
+        try:
+            head = self._client.head_object(Bucket=self.config.bucket, Key=key)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._missing_bucket_or(explain(exc, self.config, key)) from None
+        length = head.get("ContentLength")
+        if not isinstance(length, int):
+            raise SourceError(f"s3://{self.config.bucket}/{key}: HEAD gave no Content-Length")
+        return length
+
+    def fetch_range(self, path: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        key = self.key(path)
+        body = self._get(key, f"bytes={offset}-{offset + length - 1}")
+        if len(body) != length:
+            raise SourceError(
+                f"s3://{self.config.bucket}/{key}: bytes {offset}+{length} came back {len(body)} bytes long "
+                "(is the object shorter than the manifest says?)"
+            )
+        return body

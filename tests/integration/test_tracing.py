@@ -1,0 +1,301 @@
+"""Traces in a real Jaeger (built from the Go module proxy, loopback only), from a real worker
+on a real tiny checkpoint and a real operator on the local control plane.
+
+Jaeger starts once for the module; each test names its own service (OTEL_SERVICE_NAME) so it
+reads back only its own traces through Jaeger's HTTP API.  Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from warmpool_devcluster.jaeger import JaegerHandle, start_jaeger
+from warmpool_devcluster.testing import ClusterHandle
+
+from tests.support.e2e import Operator, World, http, metric
+from tests.support.procs import HOST, free_port, subprocess_env
+from warmpool import contract
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+Span = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JaegerHandle]:
+    handle = start_jaeger(tmp_path_factory.mktemp("jaeger"))
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def traces(jaeger: JaegerHandle, service: str, operation: str | None = None) -> list[dict[str, Any]]:
+    query = {"service": service, "limit": "200", "lookback": "1h"}
+    if operation is not None:
+        query["operation"] = operation
+    url = f"{jaeger.query_url}/api/traces?{urllib.parse.urlencode(query)}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return list(json.load(response)["data"])
+
+
+def tags(span: Span) -> dict[str, Any]:
+    return {tag["key"]: tag["value"] for tag in span["tags"]}
+
+
+def parent_of(span: Span) -> str | None:
+    refs = [ref["spanID"] for ref in span.get("references", []) if ref["refType"] == "CHILD_OF"]
+    return refs[0] if refs else None
+
+
+# --------------------------------------------------------------------------- the worker's cold start
+
+
+def test_worker_cold_start_is_one_trace_in_jaeger(jaeger: JaegerHandle, tiny_model: Path, tmp_path: Path) -> None:
+    service = f"worker-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    env = {**subprocess_env(), contract.ENV_OTEL_ENDPOINT: jaeger.otlp_endpoint,
+           contract.ENV_OTEL_SERVICE_NAME: service, contract.ENV_POD_NAME: "trace-pod-0",
+           contract.ENV_OTEL_SAMPLER_ARG: "0"}  # later requests: none sampled
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(tiny_model), "--device", "cpu",
+             "--host", HOST, "--port", str(port), "--buckets", "8,16", "--prompts-per-bucket", "1",
+             "--decode-tokens", "2", "--log-format", "json"],
+            env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://{HOST}:{port}"
+    try:
+        wait_for(lambda: http(f"{base}{contract.PATH_READYZ}", timeout=5)[0] == 200, 180, "the worker ready")
+        for _ in range(2):  # the first joins the cold start's trace; the second is not sampled (ratio 0)
+            status, _body = http(f"{base}/v1/completions", {"prompt": "hello", "max_tokens": 2})
+            assert status == 200
+        metrics_text = http(f"{base}{contract.PATH_METRICS}")[1]
+
+        def whole_trace() -> list[Span] | None:
+            found = traces(jaeger, service)
+            spans = [s for t in found for s in t["spans"]]
+            return spans if any(s["operationName"] == contract.SPAN_FIRST_REQUEST for s in spans) else None
+
+        spans = wait_for(whole_trace, 30, "the cold start's trace (with its first request) in Jaeger")
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+    assert len({s["traceID"] for s in spans}) == 1, "one trace per pod start, and no sampled later request"
+    roots = [s for s in spans if parent_of(s) is None]
+    assert [r["operationName"] for r in roots] == [contract.SPAN_COLD_START]
+    root = roots[0]
+    children = sorted((s for s in spans if s is not root), key=lambda s: (s["startTime"], s["operationName"]))
+    assert all(parent_of(s) == root["spanID"] for s in children)
+    layers = int(metric(metrics_text, contract.METRIC_LAYERS_TOTAL) or 0)
+    assert layers >= 1
+    names = [s["operationName"] for s in children]
+    assert names == [contract.SPAN_IMPORTS, contract.SPAN_WEIGHTS_MAPPED, *[contract.SPAN_LAYER] * layers,
+                     contract.SPAN_PREFILL, contract.SPAN_PREFILL, contract.SPAN_READY, contract.SPAN_FIRST_REQUEST]
+    # the steps follow each other: each starts where the one before ended (µs, as Jaeger keeps them)
+    steps = children[1:-1]
+    for before, after in itertools.pairwise(steps):
+        assert abs(before["startTime"] + before["duration"] - after["startTime"]) <= 1, (before, after)
+    assert sorted(tags(s)[contract.ATTR_LAYER] for s in children[2 : 2 + layers]) == list(range(layers))
+    prefills = children[2 + layers : 4 + layers]
+    assert [(tags(s)[contract.ATTR_BUCKET], tags(s)[contract.ATTR_TOKENS]) for s in prefills] == [(8, 8), (16, 16)]
+
+    digest = next(
+        line.split('digest="')[1].split('"')[0]
+        for line in metrics_text.splitlines() if line.startswith(contract.METRIC_MODEL_INFO + "{")
+    )
+    for span in spans:
+        attributes = tags(span)
+        assert attributes[contract.ATTR_POD] == "trace-pod-0"
+        assert attributes[contract.ATTR_DIGEST] == digest
+        assert attributes[contract.ATTR_DEVICE] == "cpu"
+        assert attributes[contract.ATTR_TIER] == "full"
+
+    # Durations agree with the phase metrics (seconds since process start; Jaeger keeps µs).
+    def phase(name: str) -> float:
+        value = metric(metrics_text, contract.METRIC_PHASE_DURATION, phase=name)
+        assert value is not None, name
+        return value
+
+    start = root["startTime"]
+    assert abs(root["duration"] / 1e6 - phase("ready")) < 2e-6
+    mapped = children[1]
+    assert abs((mapped["startTime"] + mapped["duration"] - start) / 1e6 - phase("weights_mapped")) < 2e-6
+    first_layer = children[2]
+    assert abs((first_layer["startTime"] + first_layer["duration"] - start) / 1e6 - phase("first_layer_ready")) < 5e-3
+    process_start = metric(metrics_text, contract.METRIC_PHASE_TIMESTAMP, phase="process_start")
+    assert process_start is not None and abs(process_start - start / 1e6) < 2e-6
+
+    # --log-format json: one object per line
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    assert any(line["message"].startswith("ready:") for line in lines)
+
+
+# --------------------------------------------------------------------------- tracing off costs nothing
+
+#: Runs the real `warmpool worker serve` in this interpreter (tracing off: no OTEL_* variable),
+#: and once it is ready and has answered a completion and a tier directive, prints the
+#: OpenTelemetry modules loaded and exits (after checking a malformed traceparent is a 400).
+_PROBE = """
+import json, os, sys, threading, time, urllib.error, urllib.request
+from warmpool.cli import main
+base, token = sys.argv[1], sys.argv[2]
+
+def post(path, body, headers=None):
+    request = urllib.request.Request(base + path, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.status
+
+def probe():
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=5) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        print("NOT READY", flush=True); os._exit(3)
+    post("/v1/completions", {"prompt": "hello", "max_tokens": 2})
+    post("/control/tier", {"tier": "truncated", "ttl_seconds": 30,
+                           "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+         {"Authorization": "Bearer " + token})
+    try:
+        post("/control/tier", {"tier": "full", "ttl_seconds": 30, "traceparent": "not-a-traceparent"},
+             {"Authorization": "Bearer " + token})
+        print("BAD_TRACEPARENT=accepted", flush=True)
+    except urllib.error.HTTPError as error:
+        print("BAD_TRACEPARENT=" + str(error.code) + " " + error.read().decode(), flush=True)
+    print("OTEL_MODULES=" + json.dumps(sorted(m for m in sys.modules if m.startswith("opentelemetry"))), flush=True)
+    os._exit(0)
+
+threading.Thread(target=probe, daemon=True).start()
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def test_with_tracing_off_the_worker_start_path_imports_no_opentelemetry(tiny_model: Path, tmp_path: Path) -> None:
+    port = free_port()
+    token_file = tmp_path / "token"
+    token_file.write_text("secret-token")
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, f"http://{HOST}:{port}", "secret-token",
+         "worker", "serve", "--model", str(tiny_model), "--device", "cpu", "--host", HOST, "--port", str(port),
+         "--buckets", "8", "--prompts-per-bucket", "1", "--decode-tokens", "2", "--log-format", "json",
+         "--control-token-file", str(token_file)],
+        env=env, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    report = next(line for line in proc.stdout.splitlines() if line.startswith("OTEL_MODULES="))
+    loaded = json.loads(report.split("=", 1)[1])
+    assert loaded == [], f"tracing off, yet imported: {loaded}"
+    # a malformed traceparent is refused, naming the field (tracing on or off)
+    refused = next(line for line in proc.stdout.splitlines() if line.startswith("BAD_TRACEPARENT="))
+    assert refused.startswith("BAD_TRACEPARENT=400") and contract.CONTROL_FIELD_TRACEPARENT in refused, refused
+
+
+# --------------------------------------------------------------------------- operator -> worker
+
+
+@pytest.fixture()
+def traced_world(cluster: ClusterHandle, namespace: str, crd: str, jaeger: JaegerHandle, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[World, str]]:
+    service = f"operator-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(contract.ENV_OTEL_ENDPOINT, jaeger.otlp_endpoint)
+    monkeypatch.setenv(contract.ENV_OTEL_SERVICE_NAME, service)
+    operator = Operator(cluster, namespace, tmp_path / "operator.log", installed=False,
+                        extra_args=("--log-format", "json"))
+    operator.start()
+    world = World(cluster, namespace, operator, diagnose_timeouts=True)
+    try:
+        yield world, service
+    finally:
+        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
+        operator.stop()
+        world.close()
+
+
+def test_operator_tier_change_and_worker_reaction_share_a_trace(
+    traced_world: tuple[World, str], jaeger: JaegerHandle, tiny_model: Path
+) -> None:
+    world, operator_service = traced_world
+    worker_service = f"{operator_service}-worker"
+    # The worker counts its own resident memory against 4 GiB (several percent): above the
+    # WarmModel's 2 % truncation line, so the operator directs the pod to "truncated".
+    body = {
+        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+        "metadata": {"name": "traced"},
+        "spec": {
+            "model": {"hostPath": {"path": str(tiny_model)}, "revision": "r1"},
+            "pool": {"replicas": 1, "minWarm": 1, "maxReplicas": 2},
+            "warmup": {"buckets": [8], "prompts": ["hello there"], "timeoutSeconds": 120},
+            "gating": {"truncateAtPercent": 2, "pauseAtPercent": 99, "hysteresisPercent": 1},
+            "pod": {
+                "workerArgs": ["--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2",
+                               f"--memory-capacity-bytes={4 * 1024**3}"],
+                "workerEnv": [{"name": contract.ENV_OTEL_ENDPOINT, "value": jaeger.otlp_endpoint},
+                              {"name": contract.ENV_OTEL_SERVICE_NAME, "value": worker_service}],
+            },
+        },
+    }
+    world.apply(body)
+    world.wait_ready("traced", warm=1, timeout=180)
+
+    def reaction() -> list[Span] | None:
+        found = traces(jaeger, worker_service, contract.SPAN_TIER_APPLIED)
+        spans = [s for t in found for s in t["spans"]
+                 if s["operationName"] == contract.SPAN_TIER_APPLIED and tags(s)[contract.ATTR_TIER] == "truncated"]
+        return spans or None
+
+    # (a first directive may say "full", sent before the pod's memory figure was read)
+    applied = wait_for(reaction, 90, "the worker's span applying the truncated directive in Jaeger")[0]
+
+    def shared() -> dict[str, Any] | None:
+        url = f"{jaeger.query_url}/api/traces/{applied['traceID']}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            data = json.load(response)["data"]
+        if not data:
+            return None
+        trace = data[0]
+        services = {trace["processes"][s["processID"]]["serviceName"] for s in trace["spans"]}
+        return trace if {operator_service, worker_service} <= services else None
+
+    trace = wait_for(shared, 30, "the operator's pass and the worker's reaction in one trace")
+    by_id = {s["spanID"]: s for s in trace["spans"]}
+    # the reaction hangs under the pass's decide span, which hangs under its reconcile span
+    decide = by_id[parent_of(applied) or ""]
+    assert decide["operationName"] == contract.SPAN_DECIDE
+    reconcile = by_id[parent_of(decide) or ""]
+    assert reconcile["operationName"] == contract.SPAN_RECONCILE
+    wm = world.wm("traced")
+    assert tags(reconcile)[contract.ATTR_WARMMODEL_UID] == wm["metadata"]["uid"]
+    names = {s["operationName"] for s in trace["spans"] if parent_of(s) == reconcile["spanID"]}
+    assert {contract.SPAN_APPLY, contract.SPAN_DECIDE, contract.SPAN_STATUS} <= names
+    pod = world.pods("traced")[0]
+    assert tags(applied)[contract.ATTR_POD] == pod["metadata"]["name"]

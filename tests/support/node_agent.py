@@ -1,0 +1,117 @@
+"""What the node agent's integration tests share (http and s3 sources): the agent as a process,
+an operator that mounts the test's cache root, and the checks on the cache and the WarmModel.
+
+The local kubelet runs pods as local processes on loopback IPs, so a pod's hostPath is a
+directory of this machine: the operator is told the test's cache root (--block-cache-root)
+and each pod is pinned to one node (nodeSelector) whose agent the test runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.support.e2e import ClusterLike, Operator, World
+from warmpool import contract
+
+#: The local cluster's kubelet nodes the agent tests pin their pods to.
+NODE = "warmpool-node-0"
+OTHER_NODE = "warmpool-node-1"
+
+
+class Agent:
+    """One `warmpool node-agent` process (SIGTERM on stop; its log appended to ``log``)."""
+
+    def __init__(self, cluster: ClusterLike, namespace: str, node: str, root: Path, log: Path,
+                 budget_bytes: int | None = None, interval_s: float = 5, extra: tuple[str, ...] = ()) -> None:
+        budget = ["--budget-bytes", str(budget_bytes)] if budget_bytes is not None else []
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "warmpool", "node-agent", "--node-name", node, "--cache-root", str(root),
+                 "--namespace", namespace, "--lease-namespace", namespace, "--interval", f"{interval_s:g}",
+                 "--lease-duration", "3", *budget, *extra],
+                env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextlib.contextmanager
+def cache_world(cluster: ClusterLike, namespace: str, tmp_path: Path,
+                nodes: Iterable[str] = (NODE, OTHER_NODE)) -> Iterator[World]:
+    """An operator whose pods mount ``tmp_path/cache``; afterwards the WarmModels, the operator and
+    the cache labels the agents put on ``nodes`` (the nodes outlive the test) are gone."""
+    cache = tmp_path / "cache"
+    operator = Operator(cluster, namespace, tmp_path / "operator.log", installed=False, heat_write_interval=2,
+                        extra_args=(f"--allowed-host-path={tmp_path}", f"--block-cache-root={cache}"))
+    operator.start()
+    world = World(cluster, namespace, operator, diagnose_timeouts=True)
+    try:
+        yield world
+    finally:
+        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
+        operator.stop()
+        world.close()
+        for node in nodes:
+            drop_cache_labels(cluster, node)
+
+
+def drop_cache_labels(cluster: ClusterLike, node: str) -> None:
+    labels = cluster.kubectl("get", "node", node, "-o", "jsonpath={.metadata.labels}", check=False).stdout
+    for key in [k for k in labels.replace('"', " ").split() if k.startswith(contract.CACHE_NODE_LABEL_PREFIX)]:
+        cluster.kubectl("label", "node", node, f"{key}-", check=False)
+
+
+@contextlib.contextmanager
+def agent_processes(tmp_path: Path) -> Iterator[list[Agent]]:
+    """The agents a test starts (appended to the list), stopped afterwards; their logs printed."""
+    started: list[Agent] = []
+    try:
+        yield started
+    finally:
+        for agent in started:
+            agent.stop()
+        for log in sorted(tmp_path.glob("agent-*.log")):
+            print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def cache_entry(world: World, name: str, node: str) -> dict[str, Any] | None:
+    """``node``'s entry in the WarmModel's status.cacheNodes, or None."""
+    for entry in (world.wm(name).get("status") or {}).get("cacheNodes") or []:
+        if entry["node"] == node:
+            return dict(entry)
+    return None
+
+
+def assert_files_identical(revision: Path, model: Path) -> None:
+    """The published revision holds exactly the model's files (less the manifest), byte for byte."""
+    names = sorted(p.relative_to(model).as_posix() for p in model.rglob("*")
+                   if p.is_file() and p.name != contract.MANIFEST_FILENAME)
+    assert sorted(p.relative_to(revision).as_posix() for p in revision.rglob("*") if p.is_file()) == names
+    for name in names:
+        assert (revision / name).read_bytes() == (model / name).read_bytes(), name
+
+
+def node_has_label(world: World, node: str, label: str) -> bool:
+    labels = world.cluster.kubectl("get", "node", node, "-o", "jsonpath={.metadata.labels}").stdout
+    return f'"{label}"' in labels

@@ -1,0 +1,97 @@
+"""A loopback TCP relay whose open connections can be frozen: a stalled network path, made on purpose.
+
+`freeze()` stops relaying on every connection open at that moment, in both directions, without
+closing anything: the bytes (the API server's watch events, even its end of the watch) simply
+stop arriving, as with a dropped NAT entry or a hung middlebox.  Connections opened afterwards
+are relayed as usual, so a client that gives a stalled connection up and dials again recovers.
+TLS passes through untouched (the relay never looks at the bytes).  Loopback only.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from tests.support.procs import HOST
+
+
+@dataclass
+class _Link:
+    client: socket.socket
+    upstream: socket.socket
+    frozen: threading.Event = field(default_factory=threading.Event)
+
+
+class StallProxy:
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        if not upstream_host.startswith("127.") and upstream_host not in ("localhost", "::1"):
+            raise ValueError(f"the stall proxy relays to loopback only, not {upstream_host}")
+        self.upstream = (upstream_host, upstream_port)
+        self._listener = socket.create_server((HOST, 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._links: list[_Link] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        #: connections accepted after the last freeze (a client that dialled again)
+        self.accepted_since_freeze = 0
+        self.frozen_links = 0
+        threading.Thread(target=self._accept, name="stall-proxy-accept", daemon=True).start()
+
+    def freeze(self) -> int:
+        """Stall every connection open now; returns how many there were."""
+        with self._lock:
+            for link in self._links:
+                link.frozen.set()
+            self.frozen_links = len(self._links)
+            self.accepted_since_freeze = 0
+            return self.frozen_links
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            for link in self._links:
+                for sock in (link.client, link.upstream):
+                    sock.close()
+            self._links.clear()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            link = _Link(client, upstream)
+            with self._lock:
+                self._links.append(link)
+                self.accepted_since_freeze += 1
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(link, src, dst), name="stall-proxy-pump",
+                                 daemon=True).start()
+
+    def _pump(self, link: _Link, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self._closed.is_set():
+                if link.frozen.is_set():
+                    # Stalled: read nothing, send nothing, close nothing -- until the proxy closes.
+                    self._closed.wait(1.0)
+                    continue
+                readable, _, _ = select.select([src], [], [], 0.2)
+                if not readable:
+                    continue
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except (OSError, ValueError):
+            pass  # the other direction (or close()) closed a socket under this one: a closed fd is -1
+        if not link.frozen.is_set():
+            for sock in (link.client, link.upstream):
+                sock.close()

@@ -1,0 +1,141 @@
+"""Worker pods of an http/s3 source: the digest the node agents report, the cache volume,
+the init container that waits for the published revision, the preferred node affinity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from warmpool_operator import builders, host_paths
+from warmpool_operator.api import parse_spec
+from warmpool_operator.cache_source import CacheRevision, resolved_revision
+
+from warmpool import cachekeys, contract
+
+pytestmark = pytest.mark.unit
+
+DIGEST = "sha256:" + "ab" * 32
+OTHER = "sha256:" + "cd" * 32
+HTTP = {"http": {"url": "http://127.0.0.1:8080/m"}}
+
+
+def _spec(source: dict[str, Any] = HTTP) -> Any:
+    return parse_spec({"model": dict(source)})
+
+
+def _entry(node: str, digest: str | None, source: dict[str, Any] = HTTP, published: bool = False) -> dict[str, Any]:
+    entry: dict[str, Any] = {"node": node, "source": cachekeys.source_fingerprint(source), "published": published}
+    if digest is not None:
+        entry["revision"] = digest
+    return entry
+
+
+def test_no_digest_until_an_agent_reports_one_for_the_current_source() -> None:
+    spec = _spec()
+    assert resolved_revision(spec, None) is None
+    assert resolved_revision(spec, {"cacheNodes": [_entry("n1", None)]}) is None
+    old = {"http": {"url": "http://127.0.0.1:8080/old"}}
+    assert resolved_revision(spec, {"cacheNodes": [_entry("n1", OTHER, source=old, published=True)]}) is None
+    assert resolved_revision(spec, {"cacheNodes": [_entry("n1", DIGEST)]}) == DIGEST
+    assert resolved_revision(_spec({"hostPath": {"path": "/models/m"}}), {"cacheNodes": [_entry("n", DIGEST)]}) is None
+
+
+def test_disagreeing_agents_a_published_digest_wins_then_the_majority() -> None:
+    spec = _spec()
+    entries = [_entry("a", DIGEST), _entry("b", DIGEST), _entry("c", OTHER, published=True)]
+    assert resolved_revision(spec, {"cacheNodes": entries}) == OTHER
+    entries = [_entry("a", OTHER), _entry("b", DIGEST), _entry("c", DIGEST)]
+    assert resolved_revision(spec, {"cacheNodes": entries}) == DIGEST
+
+
+def test_pods_mount_the_revision_after_the_wait_and_prefer_nodes_holding_it() -> None:
+    cache = CacheRevision("/var/lib/warmpool/cache", DIGEST)
+    target = builders.Target(name="m", namespace="ns", spec=_spec(), cache=cache)
+    pod = builders.build_pod_template(target)["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache/revisions"
+    worker = pod["containers"][0]
+    mount = next(m for m in worker["volumeMounts"] if m["name"] == "model")
+    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == (contract.MODEL_MOUNT_PATH, "ab" * 32, True)
+    (wait,) = pod["initContainers"]
+    assert wait["name"] == contract.CACHE_WAIT_CONTAINER
+    assert wait["command"][-1] == f"{contract.CACHE_REVISIONS_MOUNT_PATH}/{'ab' * 32}"
+    assert wait["volumeMounts"] == [{"name": "model", "mountPath": contract.CACHE_REVISIONS_MOUNT_PATH,
+                                     "readOnly": True}]
+    term = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["preference"]["matchExpressions"] == [
+        {"key": f"cache.warmpool.dev/sha256-{'ab' * 28}", "operator": "Exists"}]
+
+
+def test_a_new_digest_rolls_the_pool_and_other_sources_are_unchanged() -> None:
+    a = builders.build_deployment(builders.Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))
+    b = builders.build_deployment(builders.Target("m", "ns", _spec(), CacheRevision("/c", OTHER)))
+    assert a["metadata"]["annotations"] != b["metadata"]["annotations"]  # the spec hash differs
+    plain = builders.build_pod_template(builders.Target("m", "ns", _spec({"hostPath": {"path": "/models/m"}})))
+    assert "initContainers" not in plain["spec"] and "affinity" not in plain["spec"]
+
+
+def test_without_a_digest_the_builders_refuse_an_object_store_source() -> None:
+    with pytest.raises(ValueError, match="digest is not known"):
+        builders.build_pod_template(builders.Target("m", "ns", _spec()))
+
+
+def test_the_cache_root_must_be_an_allowed_host_path() -> None:
+    spec = _spec()
+    assert host_paths.mounted_host_paths(spec, "/var/lib/warmpool/cache") == ("/var/lib/warmpool/cache/revisions",)
+    assert host_paths.refusal(spec, ("/var/lib/warmpool",), "/var/lib/warmpool/cache") is None
+    refused = host_paths.refusal(spec, ("/models",), "/srv/cache")
+    assert refused is not None and "/srv/cache/revisions" in refused
+
+
+def test_node_label_fits_the_label_name_limit_and_refuses_non_digests() -> None:
+    key = cachekeys.cache_node_label(DIGEST)
+    prefix, name = key.split("/")
+    assert len(name) <= 63 and prefix == contract.CACHE_NODE_LABEL_PREFIX
+    assert cachekeys.cache_node_label("ab" * 32) == key
+    with pytest.raises(ValueError, match="not a sha256 digest"):
+        cachekeys.cache_node_label("sha256:../../x")
+
+
+def test_fingerprint_is_stable_and_tells_sources_apart() -> None:
+    assert cachekeys.source_fingerprint(HTTP) == cachekeys.source_fingerprint({"http": {"url": HTTP["http"]["url"]}})
+    assert cachekeys.source_fingerprint(HTTP) != cachekeys.source_fingerprint({"http": {"url": "http://127.0.0.1/x"}})
+    s3 = {"s3": {"endpoint": "http://127.0.0.1:8333", "bucket": "models", "secretRef": {"name": "k"}}}
+    assert _spec(s3).model.object_store() == s3
+
+
+def test_a_partial_start_mounts_the_whole_cache_and_runs_the_worker_on_the_partial_link() -> None:
+    spec = parse_spec({"model": {**HTTP, "startOnPartialCache": True}})
+    cache = CacheRevision("/var/lib/warmpool/cache", DIGEST, partial=True)
+    pod = builders.build_pod_template(builders.Target(name="m", namespace="ns", spec=spec, cache=cache))["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache"
+    worker = pod["containers"][0]
+    mount = next(m for m in worker["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": contract.CACHE_ROOT_MOUNT_PATH, "readOnly": True}  # no subPath
+    link = f"{contract.CACHE_ROOT_MOUNT_PATH}/{contract.CACHE_PARTIAL_DIR}/{'ab' * 32}"
+    assert f"--model={link}" in worker["args"] and "--partial-cache" in worker["args"]
+    (wait,) = pod["initContainers"]
+    assert wait["command"][-1] == link  # the view's link, not the published revision
+    assert wait["volumeMounts"] == [{"name": "model", "mountPath": contract.CACHE_ROOT_MOUNT_PATH, "readOnly": True}]
+    assert host_paths.mounted_host_paths(spec, "/var/lib/warmpool/cache") == ("/var/lib/warmpool/cache",)
+    # Without the field nothing changes: the published revision, no --partial-cache.
+    plain = builders.build_pod_template(builders.Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))
+    assert "--partial-cache" not in plain["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize(("model", "engine", "wrong"), [
+    ({"hostPath": {"path": "/models/m"}, "startOnPartialCache": True}, None, "needs spec.model.http or spec.model.s3"),
+    ({**HTTP, "startOnPartialCache": True}, {"kind": "sidecar", "image": "vllm/vllm-openai:v0.9.0", "port": 8000},
+     "needs spec.engine.kind builtin"),
+])
+def test_a_partial_start_is_refused_where_nothing_could_wait_for_the_bytes(
+    model: dict[str, Any], engine: dict[str, Any] | None, wrong: str
+) -> None:
+    from warmpool_operator.api import InvalidWarmModel
+
+    spec: dict[str, Any] = {"model": model}
+    if engine is not None:
+        spec["engine"] = engine
+    with pytest.raises(InvalidWarmModel, match=wrong):
+        parse_spec(spec)

@@ -1,0 +1,52 @@
+"""The replay's timings come from this machine's results files: the right figures are picked from
+hand-made wake.json / coldstart.json, and a missing file or figure is refused naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from warmpool_bench.predict import settings_from_measured
+from warmpool_bench.predict_inputs import DERIVED_DECODE_TOKENS_PER_S, MeasuredInputError, load_measured
+
+pytestmark = pytest.mark.unit
+
+
+def _write(folder: Path, readyz: list[float], wake: list[float], steady: float = 0.1, tokens: int = 128) -> None:
+    variants = {
+        "new_pod": {"runs": [{"readyz_s": v} for v in readyz], "summary": {"loadavg_1m": 3.0}},
+        "wake_l1": {"runs": [{"wake_call_s": v} for v in wake], "summary": {"loadavg_1m": 2.0}},
+    }
+    (folder / "wake.json").write_text(json.dumps({"models": {"small": {"variants": variants}}}))
+    cold = {"models": {"small": {"request_tokens": tokens, "variants": {
+        "warmpool_full": {"cold": {"median": {"steady_ttft_s": steady}}}}}}}
+    (folder / "coldstart.json").write_text(json.dumps(cold))
+
+
+def test_figures_are_read_from_the_results_files(tmp_path: Path) -> None:
+    _write(tmp_path, readyz=[20.0, 30.0, 40.0], wake=[0.5, 0.4, 0.6])
+    measured = load_measured(tmp_path)
+    assert measured.cold_start.median_s == 30.0 and measured.cold_start.p95_s == pytest.approx(39.0)
+    assert measured.cold_start.runs == 3 and measured.cold_start.loadavg_1m == 3.0
+    assert measured.wake.median_s == 0.5 and measured.wake.p95_s == pytest.approx(0.59)
+    assert measured.prefill_tokens_per_s == pytest.approx(1280.0)
+    settings = settings_from_measured(measured, (60.0,))
+    assert [(u.label, u.start_s, u.lead_s) for u in settings.scale_ups] == [
+        ("new pod (measured)", 30.0, pytest.approx(39.0)), ("wake (measured)", 0.5, pytest.approx(0.59)),
+        ("sensitivity", 60.0, 60.0)]
+    assert settings.decode_tokens_per_s == DERIVED_DECODE_TOKENS_PER_S
+
+
+def test_a_missing_file_or_figure_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(MeasuredInputError, match=r"wake\.json: cannot read"):
+        load_measured(tmp_path)
+    _write(tmp_path, readyz=[], wake=[0.5])
+    with pytest.raises(MeasuredInputError, match="new_pod has no positive 'readyz_s'"):
+        load_measured(tmp_path)
+    _write(tmp_path, readyz=[30.0], wake=[0.5], steady=0.0)
+    with pytest.raises(MeasuredInputError, match=r"steady TTFT 0\.0"):
+        load_measured(tmp_path)
+    (tmp_path / "coldstart.json").write_text("{}")
+    with pytest.raises(MeasuredInputError, match=r"coldstart\.json: no models"):
+        load_measured(tmp_path)
