@@ -10,7 +10,7 @@ then fails with 409 and that one object is read from the API server.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -49,29 +49,51 @@ def warmmodel_owner(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return None
 
 
-def _values(index: kopf.Index[Any, Any], key: Any) -> list[Obj]:
-    try:
-        store = index[key]
-    except KeyError:
-        return []
-    return [value for value in store if isinstance(value, dict)]
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 @dataclass(frozen=True)
 class Cache:
     """Read-only access to the indexes.  ``children`` maps a child kind ("Deployment", ...) to
-    its index, keyed (namespace, name); pods and ReplicaSets are keyed (namespace, model)."""
+    its index, keyed (namespace, name); pods and ReplicaSets are keyed (namespace, model).
+
+    ``gone``: uids of objects a resync (resync.py) found deleted while a watch was down.  kopf
+    lists again after a broken watch but sends no DELETED for what went meanwhile, so its
+    indexes keep those objects; they are hidden here instead.  One set, shared by every Cache."""
 
     children: Mapping[str, kopf.Index[Any, Any]]
     replicasets: kopf.Index[Any, Any]
     pods: kopf.Index[Any, Any]
+    gone: set[str] = field(default_factory=set)
+
+    def _values(self, index: kopf.Index[Any, Any], key: Any) -> list[Obj]:
+        try:
+            store = index[key]
+        except KeyError:
+            return []
+        return [value for value in store if isinstance(value, dict) and uid_of(value) not in self.gone]
 
     def child(self, kind: str, namespace: str, name: str) -> Obj | None:
-        found = _values(self.children[kind], (namespace, name))
+        found = self._values(self.children[kind], (namespace, name))
         return found[0] if found else None
 
     def pods_of(self, namespace: str, model: str) -> list[Obj]:
-        return _values(self.pods, (namespace, model))
+        return self._values(self.pods, (namespace, model))
 
     def replicasets_of(self, namespace: str, model: str) -> list[Obj]:
-        return _values(self.replicasets, (namespace, model))
+        return self._values(self.replicasets, (namespace, model))
+
+    def indexes(self) -> dict[str, kopf.Index[Any, Any]]:
+        """Every index by the kind it holds."""
+        return {**self.children, "ReplicaSet": self.replicasets, "Pod": self.pods}
+
+    def stored_uids(self) -> set[str]:
+        """The uid of every object the indexes hold, ``gone`` or not."""
+        return {uid_of(value) for index in self.indexes().values() for key in list(index)
+                for value in index.get(key, ()) if isinstance(value, dict)}
+
+    def held(self, kind: str) -> list[Obj]:
+        """Every object of a kind the index holds and ``gone`` does not hide, in every namespace."""
+        index = self.indexes()[kind]
+        return [value for key in list(index) for value in self._values(index, key)]

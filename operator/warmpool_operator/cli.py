@@ -18,6 +18,7 @@ import os
 import sys
 
 from warmpool import contract
+from warmpool.logformat import configure_logging
 
 
 class _QuietTimers(logging.Filter):
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"default: {' and '.join(DEFAULT_ALLOWED_HOST_PATHS)}); a WarmModel outside every prefix is Degraded",
     )
     parser.add_argument(
+        "--block-cache-root",
+        default=contract.DEFAULT_BLOCK_CACHE_ROOT,
+        help="the node agents' cache root on the nodes (where http/s3 sources' pods find their revision; "
+        "must lie under an --allowed-host-path)",
+    )
+    parser.add_argument(
         "--heat-write-interval", type=float, default=60.0, help="least seconds between heat-map writes"
     )
     parser.add_argument(
@@ -68,6 +75,33 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=300.0,
         help="seconds before a WarmModel whose child the API server refused is tried again unchanged",
+    )
+    parser.add_argument(
+        "--watch-server-timeout",
+        type=int,  # sent as the watch's timeoutSeconds, which the API server parses as an integer
+        default=120,
+        help="whole seconds after which the API server ends each watch (the operator starts the next)",
+    )
+    parser.add_argument(
+        "--watch-inactivity-timeout",
+        type=float,
+        default=70.0,
+        help="seconds a watch may carry nothing, not even the bookmark the API server sends each "
+        "minute, before it is taken for stalled and dialled again",
+    )
+    parser.add_argument(
+        "--resync-interval",
+        type=float,
+        default=600.0,
+        help="seconds between checks that every object the operator holds still exists (deletions "
+        "made while a watch was down get no event); a watch seen listing again checks at once",
+    )
+    parser.add_argument(
+        "--predict-step-seconds",
+        type=int,
+        default=60,
+        help="demand prediction's history step in seconds (default 60; shorter only for tests and demos: "
+        "it must divide 3600, and the history holds the same number of steps, 10080, whatever the step)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -83,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--bind", default="0.0.0.0", help="address the metrics and liveness endpoints bind")
     parser.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    parser.add_argument("--log-format", choices=contract.LOG_FORMATS, default=contract.LOG_FORMAT_TEXT,
+                        help="text, or json: one object per line, with trace_id/span_id while a span is active")
     parser.add_argument(
         "--leader-elect", action="store_true", help="act only while holding the leader Lease (run several replicas)"
     )
@@ -95,15 +131,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Scrapes a demand step should see: a step with none is stored as missing, not as zero demand.
+SCRAPES_PER_STEP = 3
+
+
+def config_warnings(scrape_interval: float, predict_step_seconds: int) -> list[str]:
+    """Flag combinations that run, but not as a user would want (logged at start)."""
+    warnings = []
+    if predict_step_seconds < SCRAPES_PER_STEP * scrape_interval:
+        warnings.append(
+            f"--predict-step-seconds {predict_step_seconds} is shorter than {SCRAPES_PER_STEP} scrapes "
+            f"(--scrape-interval {scrape_interval:g}s): steps that see no scrape are stored as missing and "
+            f"the forecast has little to learn from; use a step of at least "
+            f"{SCRAPES_PER_STEP * scrape_interval:g}s or a shorter --scrape-interval")
+    return warnings
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if min(args.scrape_interval, args.scrape_timeout, args.scrape_concurrency, args.permanent_retry_interval) <= 0:
         print("warmpool operator: intervals, timeouts and concurrency must be positive", file=sys.stderr)
         return 2
+    if min(args.watch_server_timeout, args.watch_inactivity_timeout, args.resync_interval) <= 0:
+        print("warmpool operator: --watch-server-timeout, --watch-inactivity-timeout and --resync-interval "
+              "must be positive", file=sys.stderr)
+        return 2
     try:
         networks = [ipaddress.ip_network(text, strict=False) for text in args.scrape_network]
     except ValueError as error:
         print(f"warmpool operator: bad --scrape-network: {error}", file=sys.stderr)
+        return 2
+    if not 1 <= args.predict_step_seconds <= 3600 or 3600 % args.predict_step_seconds:
+        print(f"warmpool operator: --predict-step-seconds must divide 3600, got {args.predict_step_seconds}",
+              file=sys.stderr)
         return 2
     from warmpool_operator.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix, normalise_prefixes
 
@@ -114,10 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     except BadHostPathPrefix as error:
         print(f"warmpool operator: bad {error}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
+    for warning in config_warnings(args.scrape_interval, args.predict_step_seconds):
+        logging.getLogger("warmpool.operator").warning("%s", warning)
+    from warmpool_operator import tracing
+
+    if tracing.enable_from_env():  # OTEL_EXPORTER_OTLP_ENDPOINT set: a trace per reconcile pass
+        import atexit
+
+        atexit.register(tracing.shutdown)
 
     # kopf logs every successful timer run at INFO: once a second per WarmModel in tests.
     logging.getLogger("kopf.objects").addFilter(_QuietTimers())
@@ -131,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     CONFIG.heat_write_interval = args.heat_write_interval
     CONFIG.permanent_retry_interval = args.permanent_retry_interval
     CONFIG.allowed_host_paths = host_paths
+    CONFIG.watch_server_timeout = args.watch_server_timeout
+    CONFIG.watch_inactivity_timeout = args.watch_inactivity_timeout
+    CONFIG.resync_interval = args.resync_interval
+    CONFIG.block_cache_root = args.block_cache_root
+    CONFIG.predict_step_seconds = args.predict_step_seconds
 
     import kopf
 

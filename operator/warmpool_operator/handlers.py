@@ -5,7 +5,8 @@
   not Secrets: list/watch on Secrets would let the operator read every Secret of a namespace,
   so the control Secret is read by name once per WarmModel and its token kept in memory;
 * events: a WarmModel's spec or status changing, a child or worker pod changing or going,
-  each pokes the reconciler of that WarmModel only (reconciler.py debounces the pokes);
+  each pokes the reconciler of that WarmModel only (reconciler.py debounces the pokes); a watch
+  seen listing again asks for a resync (resync.py: what it deleted meanwhile got no event);
 * create / resume / spec update: a handler that waits for the pass, so kopf reports it.
 
 The work lives elsewhere: children.py (child management), pipeline.py (scrape -> decide ->
@@ -59,6 +60,7 @@ async def connect(memo: kopf.Memo, **_: Any) -> None:
     scheduler = ScrapeScheduler(session, CONFIG.scrape_interval, CONFIG.scrape_timeout, CONFIG.scrape_concurrency)
     memo.registry = Registry(kube=kube, session=session, scheduler=scheduler)
     memo.registry.start_scheduler()
+    memo.registry.start_resync(CONFIG.resync_interval)
 
 
 @kopf.on.cleanup()
@@ -77,14 +79,14 @@ def _registry(memo: kopf.Memo) -> Registry:
     return registry
 
 
-def _cache(kwargs: Mapping[str, Any]) -> Cache:
+def _cache(registry: Registry, kwargs: Mapping[str, Any]) -> Cache:
     children = {
         "Deployment": kwargs["wp_deployments"],
         "Service": kwargs["wp_services"],
         "ConfigMap": kwargs["wp_configmaps"],
         "PodDisruptionBudget": kwargs["wp_pdbs"],
     }
-    return Cache(children=children, replicasets=kwargs["wp_replicasets"], pods=kwargs["wp_pods"])
+    return Cache(children=children, replicasets=kwargs["wp_replicasets"], pods=kwargs["wp_pods"], gone=registry.gone)
 
 
 # --------------------------------------------------------------------------- caches
@@ -134,12 +136,13 @@ async def warmmodel_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, 
     """A new generation, or a status we did not write (someone else's is corrected, never believed)."""
     registry = _registry(memo)
     meta = body.get("metadata") or {}
+    registry.saw(type, str(meta.get("uid")))
     if type == "DELETED":
         await registry.forget(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
         return
     before = registry.get(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
     seen = (before.body.get("metadata", {}).get("generation"), before.body.get("status")) if before else None
-    rec = registry.ensure(body, _cache(kwargs))
+    rec = registry.ensure(body, _cache(registry, kwargs))
     if seen != (meta.get("generation"), body.get("status")):
         rec.poke()
 
@@ -151,8 +154,10 @@ async def warmmodel_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, 
 async def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child deleted or edited: its WarmModel's pass restores it.  The echo of our own write
     (the version we settled on) and a Deployment's unchanged status wake nothing."""
+    registry = _registry(memo)
+    registry.saw(type, str((body.get("metadata") or {}).get("uid")))
     owner = warmmodel_owner(body)
-    rec = _registry(memo).get(*owner) if owner is not None else None
+    rec = registry.get(*owner) if owner is not None else None
     if rec is None:
         return
     key = f"{body.get('kind')}/{(body.get('metadata') or {}).get('name')}"
@@ -168,11 +173,13 @@ async def worker_changed(
 ) -> None:
     """A worker pod (or its ReplicaSet) came, went, or changed in what a pass reads: readiness,
     phase, IP, termination, container states.  Annotation-only changes (ours) wake nothing."""
+    registry = _registry(memo)
+    meta = body.get("metadata") or {}
+    registry.saw(type, str(meta.get("uid")))
     key = model_key(namespace, labels)
-    rec = _registry(memo).get(*key) if key is not None else None
+    rec = registry.get(*key) if key is not None else None
     if rec is None:
         return
-    meta = body.get("metadata") or {}
     status = body.get("status") or {}
     containers = tuple(
         (str(c.get("name")), tuple(sorted((c.get("state") or {}).keys())), int(c.get("restartCount") or 0))
@@ -198,7 +205,8 @@ async def worker_changed(
 )
 async def reconcile(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Wait for a pass over the WarmModel as it is now; its outcome is the handler's."""
-    rec = _registry(memo).ensure(body, _cache(kwargs))
+    registry = _registry(memo)
+    rec = registry.ensure(body, _cache(registry, kwargs))
     try:
         await rec.pass_now()
     except Permanent as error:
@@ -211,5 +219,6 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
 async def forget(meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
     """Children go with the owner references; only our memory of the object is dropped."""
     await _registry(memo).forget(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
-    with contextlib.suppress(KeyError):
-        metrics.WARM_PODS.remove(str(meta.get("namespace")), str(meta.get("name")))
+    for gauge in (metrics.WARM_PODS, metrics.MIN_WARM_PODS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(str(meta.get("namespace")), str(meta.get("name")))

@@ -16,6 +16,8 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from warmpool import contract
+
 Obj = dict[str, Any]
 
 #: Every API call is bounded in time (connect, read) seconds.
@@ -60,6 +62,7 @@ SECRETS = Kind("/api/v1", "secrets")
 PODS = Kind("/api/v1", "pods")
 PDBS = Kind("/apis/policy/v1", "poddisruptionbudgets")
 LEASES = Kind("/apis/coordination.k8s.io/v1", "leases")
+WARMMODELS = Kind(f"/apis/{contract.API_GROUP}/{contract.API_VERSION}", contract.PLURAL)
 
 
 def kind_of(obj: Mapping[str, Any]) -> Kind:

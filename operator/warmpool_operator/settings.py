@@ -22,6 +22,8 @@ HANDLER_BACKOFF = 5.0
 HANDLER_TIMEOUT = 300.0
 #: The temporary-error delay for conflicts and API hiccups.
 RETRY_DELAY = 3.0
+#: Demand prediction's history resolution, the reference design's 60 s.
+DEFAULT_PREDICT_STEP_SECONDS = 60
 
 
 @dataclass
@@ -40,8 +42,24 @@ class OperatorConfig:
     #: Seconds before a WarmModel that failed for good (a child refused with 400/422) is tried
     #: again without a spec change, so that an outside fix (a policy relaxed, a name freed) heals it.
     permanent_retry_interval: float = 300.0
+    #: Demand prediction's history step (#16): 60 s; shorter only for tests and demos (it must divide
+    #: an hour: the length histograms are kept per hour).
+    predict_step_seconds: int = DEFAULT_PREDICT_STEP_SECONDS
     #: Node directories (normalised prefixes) a WarmModel's hostPath or nodeCache may lie under.
     allowed_host_paths: tuple[str, ...] = DEFAULT_ALLOWED_HOST_PATHS
+    #: The API server ends each watch after this many seconds (kopf then starts the next one).
+    #: Whole seconds: it is sent as timeoutSeconds, and "10.0" is a 400 from the API server.
+    watch_server_timeout: int = 120
+    #: A watch that carries nothing for this long -- not even the bookmark the API server sends
+    #: each minute -- is taken for stalled (a dropped NAT entry, a hung proxy: the server's end of
+    #: the watch never arrives either) and dialled again.  Without it the operator would wait on a
+    #: stalled watch until the client's total bound, blind to every event meanwhile.
+    watch_inactivity_timeout: float = 70.0
+    #: Seconds between resyncs (resync.py), the backstop for deletions no watch reported; a watch
+    #: seen listing again asks for one at once.
+    resync_interval: float = 600.0
+    #: The node agents' block cache root on every node (an http/s3 source's pods mount its revisions/).
+    block_cache_root: str = contract.DEFAULT_BLOCK_CACHE_ROOT
 
     def allowed(self, ip: str) -> bool:
         try:
@@ -67,9 +85,10 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.persistence.finalizer = contract.OPERATOR_FINALIZER
     # Watches: the server closes a watch after server_timeout, the client gives up a little
-    # later; a stuck connection is noticed within a minute or two.
-    settings.watching.server_timeout = 120
-    settings.watching.client_timeout = 150
+    # later; a silent (stalled) one is dialled again after inactivity_timeout.
+    settings.watching.server_timeout = CONFIG.watch_server_timeout
+    settings.watching.client_timeout = CONFIG.watch_server_timeout + 30
+    settings.watching.inactivity_timeout = CONFIG.watch_inactivity_timeout
     settings.watching.connect_timeout = 10
     settings.watching.reconnect_backoff = 1.0
     settings.networking.request_timeout = 30
