@@ -10,16 +10,14 @@ that a child was deleted.  Every wait is bounded.
 from __future__ import annotations
 
 import dataclasses
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import Operator, World, delete_warmmodels, warmmodel
-from tests.support.stall_proxy import StallProxy
+from tests.support.stall_proxy import StallProxy, relay_to_api_server
 
 pytestmark = pytest.mark.integration
 
@@ -32,31 +30,12 @@ WATCH_INACTIVITY_TIMEOUT_S = 10
 RECOVERY_WAIT_S = WATCH_INACTIVITY_TIMEOUT_S + 50
 
 
-def proxied_kubeconfig(kubeconfig: Path, proxy_port: int, out: Path) -> tuple[str, int]:
-    """A copy of `kubeconfig` whose every cluster's server is the relay; returns the real host and port."""
-    config = yaml.safe_load(kubeconfig.read_text())
-    upstream: tuple[str, int] | None = None
-    for entry in config["clusters"]:
-        url = urllib.parse.urlsplit(entry["cluster"]["server"])
-        assert url.hostname is not None and url.port is not None, url
-        upstream = (url.hostname, url.port)
-        # The serving certificate names 127.0.0.1, which the relay's address still is.
-        entry["cluster"]["server"] = f"{url.scheme}://{url.hostname}:{proxy_port}"
-    assert upstream is not None, "the kubeconfig names no cluster"
-    out.write_text(yaml.safe_dump(config))
-    return upstream
-
-
 @pytest.fixture()
 def stalled(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> Iterator[tuple[World, StallProxy]]:
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    url = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
-    if url.hostname is None or not url.hostname.startswith("127."):
-        pytest.skip("relays the operator's API connections over loopback: only on a loopback API server")
-    assert url.port is not None
-    proxy = StallProxy(url.hostname, url.port)
     proxied = tmp_path / "kubeconfig-through-relay"
-    proxied_kubeconfig(cluster.kubeconfig, proxy.port, proxied)
+    proxy = relay_to_api_server(cluster.kubeconfig, proxied)
+    if proxy is None:
+        pytest.skip("relays the operator's API connections over loopback: only on a loopback API server")
     operator = Operator(dataclasses.replace(cluster, kubeconfig=proxied), namespace, tmp_path / "operator.log",
                         installed=False,
                         extra_args=("--scrape-interval", "600",

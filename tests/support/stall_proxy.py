@@ -12,7 +12,11 @@ from __future__ import annotations
 import select
 import socket
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
 
 from tests.support.procs import HOST
 
@@ -47,6 +51,17 @@ class StallProxy:
             self.frozen_links = len(self._links)
             self.accepted_since_freeze = 0
             return self.frozen_links
+
+    def cut(self) -> int:
+        """End every frozen connection at once (both sockets closed): its client learns only now
+        that the connection is gone, whatever happened upstream meanwhile.  Returns how many."""
+        with self._lock:
+            frozen = [link for link in self._links if link.frozen.is_set()]
+            for link in frozen:
+                for sock in (link.client, link.upstream):
+                    sock.close()
+            self._links = [link for link in self._links if link not in frozen]
+            return len(frozen)
 
     def close(self) -> None:
         self._closed.set()
@@ -95,3 +110,19 @@ class StallProxy:
         if not link.frozen.is_set():
             for sock in (link.client, link.upstream):
                 sock.close()
+
+
+def relay_to_api_server(kubeconfig: Path, out: Path) -> StallProxy | None:
+    """A relay to the kubeconfig's API server, and at ``out`` a copy of the kubeconfig whose every
+    cluster's server is the relay; None when the API server is not on loopback."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    url = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
+    if url.hostname is None or not url.hostname.startswith("127.") or url.port is None:
+        return None
+    proxy = StallProxy(url.hostname, url.port)
+    for entry in config["clusters"]:
+        entry_url = urllib.parse.urlsplit(entry["cluster"]["server"])
+        # The serving certificate names 127.0.0.1, which the relay's address still is.
+        entry["cluster"]["server"] = f"{entry_url.scheme}://{entry_url.hostname}:{proxy.port}"
+    out.write_text(yaml.safe_dump(config))
+    return proxy
