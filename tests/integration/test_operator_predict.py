@@ -191,9 +191,11 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
     # saw the pool grow there once, when the machine got busier between measuring and ramping.
     assert rates[grew_at] <= capacity, (grew_at, rates, capacity)
     assert grew_at < len(rates) - 1
-    assert status["forecast"]["model"] and status["forecast"]["desiredReplicas"] >= 2, status["forecast"]
+    assert status["forecast"]["model"], status["forecast"]
+    # What raised the pool is in the Event written at that pass (status is the latest pass's: the
+    # forecast may have moved on by the time it is read, as it did once on a busy machine).
     events = json.loads(world.kubectl("get", "events", "--field-selector", "reason=PreWarm", "-o", "json"))["items"]
-    assert any("demand forecast" in e["message"] for e in events), events
+    assert any(e["message"].startswith("demand forecast: 1 -> ") for e in events), events
 
     # The history is in ConfigMap ramp-history; an operator killed and started again goes on from it.
     before = world.wait(lambda: (h := stored_history(world, "ramp")) is not None and len(h) >= 10 and h, 60,
