@@ -1,27 +1,68 @@
-"""Shared fixtures: one real local control plane per test session, a fresh namespace per test.
+"""Shared fixtures: one real local cluster per test session (control plane and a real node, the
+checkout's images built and loaded into it), a fresh namespace per test.
 
 When WARMPOOL_KUBECONFIG names an existing cluster (a kind cluster on a laptop, say),
-the tests use it instead of starting one.
+the tests use it instead of starting one.  WARMPOOL_TEST_CLUSTER names a local cluster to start
+or reuse, and WARMPOOL_KEEP_CLUSTER leaves it running afterwards (a quicker next run).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from warmpool_devcluster.testing import ClusterHandle, start_or_attach
+from warmpool_devcluster.testing import ClusterHandle, start_api_server, start_or_attach
+
+if TYPE_CHECKING:
+    from tests.support.control_doubles import ControlCluster
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterHandle]:
-    handle = start_or_attach(os.environ.get("WARMPOOL_KUBECONFIG"))
+    handle = start_or_attach(os.environ.get("WARMPOOL_KUBECONFIG"), Path(__file__).resolve().parent.parent)
     try:
         yield handle
     finally:
         handle.close()
+
+
+@pytest.fixture(scope="session")
+def api_server() -> Iterator[ClusterHandle]:
+    """A real API server that runs no controllers, with the WarmModel CRD: for tests of the
+    operator's control layer that play the controllers, the watches and the pods themselves."""
+    from tests.support.e2e import install_crd
+
+    handle = start_api_server()
+    try:
+        install_crd(handle, field_manager="warmpool-tests")
+        yield handle
+    finally:
+        handle.close()
+
+
+@pytest.fixture(params=[pytest.param("fake", marks=pytest.mark.unit),
+                        pytest.param("api", marks=pytest.mark.integration)])
+async def control_cluster(request: pytest.FixtureRequest) -> AsyncIterator[ControlCluster]:
+    """For the operator's control-layer tests, each run twice: over the in-memory API server
+    (unit: milliseconds) and against a real one with no controllers (integration), so the fake
+    is held to the real server's answers."""
+    from tests.support.api_world import ApiCluster
+    from tests.support.fake_api import FakeCluster
+
+    opened: ControlCluster
+    if request.param == "fake":
+        opened = FakeCluster()
+    else:
+        opened = await ApiCluster.open(Path(request.getfixturevalue("api_server").kubeconfig))
+    try:
+        yield opened
+    finally:
+        await opened.close()
 
 
 @pytest.fixture()
@@ -39,3 +80,22 @@ def namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterato
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def pod_dir() -> Iterator[Callable[[str], Path]]:
+    """A fresh directory the node's pods can read (``pod_dir("name")``), for models their workers
+    mount: under the node's data directory, not a 0700 temp dir; removed at the session's end."""
+    from tests.support.e2e import model_root
+
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        directory = model_root() / f"{name}-{uuid.uuid4().hex[:8]}"
+        directory.mkdir(mode=0o755)
+        made.append(directory)
+        return directory
+
+    yield make
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmpool.paths import cache_root
+from warmpool_devcluster import processes
 
 KUBERNETES_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.16"
@@ -32,8 +33,11 @@ JAEGER_VERSION = "v1.76.0"
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 SEAWEEDFS_MODULE = "github.com/seaweedfs/seaweedfs"
 
-#: Binaries built from the k8s.io/kubernetes module (one wrapper go.mod for all).
-KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+#: Binaries built from the k8s.io/kubernetes module (one wrapper go.mod, one `go build` for all):
+#: the control plane, kubectl, and the real node's kubelet and kube-proxy.
+KUBERNETES_COMMANDS = (
+    "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet", "kube-proxy",
+)
 
 
 class BuildError(RuntimeError):
@@ -92,27 +96,13 @@ def _go_env() -> dict[str, str]:
 
 
 def _run_go(args: list[str], cwd: Path, log_path: Path, what: str) -> None:
-    """Run a go command, streaming a heartbeat so a person sees the long build is alive."""
     if shutil.which("go") is None:
         raise BuildError("the 'go' command is not on PATH; install Go >= 1.24 to build the control plane")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with log_path.open("ab") as log:
-        log.write(f"$ go {' '.join(args)}  (in {cwd})\n".encode())
-        log.flush()
-        proc = subprocess.Popen(["go", *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_go_env())
-        last_beat = started
-        while proc.poll() is None:
-            time.sleep(1.0)
-            now = time.monotonic()
-            if now - last_beat >= 30:
-                _log(f"  still building {what}: {now - started:.0f}s elapsed (log: {log_path})")
-                last_beat = now
-    if proc.returncode != 0:
-        tail = log_path.read_text(errors="replace").splitlines()[-25:]
-        raise BuildError(
-            f"building {what} failed (go exit {proc.returncode}); log: {log_path}\n" + "\n".join(tail)
-        )
+    try:
+        processes.run_logged(["go", *args], log_path, f"building {what}", cwd=cwd, env=_go_env(),
+                             prefix="warmpool build")
+    except processes.CommandFailed as error:
+        raise BuildError(str(error)) from None
 
 
 def kubernetes_replace_lines(release_go_mod: str, version: str) -> list[str]:
@@ -169,15 +159,21 @@ def _build_kubernetes(names: list[str], workdir: Path, log_path: Path) -> None:
         "replace (\n" + "\n".join(kubernetes_replace_lines(release_go_mod, version)) + "\n)\n"
     )
     # -mod=mod lets the go command complete go.mod/go.sum from the release's own requirements.
+    # Every command missing is built by one `go build` into a scratch folder: the shared packages
+    # compile once and the links run in parallel (one build per command took minutes more).
+    staging = workdir / "out"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    _log(f"building {', '.join(names)} {version} in one go build (first build takes many minutes; cached afterwards)")
+    _run_go(
+        ["build", "-mod=mod", "-trimpath", "-ldflags", _version_ldflags(version), "-o", f"{staging}/",
+         *(f"k8s.io/kubernetes/cmd/{name}" for name in names)],
+        workdir, log_path, f"{', '.join(names)} {version}",
+    )
     for name in names:
         out = cached_path(Binary(name, version))
         out.parent.mkdir(parents=True, exist_ok=True)
-        _log(f"building {name} {version} (first build takes several minutes; cached afterwards)")
-        _run_go(
-            ["build", "-mod=mod", "-trimpath", "-ldflags", _version_ldflags(version), "-o", str(out),
-             f"k8s.io/kubernetes/cmd/{name}"],
-            workdir, log_path, f"{name} {version}",
-        )
+        os.replace(staging / name, out)
 
 
 _ETCD_MAIN = """package main

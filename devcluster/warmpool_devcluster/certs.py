@@ -33,9 +33,8 @@ IDENTITIES = (
     ClientIdentity("admin", "warmpool-admin", ("system:masters",)),
     ClientIdentity("controller-manager", "system:kube-controller-manager"),
     ClientIdentity("scheduler", "system:kube-scheduler"),
-    # The local kubelet reconciles pod status on every fake node; as a single process it
-    # cannot hold one system:node:<name> identity per node, so it acts as an admin client.
-    ClientIdentity("kubelet", "warmpool-kubelet", ("system:masters",)),
+    # kwok keeps the fake nodes' status and leases for every fake node at once: one admin client.
+    ClientIdentity("kwok", "warmpool-kwok", ("system:masters",)),
 )
 
 
@@ -95,15 +94,76 @@ def _sign(
     return builder.sign(ca_key, hashes.SHA256())
 
 
-def generate_pki(pki_dir: Path) -> None:
+def _load_ca(pki_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{pki_dir / 'ca.key'} is not the EC key this tool writes")
+    return cert, key
+
+
+def _issue(pki_dir: Path, stem: str, subject: x509.Name, usage: x509.ObjectIdentifier,
+           sans: list[x509.GeneralName] | None = None) -> None:
+    ca_cert, ca_key = _load_ca(pki_dir)
+    key = _key()
+    _write_key(pki_dir / f"{stem}.key", key)
+    _write_cert(pki_dir / f"{stem}.crt", _sign(subject, key.public_key(), ca_cert, ca_key, usage, sans))
+
+
+def _ips(addresses: tuple[str, ...]) -> list[x509.GeneralName]:
+    return [x509.IPAddress(ipaddress.ip_address(address)) for address in addresses]
+
+
+def generate_pki(pki_dir: Path, serving_ips: tuple[str, ...] = ()) -> None:
     """Write ca.{crt,key}, apiserver.{crt,key}, <identity>.{crt,key} and sa.{key,pub}.
 
-    Idempotent: an existing CA is kept, so kubeconfigs handed out earlier stay valid.
+    The CA, the client identities and the service-account key are kept once made, so
+    kubeconfigs handed out earlier stay valid; the API server's serving certificate is issued
+    at every call for 127.0.0.1 plus ``serving_ips`` (a real node's address, the ``kubernetes``
+    Service IP), which may differ from the last start.
     """
     pki_dir.mkdir(parents=True, exist_ok=True)
     ca_cert_path, ca_key_path = pki_dir / "ca.crt", pki_dir / "ca.key"
-    if ca_cert_path.exists() and ca_key_path.exists() and (pki_dir / "sa.pub").exists():
-        return
+    if not (ca_cert_path.exists() and ca_key_path.exists() and (pki_dir / "sa.pub").exists()):
+        _generate_ca_and_clients(pki_dir)
+    sans: list[x509.GeneralName] = [
+        *_ips(("127.0.0.1", *serving_ips)),
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
+    ]
+    _issue(pki_dir, "apiserver", _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, sans)
+
+
+#: The real node's certificate files (stems under pki/), issued by :func:`issue_node_pki`.
+KUBELET_CLIENT = "kubelet-node"
+KUBELET_SERVING = "kubelet-serving"
+KUBE_PROXY_CLIENT = "kube-proxy"
+APISERVER_KUBELET_CLIENT = "apiserver-kubelet-client"
+
+
+def issue_node_pki(pki_dir: Path, node_name: str, node_ip: str) -> None:
+    """The real node's identities, from the cluster's CA:
+
+    * the kubelet's client certificate as ``system:node:<name>`` in ``system:nodes``, so the
+      Node authorizer and NodeRestriction hold it to its own Node and its own pods' objects;
+    * the kubelet's serving certificate for the node's address (the API server verifies it);
+    * kube-proxy's as ``system:kube-proxy`` (bound to ``system:node-proxier`` by default RBAC);
+    * the API server's client certificate towards kubelets (logs, exec, port-forward), which the
+      kubelet authenticates by the CA and authorizes through a SubjectAccessReview.
+    """
+    _issue(pki_dir, KUBELET_CLIENT, _name(f"system:node:{node_name}", ("system:nodes",)),
+           ExtendedKeyUsageOID.CLIENT_AUTH)
+    _issue(pki_dir, KUBELET_SERVING, _name(f"system:node:{node_name}", ("system:nodes",)),
+           ExtendedKeyUsageOID.SERVER_AUTH, [*_ips((node_ip,)), x509.DNSName(node_name)])
+    _issue(pki_dir, KUBE_PROXY_CLIENT, _name("system:kube-proxy"), ExtendedKeyUsageOID.CLIENT_AUTH)
+    _issue(pki_dir, APISERVER_KUBELET_CLIENT, _name("kube-apiserver-kubelet-client", ("system:masters",)),
+           ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
+def _generate_ca_and_clients(pki_dir: Path) -> None:
     ca_key = _key()
     ca_cert = (
         x509.CertificateBuilder()
@@ -122,30 +182,10 @@ def generate_pki(pki_dir: Path) -> None:
         )
         .sign(ca_key, hashes.SHA256())
     )
-    _write_key(ca_key_path, ca_key)
-    _write_cert(ca_cert_path, ca_cert)
-
-    serving_key = _key()
-    sans: list[x509.GeneralName] = [
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        x509.DNSName("localhost"),
-        x509.DNSName("kubernetes"),
-        x509.DNSName("kubernetes.default"),
-        x509.DNSName("kubernetes.default.svc"),
-        x509.DNSName("kubernetes.default.svc.cluster.local"),
-    ]
-    serving = _sign(_name("kube-apiserver"), serving_key.public_key(), ca_cert, ca_key,
-                    ExtendedKeyUsageOID.SERVER_AUTH, sans)
-    _write_key(pki_dir / "apiserver.key", serving_key)
-    _write_cert(pki_dir / "apiserver.crt", serving)
-
+    _write_key(pki_dir / "ca.key", ca_key)
+    _write_cert(pki_dir / "ca.crt", ca_cert)
     for identity in IDENTITIES:
-        key = _key()
-        cert = _sign(_name(identity.user, identity.groups), key.public_key(), ca_cert, ca_key,
-                     ExtendedKeyUsageOID.CLIENT_AUTH)
-        _write_key(pki_dir / f"{identity.file_stem}.key", key)
-        _write_cert(pki_dir / f"{identity.file_stem}.crt", cert)
-
+        _issue(pki_dir, identity.file_stem, _name(identity.user, identity.groups), ExtendedKeyUsageOID.CLIENT_AUTH)
     # Service-account tokens are signed with RSA (what every client library verifies).
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(pki_dir / "sa.key", sa_key)

@@ -1,4 +1,4 @@
-"""`warmpool cluster build | up | down | status | kubeconfig`: the local control plane."""
+"""`warmpool cluster build | host-packages | up | down | status | kubeconfig`: the local cluster."""
 
 from __future__ import annotations
 
@@ -7,7 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from warmpool_devcluster import build, cluster, jaeger, processes, prometheus, prometheus_config, seaweedfs
+from warmpool_devcluster import (
+    build,
+    cluster,
+    host_packages,
+    jaeger,
+    node,
+    processes,
+    prometheus,
+    prometheus_config,
+    seaweedfs,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,8 +33,15 @@ def _parser() -> argparse.ArgumentParser:
                               help="also build SeaweedFS' weed (a long first build; only the object-store "
                                    "tests and `up --with-object-store` need it)")
     up = sub.add_parser("up", help="start the cluster, or confirm it is already up", parents=[common])
-    up.add_argument("--nodes", type=int, default=cluster.DEFAULT_NODES, help="fake (kwok) nodes to register")
-    up.add_argument("--port", type=int, default=None, help="kube-apiserver port on 127.0.0.1 (default: a free one)")
+    up.add_argument("--node-runtime", choices=cluster.NODE_RUNTIMES, default="kwok",
+                    help="containerd: one real node (kubelet, kube-proxy, containerd, bridge CNI; needs root and "
+                         "`make host-packages`), pods in real containers from local images; kwok (default): fake "
+                         "nodes only, nothing runs (the scale benchmark); none: an API server alone, no "
+                         "controllers and no nodes (tests that play the controllers themselves)")
+    up.add_argument("--fake-nodes", type=int, default=None,
+                    help=f"kwok fake nodes to register (default: {cluster.DEFAULT_FAKE_NODES} on a kwok cluster, "
+                         "none beside a real node)")
+    up.add_argument("--port", type=int, default=None, help="kube-apiserver port (default: a free one)")
     up.add_argument("--with-observability", action="store_true",
                     help="also start Prometheus on 127.0.0.1, scraping the operator and worker pods the way "
                          "the chart's monitors select them, with the chart's alert rules, and Jaeger "
@@ -35,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     down = sub.add_parser("down", help="stop every process of the cluster", parents=[common])
     down.add_argument("--purge", action="store_true", help="also delete its certificates and state")
     sub.add_parser("status", help="print the cluster's health as JSON", parents=[common])
+    sub.add_parser("host-packages", help="install the Debian packages a real node and image builds need "
+                                         f"({', '.join(host_packages.PACKAGES)}) when missing", parents=[common])
     sub.add_parser("kubeconfig", help="print the path of the admin kubeconfig", parents=[common])
     return parser
 
@@ -56,7 +75,8 @@ def _start_observability(name: str, kubeconfig: Path) -> None:
     print(f"prometheus\t{url}")
     traces = processes.recorded_urls(work / "jaeger", jaeger.PROGRAM)
     if traces is None:
-        handle = jaeger.start_jaeger(work / "jaeger")
+        # Workers in the real node's pods export to the bridge address; the UI stays on loopback.
+        handle = jaeger.start_jaeger(work / "jaeger", otlp_address=cluster.pod_gateway(name) or jaeger.LOOPBACK)
         traces = {"ui": handle.query_url, "otlp": handle.otlp_endpoint}
         processes.record(work / "jaeger", jaeger.PROGRAM, handle.process.pid, traces)
     print(f"jaeger\t{traces['ui']}")
@@ -93,9 +113,8 @@ def main(argv: list[str]) -> int:
             for name, path in build.ensure_binaries(names).items():
                 print(f"{name}\t{path}")
         elif args.action == "up":
-            if args.nodes < 1:
-                raise cluster.ClusterError("--nodes must be at least 1")
-            kubeconfig = cluster.up(args.name, nodes=args.nodes, apiserver_port=args.port)
+            kubeconfig = cluster.up(args.name, node_runtime=args.node_runtime, fake_nodes=args.fake_nodes,
+                                    apiserver_port=args.port)
             print(kubeconfig)
             if args.with_observability:
                 _start_observability(args.name, kubeconfig)
@@ -104,18 +123,22 @@ def main(argv: list[str]) -> int:
         elif args.action == "down":
             _stop_observability(args.name)
             seaweedfs.stop_recorded(object_store_dir(args.name))
-            cluster.down(args.name, purge=args.purge)
+            if cluster.down(args.name, purge=args.purge):
+                return 1
         elif args.action == "status":
             report = cluster.status(args.name)
             print(json.dumps(report, indent=2))
             return 0 if report["running"] else 1
+        elif args.action == "host-packages":
+            installed = host_packages.ensure()
+            print(f"installed: {' '.join(installed)}" if installed else "every host package is present")
         elif args.action == "kubeconfig":
             path = cluster.kubeconfig_path(args.name)
             if not path.exists():
                 raise cluster.ClusterError(f"cluster {args.name!r} has no kubeconfig; run `warmpool cluster up`")
             print(path)
     except (cluster.ClusterError, build.BuildError, prometheus.PrometheusError, jaeger.JaegerError,
-            seaweedfs.SeaweedError) as error:
+            seaweedfs.SeaweedError, node.NodeError, host_packages.HostPackagesError) as error:
         print(f"warmpool cluster {args.action}: {error}", file=sys.stderr)
         return 1
     return 0

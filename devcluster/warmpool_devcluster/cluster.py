@@ -1,16 +1,26 @@
-"""Start, stop and inspect a real local Kubernetes control plane, bound to 127.0.0.1 only.
+"""Start, stop and inspect a real local Kubernetes cluster on this machine.
+
+Two kinds of node, or none:
+
+* ``--node-runtime containerd``: one real node (node.py): the kubelet and kube-proxy with a
+  containerd of the cluster's own, pods in real containers from local images on a bridge of the
+  cluster's own.  The API server then listens on the bridge's host address, where pods reach it
+  through the ``kubernetes`` Service, and nowhere else.
+* ``kwok`` (the default): fake nodes only, for the scale benchmark: pods are scheduled and get
+  loopback IPs, nothing runs.  The API server listens on 127.0.0.1 only.
+* ``none``: etcd and the API server alone (no controllers, no scheduler, no nodes), on 127.0.0.1,
+  for the tests of the operator's control layer that play the controllers themselves.
 
 Layout of a cluster's state directory (default ``~/.cache/warmpool/clusters/<name>/``):
 ``pki/`` certificates, ``etcd/`` data, ``logs/<component>.log``, ``kubeconfig`` (admin),
-``<component>.kubeconfig``, ``kubelet/`` the local kubelet's work dir, ``cluster.json``
-ports and pids.  Every component runs as its own process group so ``down`` can end it
-and everything it started.
+``<component>.kubeconfig``, ``node/`` the real node's state, ``cluster.json`` ports and pids.
+Every component runs as its own process group so ``down`` can end it and everything it started.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import socket
 import ssl
 import subprocess
@@ -26,19 +36,22 @@ from typing import Any
 import yaml
 
 from warmpool.paths import cache_root
-from warmpool_devcluster import build, certs, kwok
-from warmpool_devcluster.kubelet import kill_leftovers
+from warmpool_devcluster import build, certs, kwok, node, node_containerd
+from warmpool_devcluster.node_kubelet import NODE_NAME
+from warmpool_devcluster.node_network import KUBERNETES_SERVICE_IP, SERVICE_CIDR
 from warmpool_devcluster.processes import alive, free_port, stop_pid
 
-#: Pod IPs are loopback addresses (127.N.0.0/16): nothing in tests may dial a private range.
-#: Each live cluster on the machine gets its own N, so two clusters never hand out one IP.
+#: kwok's fake pods get loopback addresses (127.N.0.0/16); each live cluster on the machine gets
+#: its own N, so two clusters never hand out one IP.
 POD_CIDR_SECOND_OCTETS = range(10, 250)
-#: The API server insists on a service range; we never dial a ClusterIP (traffic stays on loopback).
-SERVICE_CIDR = "10.96.0.0/16"
-DEFAULT_NODES = 2
+#: Fake nodes of a kwok cluster (a real-node cluster has none unless asked).
+DEFAULT_FAKE_NODES = 2
 READY_TIMEOUT_S = 120.0
+#: kwok: fake nodes; containerd: the real node; none: an API server alone (etcd and kube-apiserver:
+#: no controllers, no scheduler, no nodes), for tests that play the controllers themselves
+NODE_RUNTIMES = ("kwok", "containerd", "none")
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubelet")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
 class ClusterError(RuntimeError):
@@ -50,7 +63,28 @@ class ClusterState:
     name: str
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
+    #: kwok's loopback pod range ("" when the cluster has no fake nodes)
     pod_cidr: str = ""
+    #: where the API server listens: 127.0.0.1, or the real node's bridge address
+    apiserver_host: str = "127.0.0.1"
+    fake_nodes: int = 0
+    #: the real node, or None for a kwok cluster
+    node: node.NodeState | None = None
+    #: False for an API server alone (node runtime "none")
+    controllers: bool = True
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://{self.apiserver_host}:{self.ports['apiserver']}"
+
+    def components(self) -> tuple[str, ...]:
+        if not self.controllers:
+            return CONTROL_PLANE[:2]
+        return CONTROL_PLANE + (("kwok",) if self.fake_nodes else ())
+
+    @property
+    def runtime(self) -> str:
+        return "containerd" if self.node is not None else "kwok" if self.controllers else "none"
 
 
 def clusters_root() -> Path:
@@ -75,17 +109,26 @@ def _load_state(name: str) -> ClusterState | None:
         return None
     data = json.loads(path.read_text())
     return ClusterState(name=data["name"], ports=data["ports"], pids=data["pids"],
-                        pod_cidr=data.get("pod_cidr", ""))
+                        pod_cidr=data.get("pod_cidr", ""), apiserver_host=data.get("apiserver_host", "127.0.0.1"),
+                        fake_nodes=int(data.get("fake_nodes", 0)), controllers=bool(data.get("controllers", True)),
+                        node=node.NodeState.from_json(data["node"]) if data.get("node") else None)
+
+
+def _live_states(excluding: str) -> list[ClusterState]:
+    """The other clusters on this machine with a process still running."""
+    found = []
+    if clusters_root().exists():
+        for other in clusters_root().iterdir():
+            state = _load_state(other.name) if other.name != excluding else None
+            if state is not None and any(alive(pid) for pid in [*state.pids.values(),
+                                                                 *(state.node.pids.values() if state.node else [])]):
+                found.append(state)
+    return found
 
 
 def _choose_pod_cidr(name: str) -> str:
     """The first 127.N.0.0/16 that no other live cluster on this machine uses."""
-    taken = set()
-    if clusters_root().exists():
-        for other in clusters_root().iterdir():
-            state = _load_state(other.name) if other.name != name else None
-            if state is not None and any(alive(pid) for pid in state.pids.values()):
-                taken.add(state.pod_cidr)
+    taken = {state.pod_cidr for state in _live_states(name)}
     for octet in POD_CIDR_SECOND_OCTETS:
         cidr = f"127.{octet}.0.0/16"
         if cidr not in taken:
@@ -96,17 +139,19 @@ def _choose_pod_cidr(name: str) -> str:
 def _save_state(state: ClusterState) -> None:
     path = state_dir(state.name) / "cluster.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2))
+    data = asdict(state)
+    data["node"] = state.node.to_json() if state.node else None
+    tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)
 
 
 
 
-def _port_free(port: int) -> bool:
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
@@ -114,7 +159,7 @@ def _port_free(port: int) -> bool:
 
 
 
-def _choose_ports(requested_apiserver_port: int | None) -> dict[str, int]:
+def _choose_ports(requested_apiserver_port: int | None, apiserver_host: str) -> dict[str, int]:
     ports = {
         "etcd-client": free_port(),
         "etcd-peer": free_port(),
@@ -123,10 +168,11 @@ def _choose_ports(requested_apiserver_port: int | None) -> dict[str, int]:
         "scheduler": free_port(),
     }
     if len(set(ports.values())) != len(ports):  # the kernel may hand out a port twice
-        return _choose_ports(requested_apiserver_port)
+        return _choose_ports(requested_apiserver_port, apiserver_host)
     for purpose, port in ports.items():
-        if not _port_free(port):
-            raise ClusterError(f"port {port} on 127.0.0.1 (for {purpose}) is already in use; "
+        host = apiserver_host if purpose == "apiserver" else "127.0.0.1"
+        if not _port_free(port, host):
+            raise ClusterError(f"port {port} on {host} (for {purpose}) is already in use; "
                                f"stop what holds it or choose another with --port")
     return ports
 
@@ -145,12 +191,16 @@ def _kubeconfig(server: str, pki: Path, identity: str) -> dict[str, Any]:
     }
 
 
-def _write_kubeconfigs(root: Path, apiserver_port: int) -> None:
-    server = f"https://127.0.0.1:{apiserver_port}"
+def _write_kubeconfig(target: Path, server: str, pki: Path, stem: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(yaml.safe_dump(_kubeconfig(server, pki, stem)))
+    target.chmod(0o600)
+
+
+def _write_kubeconfigs(root: Path, server: str) -> None:
     for identity in certs.IDENTITIES:
         target = root / ("kubeconfig" if identity.file_stem == "admin" else f"{identity.file_stem}.kubeconfig")
-        target.write_text(yaml.safe_dump(_kubeconfig(server, root / "pki", identity.file_stem)))
-        target.chmod(0o600)
+        _write_kubeconfig(target, server, root / "pki", identity.file_stem)
 
 
 def _spawn(name: str, argv: list[str], root: Path, env: dict[str, str] | None = None) -> int:
@@ -209,23 +259,59 @@ def kubectl(name: str, *args: str, input_text: str | None = None, check: bool = 
     return proc
 
 
+def _healthy(state: ClusterState) -> bool:
+    pids = [state.pids.get(c) for c in state.components()]
+    if state.node is not None:
+        pids += [state.node.pids.get(p) for p in node.PROCESSES]
+    return all(alive(pid) for pid in pids) and _https_ok(f"{state.apiserver_url}/readyz", state_dir(state.name))
+
+
 def is_healthy(name: str) -> bool:
     state = _load_state(name)
-    if state is None or not all(alive(state.pids.get(c)) for c in COMPONENTS):
-        return False
-    return _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", state_dir(name))
+    return state is not None and _healthy(state)
 
 
-def up(name: str = "default", nodes: int = DEFAULT_NODES, apiserver_port: int | None = None) -> Path:
-    """Start the cluster (or find it already running) and return its admin kubeconfig path."""
-    if is_healthy(name):
+def node_runtime(name: str) -> str | None:
+    """The running cluster's node runtime (one of NODE_RUNTIMES), None when it is not up."""
+    state = _load_state(name)
+    return state.runtime if state is not None else None
+
+
+def pod_gateway(name: str) -> str | None:
+    """This machine's address on the cluster's node bridge, where pods reach a server of the
+    host (the API server listens there); None for a cluster without a real node, or not up."""
+    state = _load_state(name)
+    if state is None or state.node is None:
+        return None
+    return state.apiserver_host
+
+
+def up(name: str = "default", *, node_runtime: str = "kwok", fake_nodes: int | None = None,
+       apiserver_port: int | None = None) -> Path:
+    """Start the cluster (or find it already running) and return its admin kubeconfig path.
+
+    ``node_runtime`` "containerd" adds the real node; ``fake_nodes`` kwok nodes (default: two on a
+    kwok cluster, none beside a real node).
+    """
+    if node_runtime not in NODE_RUNTIMES:
+        raise ClusterError(f"--node-runtime must be one of {', '.join(NODE_RUNTIMES)}, not {node_runtime!r}")
+    fakes = fake_nodes if fake_nodes is not None else (DEFAULT_FAKE_NODES if node_runtime == "kwok" else 0)
+    if fakes < 0 or (node_runtime == "kwok" and fakes < 1):
+        raise ClusterError("a kwok cluster needs at least one fake node (--fake-nodes)")
+    if node_runtime == "none" and fakes:
+        raise ClusterError("an API server alone (--node-runtime none) runs no nodes: drop --fake-nodes")
+    running = _load_state(name)
+    if running is not None and _healthy(running):
+        if running.runtime != node_runtime:
+            raise ClusterError(f"cluster {name!r} is up with node runtime {running.runtime}, "
+                               f"not {node_runtime}: `warmpool cluster down --name {name}` first")
         _log(f"cluster {name!r} is already up")
         return kubeconfig_path(name)
     down(name, quiet=True)  # a half-started cluster: clear it before starting afresh
     try:
-        return _start(name, nodes, apiserver_port)
+        return _start(name, node_runtime, fakes, apiserver_port)
     except BaseException:
-        # Never leave half a control plane running after a failed (or interrupted) start.
+        # Never leave half a cluster running after a failed (or interrupted) start.
         down(name, quiet=True)
         raise
 
@@ -242,13 +328,14 @@ def _component_identity_flags(kubeconfig: Path, port: int) -> list[str]:
     ]
 
 
-def _apiserver_argv(binary: Path, root: Path, ports: dict[str, int]) -> list[str]:
+def _apiserver_argv(binary: Path, root: Path, state: ClusterState) -> list[str]:
     pki = root / "pki"
+    ports = state.ports
     etcd_url = f"http://127.0.0.1:{ports['etcd-client']}"
-    return [
+    argv = [
         str(binary),
         "--etcd-servers", etcd_url,
-        "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+        "--bind-address", state.apiserver_host, "--advertise-address", state.apiserver_host,
         "--secure-port", str(ports["apiserver"]),
         "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
         "--client-ca-file", str(pki / "ca.crt"),
@@ -257,12 +344,25 @@ def _apiserver_argv(binary: Path, root: Path, ports: dict[str, int]) -> list[str
         "--service-account-key-file", str(pki / "sa.pub"),
         "--service-account-signing-key-file", str(pki / "sa.key"),
         "--service-cluster-ip-range", SERVICE_CIDR,
-        # Loopback addresses cannot be endpoints; nothing reconciles the kubernetes Service.
-        "--endpoint-reconciler-type", "none",
         "--allow-privileged=true",
         "--enable-admission-plugins", "NodeRestriction",
         "--profiling=false", "--v", "1",
     ]
+    if state.node is None:
+        # A loopback address cannot be an endpoint, and no pod runs to reach it anyway.
+        argv += ["--endpoint-reconciler-type", "none"]
+    else:
+        # The `kubernetes` Service's endpoint is the bridge address pods route to (lease reconciler);
+        # towards kubelets (logs, exec, port-forward) the API server has its own client identity and
+        # verifies the kubelet's serving certificate.
+        argv += [
+            "--endpoint-reconciler-type", "lease",
+            "--kubelet-client-certificate", str(pki / f"{certs.APISERVER_KUBELET_CLIENT}.crt"),
+            "--kubelet-client-key", str(pki / f"{certs.APISERVER_KUBELET_CLIENT}.key"),
+            "--kubelet-certificate-authority", str(pki / "ca.crt"),
+            "--kubelet-preferred-address-types", "InternalIP",
+        ]
+    return argv
 
 
 def restart_apiserver(name: str = "default") -> None:
@@ -276,48 +376,72 @@ def restart_apiserver(name: str = "default") -> None:
     if pid is not None:
         stop_pid(pid)
     binaries = build.ensure_binaries(["kube-apiserver"])
-    state.pids["kube-apiserver"] = _spawn(
-        "kube-apiserver", _apiserver_argv(binaries["kube-apiserver"], root, state.ports), root)
+    state.pids["kube-apiserver"] = _spawn("kube-apiserver", _apiserver_argv(binaries["kube-apiserver"], root, state),
+                                          root)
     _save_state(state)
-    _log(f"kube-apiserver restarting on https://127.0.0.1:{state.ports['apiserver']}")
-    _wait("kube-apiserver /readyz",
-          lambda: _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", root), state, "kube-apiserver")
+    _log(f"kube-apiserver restarting on {state.apiserver_url}")
+    _wait("kube-apiserver /readyz", lambda: _https_ok(f"{state.apiserver_url}/readyz", root), state, "kube-apiserver")
 
 
-def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
+def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | None) -> Path:
     started = time.monotonic()
-    binaries = build.ensure_binaries(["etcd", "kube-apiserver", "kube-controller-manager",
-                                      "kube-scheduler", "kubectl", "kwok"])
+    wanted = [*(CONTROL_PLANE if node_runtime != "none" else CONTROL_PLANE[:2]), "kubectl"]
+    if fake_nodes:
+        wanted.append("kwok")
+    if node_runtime == "containerd":
+        node.preflight([s.name for s in _live_states(name) if s.node is not None])
+        wanted += ["kubelet", "kube-proxy"]
+    binaries = build.ensure_binaries(wanted)
     root = state_dir(name)
     root.mkdir(parents=True, exist_ok=True)
-    certs.generate_pki(root / "pki")
+    state = ClusterState(name=name, fake_nodes=fake_nodes, controllers=node_runtime != "none")
+    if fake_nodes:
+        state.pod_cidr = _choose_pod_cidr(name)
+    serving_ips: tuple[str, ...] = ()
+    if node_runtime == "containerd":
+        taken = {s.node.octet for s in _live_states(name) if s.node is not None}
+        state.node = node.NodeState(octet=node.choose_octet(taken))
+        state.apiserver_host = state.node.network.gateway
+        serving_ips = (state.apiserver_host, KUBERNETES_SERVICE_IP)
+    certs.generate_pki(root / "pki", serving_ips)
     pki = root / "pki"
-    state = ClusterState(name=name, ports=_choose_ports(apiserver_port), pod_cidr=_choose_pod_cidr(name))
-    _write_kubeconfigs(root, state.ports["apiserver"])
+    state.ports = _choose_ports(apiserver_port, state.apiserver_host) if state.node is None else {}
+    if state.node is not None:
+        # The bridge (and its address) first: the API server binds to it.
+        _save_state(state)
+        node.start_network(state.node, root)
+        state.ports = _choose_ports(apiserver_port, state.apiserver_host)
+        certs.issue_node_pki(pki, NODE_NAME, state.apiserver_host)
+    _write_kubeconfigs(root, state.apiserver_url)
     ports = state.ports
+
+    def spawn(component: str, argv: list[str]) -> int:
+        return _spawn(component, argv, root)
 
     etcd_url = f"http://127.0.0.1:{ports['etcd-client']}"
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
-    state.pids["etcd"] = _spawn("etcd", [
+    state.pids["etcd"] = spawn("etcd", [
         str(binaries["etcd"]), "--name", "warmpool", "--data-dir", str(root / "etcd"),
         "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
         "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
         "--initial-cluster", f"warmpool={peer_url}", "--listen-metrics-urls", "",
         # A throwaway test store: skipping fsync makes the control plane several times faster.
         "--unsafe-no-fsync", "--quota-backend-bytes", str(2 * 1024**3), "--log-level", "warn",
-    ], root)
+    ])
     _save_state(state)
     _log("etcd starting")
     _wait("etcd health", lambda: _http_ok(f"{etcd_url}/health"), state, "etcd", 60)
 
-    state.pids["kube-apiserver"] = _spawn(
-        "kube-apiserver", _apiserver_argv(binaries["kube-apiserver"], root, ports), root)
+    state.pids["kube-apiserver"] = spawn("kube-apiserver", _apiserver_argv(binaries["kube-apiserver"], root, state))
     _save_state(state)
-    _log(f"kube-apiserver starting on https://127.0.0.1:{ports['apiserver']}")
-    _wait("kube-apiserver /readyz",
-          lambda: _https_ok(f"https://127.0.0.1:{ports['apiserver']}/readyz", root), state, "kube-apiserver")
+    _log(f"kube-apiserver starting on {state.apiserver_url}")
+    _wait("kube-apiserver /readyz", lambda: _https_ok(f"{state.apiserver_url}/readyz", root), state, "kube-apiserver")
+    if not state.controllers:
+        _log(f"API server {name!r} (no controllers, no nodes) is up in {time.monotonic() - started:.1f}s; "
+             f"kubeconfig: {kubeconfig_path(name)}")
+        return kubeconfig_path(name)
 
-    state.pids["kube-controller-manager"] = _spawn("kube-controller-manager", [
+    state.pids["kube-controller-manager"] = spawn("kube-controller-manager", [
         str(binaries["kube-controller-manager"]),
         *_component_identity_flags(root / "controller-manager.kubeconfig", ports["controller-manager"]),
         "--use-service-account-credentials=true",
@@ -325,38 +449,33 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
         "--root-ca-file", str(pki / "ca.crt"),
         "--cluster-signing-cert-file", str(pki / "ca.crt"), "--cluster-signing-key-file", str(pki / "ca.key"),
         "--allocate-node-cidrs=false",
-        # No cloud and no node IPAM (a node podCIDR would override kwok's loopback range).
+        # No cloud and no node IPAM (the CNI's host-local ranges and kwok hand out pod IPs).
         "--controllers", ",".join(["*", "-node-ipam-controller", "-cloud-node-lifecycle-controller",
                                    "-service-lb-controller", "-node-route-controller"]),
         # The node-lifecycle controller stays: it lifts the node.kubernetes.io/not-ready taint the
-        # API server puts on every new node (without it nothing schedules on a fresh cluster).
-        # But the fake nodes cannot fail, and on a loaded machine a late kwok heartbeat made it
-        # mark every pod NotReady (and taint and evict them) while the local kubelet, the only
-        # source of truth for containers, saw them healthy: give heartbeats an hour.
-        "--node-monitor-grace-period", "1h",
+        # API server puts on every new node.  A generous grace: on a loaded 2-core machine a late
+        # heartbeat (kwok's, or the kubelet's) must not taint the node and evict every pod.
+        "--node-monitor-grace-period", "5m",
         "--v", "1",
-    ], root)
-    state.pids["kube-scheduler"] = _spawn("kube-scheduler", [
+    ])
+    state.pids["kube-scheduler"] = spawn("kube-scheduler", [
         str(binaries["kube-scheduler"]),
         *_component_identity_flags(root / "scheduler.kubeconfig", ports["scheduler"]),
         "--v", "1",
-    ], root)
-    state.pids["kwok"] = _spawn("kwok", kwok.kwok_command(
-        binaries["kwok"], root / "kubelet.kubeconfig", state.pod_cidr, root / "kwok"), root)
-    kubelet_env = dict(os.environ)
-    kubelet_env["PYTHONUNBUFFERED"] = "1"
-    # Pod commands such as `warmpool worker serve` resolve against this Python's scripts.
-    kubelet_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), kubelet_env.get("PATH", "")])
-    state.pids["kubelet"] = _spawn("kubelet", [
-        sys.executable, "-m", "warmpool_devcluster.kubelet",
-        "--kubeconfig", str(root / "kubelet.kubeconfig"), "--work-dir", str(root / "kubelet"),
-    ], root, env=kubelet_env)
+    ])
     _save_state(state)
-
-    _log(f"registering {nodes} fake nodes")
-    manifests = {"apiVersion": "v1", "kind": "List", "items": kwok.node_manifests(nodes)}
-    kubectl(name, "apply", "-f", "-", input_text=json.dumps(manifests))
-    _wait(f"{nodes} Ready nodes", lambda: _ready_nodes(name) >= nodes, state, "kwok")
+    if state.node is not None:
+        node.write_node_kubeconfigs(root, state.apiserver_url,
+                                    lambda path, server, stem: _write_kubeconfig(path, server, pki, stem))
+        _log(f"real node starting: containerd, kubelet, kube-proxy on bridge {state.node.network.bridge} "
+             f"({state.node.network.pod_cidr})")
+        node.start_runtime(state.node, root, spawn)
+        _save_state(state)
+        node.start_agents(state.node, root, binaries, spawn)
+        _save_state(state)
+        node.wait_ready(state.node, root, lambda: _ready_nodes(name, NODE_NAME) >= 1)
+    if fake_nodes:
+        _start_fake_nodes(state, binaries["kwok"], fake_nodes)
     _wait("the default service account", lambda: kubectl(
         name, "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
         state, "kube-controller-manager")
@@ -365,55 +484,103 @@ def _start(name: str, nodes: int, apiserver_port: int | None) -> Path:
     return kubeconfig_path(name)
 
 
-def _ready_nodes(name: str) -> int:
+def _start_fake_nodes(state: ClusterState, kwok_binary: Path, count: int) -> None:
+    """kwok and ``count`` fake nodes; beside a real node they carry the fake-node taint, so only
+    pods that tolerate it (the tests that need a second node) land there, never by chance."""
+    root = state_dir(state.name)
+    state.pod_cidr = state.pod_cidr or _choose_pod_cidr(state.name)
+    state.fake_nodes = count
+    state.pids["kwok"] = _spawn("kwok", kwok.kwok_command(kwok_binary, root / "kwok.kubeconfig", state.pod_cidr,
+                                                          root / "kwok"), root)
+    _save_state(state)
+    _log(f"registering {count} fake nodes")
+    manifests = {"apiVersion": "v1", "kind": "List",
+                 "items": kwok.node_manifests(count, tainted=state.node is not None)}
+    kubectl(state.name, "apply", "-f", "-", input_text=json.dumps(manifests))
+    _wait(f"{count} Ready fake nodes", lambda: _ready_nodes(state.name, kwok.NODE_NAME_PREFIX) >= count, state, "kwok")
+
+
+def add_fake_nodes(name: str, count: int) -> None:
+    """Make sure the running cluster has at least ``count`` fake nodes (starting kwok if it has none)."""
+    state = _load_state(name)
+    if state is None or not _healthy(state):
+        raise ClusterError(f"cluster {name!r} is not up")
+    if state.fake_nodes >= count and alive(state.pids.get("kwok")):
+        return
+    if alive(state.pids.get("kwok")):
+        stop_pid(state.pids["kwok"])
+    _start_fake_nodes(state, build.ensure_binaries(["kwok"])["kwok"], count)
+
+
+def _ready_nodes(name: str, prefix: str) -> int:
     proc = kubectl(name, "get", "nodes", "-o", "json", check=False)
     if proc.returncode != 0:
         return 0
     count = 0
-    for node in json.loads(proc.stdout).get("items", []):
-        for condition in node.get("status", {}).get("conditions", []):
+    for item in json.loads(proc.stdout).get("items", []):
+        if not item["metadata"]["name"].startswith(prefix):
+            continue
+        for condition in item.get("status", {}).get("conditions", []):
             if condition.get("type") == "Ready" and condition.get("status") == "True":
                 count += 1
     return count
 
 
-
-
-def down(name: str = "default", quiet: bool = False, purge: bool = False) -> None:
-    """Stop every component (kubelet first, so it ends its pods' processes) and leftovers."""
+def down(name: str = "default", quiet: bool = False, purge: bool = False) -> list[str]:
+    """Stop every component (the node first, so it ends its pods) and remove what the node made;
+    what could not be removed is returned."""
     state = _load_state(name)
     root = state_dir(name)
+    say = (lambda message: None) if quiet else _log
+    problems: list[str] = []
     if state is not None:
-        for component in reversed(COMPONENTS):
+        if state.node is not None:
+            kube_proxy = build.find_binary(build.Binary("kube-proxy", build.KUBERNETES_VERSION))
+            problems = node.stop(state.node, root, kube_proxy, say)
+        for component in reversed(state.components()):
             pid = state.pids.get(component)
             if pid is not None and alive(pid):
-                if not quiet:
-                    _log(f"stopping {component} (pid {pid})")
+                say(f"stopping {component} (pid {pid})")
                 stop_pid(pid)
-        (root / "cluster.json").unlink(missing_ok=True)
-    leftovers = kill_leftovers(root / "kubelet") if (root / "kubelet").exists() else 0
-    if leftovers and not quiet:
-        _log(f"ended {leftovers} leftover pod processes")
-    if purge:
-        import shutil
-
+        if not problems:
+            (root / "cluster.json").unlink(missing_ok=True)
+    if purge and not problems:
         shutil.rmtree(root, ignore_errors=True)
     elif (root / "etcd").exists():
         # etcd's data is per run: a fresh `up` starts from an empty store.
-        import shutil
-
         shutil.rmtree(root / "etcd", ignore_errors=True)
-    if not quiet:
-        _log(f"cluster {name!r} is down")
+    say(f"cluster {name!r} is down" + (f", but {len(problems)} things remain (above)" if problems else ""))
+    return problems
+
+
+def leftovers(name: str) -> dict[str, list[str]]:
+    """What the cluster's real node left on the machine (empty lists after a clean down)."""
+    state = _load_state(name)
+    if state is None or state.node is None:
+        return {}
+    return node.leftovers(state.node, state_dir(name))
 
 
 def status(name: str = "default") -> dict[str, Any]:
     state = _load_state(name)
     if state is None:
         return {"name": name, "running": False}
-    components = {c: {"pid": state.pids.get(c), "alive": alive(state.pids.get(c))} for c in COMPONENTS}
-    ready = _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", state_dir(name))
-    return {"name": name, "running": ready, "apiserver": f"https://127.0.0.1:{state.ports['apiserver']}",
-            "podCIDR": state.pod_cidr,
-            "kubeconfig": str(kubeconfig_path(name)), "readyNodes": _ready_nodes(name) if ready else 0,
-            "components": components, "logs": str(state_dir(name) / "logs")}
+    components = {c: {"pid": state.pids.get(c), "alive": alive(state.pids.get(c))} for c in state.components()}
+    if state.node is not None:
+        components |= {p: {"pid": state.node.pids.get(p), "alive": alive(state.node.pids.get(p))}
+                       for p in node.PROCESSES}
+    ready = _https_ok(f"{state.apiserver_url}/readyz", state_dir(name))
+    report: dict[str, Any] = {
+        "name": name, "running": ready, "apiserver": state.apiserver_url,
+        "nodeRuntime": state.runtime,
+        "kubeconfig": str(kubeconfig_path(name)), "readyNodes": _ready_nodes(name, "") if ready else 0,
+        "components": components, "logs": str(state_dir(name) / "logs"),
+    }
+    if state.pod_cidr:
+        report["fakePodCIDR"] = state.pod_cidr
+    if state.node is not None:
+        net = state.node.network
+        report["node"] = {"name": NODE_NAME, "ip": net.gateway, "bridge": net.bridge,
+                          "podCIDR": net.pod_cidr, "serviceCIDR": SERVICE_CIDR,
+                          "containerdSocket": str(node_containerd.socket_path(node.node_dir(state_dir(name))))}
+    return report

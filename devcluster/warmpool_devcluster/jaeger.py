@@ -3,9 +3,11 @@
 The ``jaeger`` binary (v2: an OpenTelemetry Collector distribution) is built from the Go
 module proxy and cached like the control plane's (`build.py`).  It runs with a config we
 write, not its defaults: those listen on every interface (``:16686``, ``:4317``, pprof on
-``0.0.0.0:1777``, metrics on ``:8888``...).  Ours has exactly three listeners, each on
-127.0.0.1 on a free port: the OTLP/HTTP receiver, the query HTTP API (and UI), and the query
-gRPC API (the extension always opens one).  Traces live in memory and go with the process.
+``0.0.0.0:1777``, metrics on ``:8888``...).  Ours has exactly three listeners, each on a free
+port: the OTLP/HTTP receiver, the query HTTP API (and UI), and the query gRPC API (the
+extension always opens one).  All are on 127.0.0.1, except that the OTLP receiver may be put
+on the dev cluster node's bridge address, where workers in pods can reach it.  Traces live in
+memory and go with the process.
 
     handle = start_jaeger(workdir)
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = handle.otlp_endpoint
@@ -61,7 +63,8 @@ class JaegerHandle:
 
 
 
-def jaeger_config(otlp_http_port: int, query_http_port: int, query_grpc_port: int) -> dict[str, object]:
+def jaeger_config(otlp_http_port: int, query_http_port: int, query_grpc_port: int,
+                  otlp_address: str = LOOPBACK) -> dict[str, object]:
     """The collector config: OTLP/HTTP in, memory storage, the query API; nothing else listens."""
     return {
         "service": {
@@ -84,7 +87,7 @@ def jaeger_config(otlp_http_port: int, query_http_port: int, query_grpc_port: in
                 "grpc": {"endpoint": f"{LOOPBACK}:{query_grpc_port}"},
             },
         },
-        "receivers": {"otlp": {"protocols": {"http": {"endpoint": f"{LOOPBACK}:{otlp_http_port}"}}}},
+        "receivers": {"otlp": {"protocols": {"http": {"endpoint": f"{otlp_address}:{otlp_http_port}"}}}},
         "processors": {"batch": {"timeout": "200ms"}},
         "exporters": {"jaeger_storage_exporter": {"trace_storage": "memory_store"}},
     }
@@ -98,17 +101,19 @@ def _answers(url: str) -> bool:
         return False
 
 
-def start_jaeger(workdir: Path, binary: Path | None = None) -> JaegerHandle:
+def start_jaeger(workdir: Path, binary: Path | None = None, otlp_address: str = LOOPBACK) -> JaegerHandle:
     """Start Jaeger with its config and log under ``workdir``; returns once its query API answers.
+    Its OTLP receiver listens on ``otlp_address`` (loopback unless told; the node's bridge address
+    for workers in pods), its query API on loopback.
 
     The binary is built (and cached) on first use.  Raises `JaegerError` if it exits or does
     not answer within `START_TIMEOUT_S`, with the tail of its log.
     """
     jaeger = binary if binary is not None else build.ensure_binaries(["jaeger"])["jaeger"]
     workdir.mkdir(parents=True, exist_ok=True)
-    otlp_port, query_port, grpc_port = processes.free_port(), processes.free_port(), processes.free_port()
+    otlp_port, query_port, grpc_port = processes.free_port(otlp_address), processes.free_port(), processes.free_port()
     config_path = workdir / "jaeger-config.json"  # JSON is YAML: the collector reads it as such
-    config_path.write_text(json.dumps(jaeger_config(otlp_port, query_port, grpc_port), indent=2))
+    config_path.write_text(json.dumps(jaeger_config(otlp_port, query_port, grpc_port, otlp_address), indent=2))
     log_path = workdir / "jaeger.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -116,7 +121,7 @@ def start_jaeger(workdir: Path, binary: Path | None = None) -> JaegerHandle:
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     handle = JaegerHandle(
-        otlp_endpoint=f"http://{LOOPBACK}:{otlp_port}",
+        otlp_endpoint=f"http://{otlp_address}:{otlp_port}",
         query_url=f"http://{LOOPBACK}:{query_port}",
         process=process,
         log_path=log_path,

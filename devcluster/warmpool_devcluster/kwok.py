@@ -1,8 +1,7 @@
 """kwok for the local cluster: the fake nodes' manifests and the command that manages them.
 
 kwok keeps the fake nodes Ready (node-initialize stage plus lease heartbeat) and gives
-bound pods a loopback IP.  It never fakes container states or readiness: the custom
-stages in ``kwok-stages.yaml`` leave that to our local kubelet (``kubelet.py``).
+bound pods a loopback IP; nothing runs on them (the scale benchmark's nodes).
 """
 
 from __future__ import annotations
@@ -11,12 +10,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-#: Fake nodes are named ``warmpool-node-0``, ``warmpool-node-1``, ...; the kubelet
-#: serves pods bound to nodes with this prefix.
-NODE_NAME_PREFIX = "warmpool-node-"
+#: Fake nodes are named ``warmpool-fake-0``, ``warmpool-fake-1``, ... (the real node is
+#: ``warmpool-node-0``, see node_kubelet.py).
+NODE_NAME_PREFIX = "warmpool-fake-"
 #: kwok manages the nodes carrying this annotation (kwok's own convention).
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE = "fake"
+#: Beside a real node, fake nodes carry this taint (NoSchedule): a pod lands there only if it
+#: tolerates it, as the tests that need a second node do.
+FAKE_NODE_TAINT = {"key": "warmpool.dev/fake-node", "value": "true", "effect": "NoSchedule"}
 #: Fake nodes' address; loopback so nothing ever dials a private-range address.
 NODE_IP = "127.0.0.1"
 STAGES_FILE = "kwok-stages.yaml"
@@ -59,8 +61,9 @@ def node_name(index: int) -> str:
     return f"{NODE_NAME_PREFIX}{index}"
 
 
-def node_manifests(count: int) -> list[dict[str, Any]]:
-    """Fake Node objects for kwok to manage; no taints, so ordinary pods schedule on them.
+def node_manifests(count: int, tainted: bool = False) -> list[dict[str, Any]]:
+    """Fake Node objects for kwok to manage; untainted (ordinary pods schedule on them) unless
+    ``tainted``, beside a real node, where pods must run for real unless they ask otherwise.
 
     The API server keeps ``status`` on create for nodes, and kwok's node-initialize stage
     keeps a declared capacity/allocatable, so GPU requests fit.
@@ -87,7 +90,7 @@ def node_manifests(count: int) -> list[dict[str, Any]]:
                         "nvidia.com/gpu.present": "true",
                     },
                 },
-                "spec": {},
+                "spec": {"taints": [dict(FAKE_NODE_TAINT)]} if tainted else {},
                 "status": {
                     "capacity": dict(NODE_CAPACITY),
                     "allocatable": dict(NODE_CAPACITY),

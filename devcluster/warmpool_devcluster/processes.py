@@ -11,6 +11,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,10 +37,10 @@ def alive(pid: int | None) -> bool:
     return status != "Z"
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing holds right now."""
+def free_port(address: str = LOOPBACK) -> int:
+    """A port on ``address`` (127.0.0.1 unless told) that nothing holds right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
+        sock.bind((address, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -111,3 +113,32 @@ def stop_recorded(workdir: Path, program: str) -> bool:
         stop_pid(pid)
     forget(workdir, program)
     return was_ours
+
+
+class CommandFailed(RuntimeError):
+    """A long command run by :func:`run_logged` failed; the message has its log's tail."""
+
+
+def run_logged(argv: list[str], log_path: Path, what: str, *, cwd: Path | None = None,
+               env: dict[str, str] | None = None, prefix: str = "warmpool", beat_s: float = 30.0) -> None:
+    """Run a long command with its output appended to ``log_path``, printing a heartbeat line to
+    stderr every ``beat_s`` so a person sees the long step is alive; CommandFailed with the log's
+    tail when it fails."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log_path.open("ab") as log:
+        log.write(f"$ {' '.join(argv)}  (in {cwd or Path.cwd()})\n".encode())
+        log.flush()
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env)
+        last_beat = started
+        while proc.poll() is None:
+            time.sleep(0.5)
+            now = time.monotonic()
+            if now - last_beat >= beat_s:
+                print(f"[{prefix}]   still {what}: {now - started:.0f}s elapsed (log: {log_path})",
+                      file=sys.stderr, flush=True)
+                last_beat = now
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-25:]
+        raise CommandFailed(f"{what} failed (exit {proc.returncode}); log: {log_path}\n" + "\n".join(tail))

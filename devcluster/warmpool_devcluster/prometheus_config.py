@@ -8,10 +8,10 @@ scrape jobs the way the Prometheus Operator would: one job per monitor endpoint,
 Prometheus configured from it sees the same series, with the same labels, a user's
 Prometheus gets from the chart's monitors.
 
-One deviation, forced by the local cluster: EndpointSlices reject loopback pod IPs, so the
-ServiceMonitor's Service is resolved here to its pod selector and target port and
-discovered with ``role: pod`` (what endpoint discovery would have listed).  Every target
-must be a loopback address (the pods' 127.x IPs); anything else is dropped before a scrape.
+One deviation: the ServiceMonitor's Service is resolved here to its pod selector and target
+port and discovered with ``role: pod`` (what endpoint discovery would list), so one discovery
+role serves both monitors.  Every target must be a pod address of the local cluster's real
+node (the pod range `cluster up` gives its bridges); anything else is dropped before a scrape.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ CHART = REPO / "helm" / "warmpool"
 DEFAULT_RELEASE = "warmpool"
 DEFAULT_NAMESPACE = "warmpool-system"
 DEFAULT_SCRAPE_INTERVAL = "5s"
-#: Only loopback targets (the local cluster's pod IPs) are ever scraped.
-LOOPBACK_ADDRESS = r"127(\.[0-9]{1,3}){3}:[0-9]+"
+#: Only the local cluster's pod addresses (node_network.POD_RANGE, 10.244.0.0/16) are ever scraped.
+POD_ADDRESS = r"10\.244(\.[0-9]{1,3}){2}:[0-9]+"
 #: The values that turn on every monitoring object of the chart for rendering.
 MONITORING_VALUES = (
     "metrics.service.enabled=true",
@@ -123,7 +123,7 @@ def _common_relabelings(port: str | int) -> list[dict[str, Any]]:
     return [
         port_keep,
         {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"},
-        {"source_labels": ["__address__"], "regex": LOOPBACK_ADDRESS, "action": "keep"},
+        {"source_labels": ["__address__"], "regex": POD_ADDRESS, "action": "keep"},
         {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
         {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
         {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},

@@ -77,13 +77,13 @@ class SeaweedHandle:
             self.process.wait(timeout=10)
 
 
-def _distinct_free_ports(count: int) -> list[int]:
-    """`count` different free loopback ports (each held until all are chosen, so none repeats)."""
+def _distinct_free_ports(count: int, address: str = LOOPBACK) -> list[int]:
+    """`count` different free ports on ``address`` (each held until all are chosen, so none repeats)."""
     with ExitStack() as stack:
         ports = []
         for _ in range(count):
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((LOOPBACK, 0))
+            sock.bind((address, 0))
             ports.append(int(sock.getsockname()[1]))
         return ports
 
@@ -117,12 +117,14 @@ def write_credentials(workdir: Path, key_id: str, secret: str) -> tuple[Path, Pa
     return identities_path, credentials_path
 
 
-def server_argv(weed: Path, workdir: Path, ports: dict[str, int], identities: Path) -> list[str]:
-    """``weed server`` with every listener on loopback and every outbound report off."""
+def server_argv(weed: Path, workdir: Path, ports: dict[str, int], identities: Path,
+                address: str = LOOPBACK) -> list[str]:
+    """``weed server`` with every listener on ``address`` (loopback unless told) and every outbound
+    report off."""
     data = workdir / "data"
     return [
         str(weed), "server",
-        f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}",
+        f"-ip={address}", f"-ip.bind={address}",
         f"-dir={data}", f"-master.dir={data / 'master'}",
         "-filer", "-s3",
         *(f"-{name}={port}" for name, port in ports.items()),
@@ -171,8 +173,9 @@ def _ready_for_writes(handle: SeaweedHandle, deadline: float) -> str:
     return last or "timed out"
 
 
-def start_seaweedfs(workdir: Path, binary: Path | None = None) -> SeaweedHandle:
-    """Start SeaweedFS under ``workdir``; returns once its S3 gateway has stored an object.
+def start_seaweedfs(workdir: Path, binary: Path | None = None, address: str = LOOPBACK) -> SeaweedHandle:
+    """Start SeaweedFS under ``workdir``, listening on ``address`` only (loopback, or the dev
+    cluster node's bridge address for pods to reach); returns once its S3 gateway has stored an object.
 
     The binary is built (and cached) on first use.  Raises `SeaweedError` if it exits or is
     not ready within `START_TIMEOUT_S`, with the tail of its log.
@@ -182,15 +185,15 @@ def start_seaweedfs(workdir: Path, binary: Path | None = None) -> SeaweedHandle:
     (workdir / "data" / "master").mkdir(parents=True, exist_ok=True)
     key_id, secret = new_credentials()
     identities, credentials_file = write_credentials(workdir, key_id, secret)
-    ports = dict(zip(_PORT_NAMES, _distinct_free_ports(len(_PORT_NAMES)), strict=True))
+    ports = dict(zip(_PORT_NAMES, _distinct_free_ports(len(_PORT_NAMES), address), strict=True))
     log_path = workdir / "weed.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            server_argv(weed, workdir, ports, identities), cwd=workdir,
+            server_argv(weed, workdir, ports, identities, address), cwd=workdir,
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     handle = SeaweedHandle(
-        endpoint=f"http://{LOOPBACK}:{ports['s3.port']}", access_key_id=key_id, secret_access_key=secret,
+        endpoint=f"http://{address}:{ports['s3.port']}", access_key_id=key_id, secret_access_key=secret,
         credentials_file=credentials_file, process=process, log_path=log_path,
     )
     deadline = time.monotonic() + START_TIMEOUT_S

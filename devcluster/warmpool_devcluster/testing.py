@@ -1,22 +1,58 @@
-"""Test-facing handle on a cluster: ours (started per test session) or one given by kubeconfig."""
+"""Test-facing handle on a cluster: ours (one real-node cluster per test session, the project's
+images loaded into it) or one given by kubeconfig."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmpool_devcluster import build, cluster
+from warmpool_devcluster import build, cluster, images, node, node_containerd
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """What tests need of the real node: where its containerd and pod logs are, its pod network."""
+
+    state: Path  # the node's state directory (containerd's socket, the kubelet's pod logs)
+    pod_cidr: str
+
+    @property
+    def gateway(self) -> str:
+        """This machine's address on the node's bridge (where pods reach a server of the host)."""
+        return str(next(ipaddress.ip_network(self.pod_cidr).hosts()))
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.state / "kubelet" / "pod-logs"
+
+    def holds(self, ip: str) -> bool:
+        """``ip`` is a pod address on this node's bridge (the only pod addresses tests may dial)."""
+        try:
+            return ipaddress.ip_address(ip) in ipaddress.ip_network(self.pod_cidr)
+        except ValueError:
+            return False
+
+    def container_pid(self, container_id: str) -> int:
+        """The host PID of a container's process (``containerd://<id>`` or the bare id)."""
+        bare = container_id.rsplit("/", 1)[-1]
+        pids = node_containerd.task_pids(self.state)
+        if bare not in pids:
+            raise LookupError(f"container {bare} has no running task on the node")
+        return pids[bare]
 
 
 @dataclass
 class ClusterHandle:
     kubeconfig: Path
-    #: the local kubelet's work dir (pod logs); None for an external cluster
-    work_dir: Path | None
     #: our own cluster's name, or None when attached to someone else's
     name: str | None
+    #: the real node of our cluster (None for an external cluster)
+    node: RealNode | None = None
+    #: the project's images on the node: name -> tag ({} for an external cluster)
+    images: dict[str, str] = field(default_factory=dict)
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -29,20 +65,50 @@ class ClusterHandle:
         return proc
 
     def pod_log_dir(self, namespace: str, pod: str) -> Path | None:
-        return None if self.work_dir is None else self.work_dir / "pods" / namespace / pod
+        """The kubelet's log folder of a pod (``<ns>_<pod>_<uid>/<container>/N.log``), if on our node."""
+        if self.node is None:
+            return None
+        found = sorted(self.node.pod_logs.glob(f"{namespace}_{pod}_*"))
+        return found[-1] if found else None
 
     def close(self) -> None:
         if self.name is not None and not os.environ.get("WARMPOOL_KEEP_CLUSTER"):
             cluster.down(self.name, quiet=True, purge=True)
 
 
-def start_or_attach(external_kubeconfig: str | None) -> ClusterHandle:
-    """Use the cluster named by WARMPOOL_KUBECONFIG, or start a private one for this run."""
+def start_or_attach_simulated(external_kubeconfig: str | None, name: str) -> ClusterHandle:
+    """A cluster of kwok nodes only (no real node, no images), for the scale benchmark's thousands
+    of objects: the cluster named by ``external_kubeconfig``, or our own cluster ``name``."""
+    if external_kubeconfig:
+        path = Path(external_kubeconfig).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"kubeconfig {external_kubeconfig} is not a file")
+        return ClusterHandle(kubeconfig=path, name=None)
+    return ClusterHandle(kubeconfig=cluster.up(name, node_runtime="kwok"), name=name)
+
+
+def start_api_server() -> ClusterHandle:
+    """An API server alone (no controllers, no nodes) for this run: always our own, since the tests
+    on it play the controllers themselves.  Named after WARMPOOL_TEST_CLUSTER (kept likewise)."""
+    name = os.environ.get("WARMPOOL_TEST_CLUSTER", f"pytest-{os.getpid()}") + "-api"
+    return ClusterHandle(kubeconfig=cluster.up(name, node_runtime="none"), name=name)
+
+
+def start_or_attach(external_kubeconfig: str | None, repo: Path) -> ClusterHandle:
+    """Use the cluster named by WARMPOOL_KUBECONFIG, or start (or reuse, by WARMPOOL_TEST_CLUSTER) a
+    real-node cluster for this run with the checkout's images built and loaded."""
     if external_kubeconfig:
         path = Path(external_kubeconfig).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"WARMPOOL_KUBECONFIG={external_kubeconfig} is not a file")
-        return ClusterHandle(kubeconfig=path, work_dir=None, name=None)
+        return ClusterHandle(kubeconfig=path, name=None)
     name = os.environ.get("WARMPOOL_TEST_CLUSTER", f"pytest-{os.getpid()}")
-    kubeconfig = cluster.up(name)
-    return ClusterHandle(kubeconfig=kubeconfig, work_dir=cluster.state_dir(name) / "kubelet", name=name)
+    kubeconfig = cluster.up(name, node_runtime="containerd")
+    # One fake node (tainted) for the tests that need a second node: a machine runs one real node.
+    cluster.add_fake_nodes(name, 1)
+    report = cluster.status(name)
+    node_state = node.node_dir(cluster.state_dir(name))
+    loaded = images.load(repo, node_state)
+    return ClusterHandle(kubeconfig=kubeconfig, name=name,
+                         node=RealNode(state=node_state, pod_cidr=str(report["node"]["podCIDR"])), images=loaded)
+

@@ -36,7 +36,7 @@ def crd(cluster: ClusterHandle) -> str:
 @pytest.fixture()
 def world(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path,
           request: pytest.FixtureRequest) -> Iterator[World]:
-    if cluster.work_dir is None and not operator_installed():
+    if cluster.node is None and not operator_installed():
         pytest.skip("against WARMPOOL_KUBECONFIG the e2e suite needs the operator installed in the cluster "
                     "(helm install ... then WARMPOOL_E2E_OPERATOR=installed): a local operator cannot reach "
                     "pod IPs there, and must not dial private-range addresses")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import install_crd
+from tests.support.e2e import install_crd, readable_by_pods
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +18,9 @@ def crd(cluster: ClusterHandle) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real two-layer Llama checkpoint (safetensors, tokenizer), made once per test module."""
+def tiny_model(pod_dir: Callable[[str], Path]) -> Path:
+    """A real two-layer Llama checkpoint (safetensors, tokenizer), made once per test module where
+    the node's worker containers can read it."""
     from warmpool_dev.testing_models import make_tiny_llama
 
-    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=2)
+    return readable_by_pods(make_tiny_llama(pod_dir("tiny") / "model", layers=2))

@@ -9,9 +9,11 @@ The suite runs unchanged against the local development cluster or any cluster gi
 * the operator: a local subprocess of the test (``python -m warmpool operator``), or the
   one already installed in the cluster when ``WARMPOOL_E2E_OPERATOR=installed`` (found by
   its labels in ``WARMPOOL_E2E_OPERATOR_NAMESPACE``, default ``warmpool-system``);
-* HTTP to worker pods: straight to the pod IP on the local cluster (a loopback 127.x
-  address, asserted), through ``kubectl port-forward`` (also loopback) elsewhere;
-* logs: the local kubelet's files, or ``kubectl logs`` elsewhere.
+* worker pods: real containers from the checkout's worker image on the local cluster's real
+  node (its tag is the operator's default worker image);
+* HTTP to worker pods: straight to the pod IP on the real node's bridge (asserted to be one),
+  through ``kubectl port-forward`` (loopback) elsewhere;
+* logs: the kubelet's pod log files on the local node, or ``kubectl logs`` elsewhere.
 
 Every wait here is bounded by an explicit deadline and ends in an AssertionError that
 says what was awaited and carries the diagnostics (operator log, worker logs, objects).
@@ -27,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,14 +40,14 @@ from typing import Any, Protocol, TypeVar
 import yaml
 
 from warmpool import contract
-from warmpool.paths import models_root
 
 T = TypeVar("T")
 
 #: "installed": the operator already runs in the cluster (Helm); anything else: start one.
 ENV_OPERATOR = "WARMPOOL_E2E_OPERATOR"
 ENV_OPERATOR_NAMESPACE = "WARMPOOL_E2E_OPERATOR_NAMESPACE"
-#: Where the suite writes its tiny models; on a remote cluster this directory must be
+#: Where the suite writes its tiny models (default: under the dev node's data directory, which
+#: the worker containers' UID 65532 can read); on a remote cluster this directory must be
 #: mounted into every node at the same path (kind: extraMounts), readable by uid 65532.
 ENV_MODEL_ROOT = "WARMPOOL_E2E_MODEL_ROOT"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=warmpool,app.kubernetes.io/component=operator"
@@ -55,11 +56,25 @@ CRD_PATH = REPO / "crds" / f"{contract.CRD_NAME}.yaml"
 GiB = 1024**3
 
 
+class NodeLike(Protocol):
+    """What the suite needs of the local cluster's real node (warmpool_devcluster.testing.RealNode)."""
+
+    @property
+    def pod_cidr(self) -> str: ...
+
+    def holds(self, ip: str) -> bool: ...
+
+    def container_pid(self, container_id: str) -> int: ...
+
+
 class ClusterLike(Protocol):
     """What the suite needs of a cluster (warmpool_devcluster.testing.ClusterHandle)."""
 
     kubeconfig: Path
-    work_dir: Path | None
+    #: the local cluster's real node; None for an external cluster
+    @property
+    def node(self) -> NodeLike | None: ...
+    images: dict[str, str]
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout: float = 120.0) -> subprocess.CompletedProcess[str]: ...
@@ -96,15 +111,20 @@ def install_crd(cluster: ClusterLike, *, field_manager: str, apply: bool = True,
 
 
 def model_root() -> Path:
-    root = Path(os.environ.get(ENV_MODEL_ROOT, Path.home() / ".cache" / "warmpool" / "models" / "e2e"))
+    from warmpool_devcluster.node_files import node_models_root
+
+    root = Path(os.environ.get(ENV_MODEL_ROOT) or node_models_root() / "e2e")
     root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
     return root
 
 
 def local_model_dirs() -> tuple[str, ...]:
     """The node directories a local test operator may mount (--allowed-host-path): where the
-    tests write their models (the temp dir, model_root()) and the model cache (`make model`)."""
-    return (tempfile.gettempdir(), str(model_root()), str(models_root()))
+    tests write their models (model_root()) and where published models live (node_files)."""
+    from warmpool_devcluster.node_files import node_models_root
+
+    return (str(model_root()), str(node_models_root()))
 
 
 def tiny_model(name: str = "tiny-llama-4l", layers: int = 4) -> Path:
@@ -116,9 +136,19 @@ def tiny_model(name: str = "tiny-llama-4l", layers: int = 4) -> Path:
         scratch = dest.with_name(dest.name + f".tmp{os.getpid()}")
         shutil.rmtree(scratch, ignore_errors=True)
         make_tiny_llama(scratch, layers=layers)
+        readable_by_pods(scratch)
         shutil.rmtree(dest, ignore_errors=True)
         scratch.rename(dest)
     return dest
+
+
+def readable_by_pods(directory: Path) -> Path:
+    """Every folder 0755 and file 0644 under ``directory``: worker containers run as UID 65532."""
+    for folder, _, files in os.walk(directory):
+        Path(folder).chmod(0o755)
+        for file in files:
+            (Path(folder) / file).chmod(0o644)
+    return directory
 
 
 def corrupt_copy(source: Path, name: str) -> Path:
@@ -129,7 +159,7 @@ def corrupt_copy(source: Path, name: str) -> Path:
     weights = dest / "model.safetensors"
     with weights.open("r+b") as handle:
         handle.truncate(weights.stat().st_size // 2)
-    return dest
+    return readable_by_pods(dest)
 
 
 def warmmodel(name: str, model: Path, *, revision: str = "r1", replicas: int = 1, min_warm: int = 1,
@@ -167,14 +197,14 @@ class Operator:
 
     def __init__(self, cluster: ClusterLike, namespace: str, log_path: Path, *,
                  installed: bool | None = None, heat_write_interval: float = 5,
-                 scrape_network: str = "127.0.0.0/8", extra_args: tuple[str, ...] = ()) -> None:
+                 scrape_network: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.log_path = log_path
         self.installed = operator_installed() if installed is None else installed
         self.heat_write_interval = heat_write_interval
-        #: the only network a local operator may dial (always inside loopback)
-        self.scrape_network = scrape_network
+        #: the only network a local operator may dial: the real node's pod subnet by default
+        self.scrape_network = scrape_network or (cluster.node.pod_cidr if cluster.node else "127.0.0.1/32")
         #: more `warmpool operator` flags for a local subprocess (a later one wins over a default above)
         self.extra_args = extra_args
         self.installed_namespace = os.environ.get(ENV_OPERATOR_NAMESPACE, "warmpool-system")
@@ -194,6 +224,7 @@ class Operator:
                  "--heat-write-interval", f"{self.heat_write_interval:g}",
                  "--metrics-port", "0", "--liveness-port", "0", "--scrape-network", self.scrape_network,
                  *(f"--allowed-host-path={path}" for path in local_model_dirs()),
+                 *([f"--worker-image={self.cluster.images['worker']}"] if "worker" in self.cluster.images else []),
                  *self.extra_args],
                 env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -246,17 +277,17 @@ def http(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0) ->
 
 @dataclass
 class PodHTTP:
-    """Base URLs of worker pods: the loopback pod IP locally, a port-forward elsewhere."""
+    """Base URLs of worker pods: the pod IP on the local node's bridge, a port-forward elsewhere."""
 
     cluster: ClusterLike
     namespace: str
-    direct: bool
     forwards: dict[str, tuple[subprocess.Popen[str], str]] = field(default_factory=dict)
 
     def base(self, pod: dict[str, Any], port: int = contract.DEFAULT_WORKER_PORT) -> str:
-        if self.direct:
+        node = self.cluster.node
+        if node is not None:
             ip = str((pod.get("status") or {}).get("podIP") or "")
-            assert ip.startswith("127."), f"the local cluster's pods must have loopback IPs, got {ip!r}"
+            assert node.holds(ip), f"a pod on the local node must have an address in {node.pod_cidr}, got {ip!r}"
             return f"http://{ip}:{port}"
         key = f"{pod['metadata']['uid']}:{port}"
         held = self.forwards.get(key)
@@ -307,8 +338,8 @@ class World:
         self.operator = operator
         #: a timed-out wait carries dump() (for suites without a hook that prints it on failure)
         self.diagnose_timeouts = diagnose_timeouts
-        self.local = cluster.work_dir is not None
-        self.pod_http = PodHTTP(cluster, namespace, direct=self.local)
+        self.local = cluster.node is not None
+        self.pod_http = PodHTTP(cluster, namespace)
 
     # -- kubectl
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
@@ -374,11 +405,12 @@ class World:
         return answer
 
     def worker_pid(self, pod: dict[str, Any]) -> int:
-        """PID of a pod's worker process (local cluster only: its kubelet runs local processes)."""
-        assert self.local, "worker PIDs exist on the local cluster only"
+        """The host PID of a pod's worker container's process (the local cluster's node only)."""
+        node = self.cluster.node
+        assert node is not None, "worker PIDs exist on the local cluster's node only"
         statuses = pod["status"]["containerStatuses"]
         worker = next(s for s in statuses if s["name"] == contract.WORKER_CONTAINER)
-        return int(str(worker["containerID"]).rsplit("/", 1)[-1])
+        return node.container_pid(str(worker["containerID"]))
 
     # -- waiting
     def wait(self, check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
@@ -441,6 +473,37 @@ class World:
         self.pod_http.close()
 
 
+def run_pod(cluster: ClusterLike, namespace: str, name: str, image: str, command: list[str],
+            timeout: float = 300.0) -> tuple[str, str]:
+    """Run ``command`` once in a pod of ``image`` as the chart runs its containers (UID 65532, no
+    privilege, read-only root filesystem, a /tmp emptyDir); its final phase and its log."""
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "main", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
+                "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}},
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            }],
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        },
+    }
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
+    deadline = time.monotonic() + timeout
+    phase = ""
+    while time.monotonic() < deadline:
+        phase = cluster.kubectl("-n", namespace, "get", "pod", name, "-o", "jsonpath={.status.phase}").stdout
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    log = cluster.kubectl("-n", namespace, "logs", name, check=False)
+    return phase, log.stdout + log.stderr
+
+
 def pod_ready(pod: dict[str, Any]) -> bool:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
@@ -500,13 +563,30 @@ def ballast(control: Path, lifetime_s: float = 900.0) -> Iterator[subprocess.Pop
         proc.wait(timeout=10)
 
 
+def charge_to_container(pid: int, container_pid: int) -> Path:
+    """Move process ``pid`` into the memory cgroup of the container whose process is
+    ``container_pid`` (cgroup v1, as on the dev node): what it allocates from then on is the
+    container's memory, which the worker reads as its own (its cgroup, against its limit).
+    The cgroup's directory is returned."""
+    for line in Path(f"/proc/{container_pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            group = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            (group / "cgroup.procs").write_text(str(pid))
+            return group
+    raise AssertionError(f"process {container_pid} has no memory cgroup (cgroup v1 expected)")
+
+
 def _ballast_main(control: Path, lifetime_s: float) -> None:
     chunk = 4 * 1024 * 1024  # small steps: the level never spikes or dips while it moves
     held: list[bytes] = []
     deadline = time.monotonic() + lifetime_s
     while time.monotonic() < deadline:
         try:
-            want = int(control.read_text().strip() or 0) // chunk
+            # Empty: read while the test rewrites the file (truncated, not yet written): no change,
+            # never "drop it all" (which dipped the level for a moment and moved the tier).
+            text = control.read_text().strip()
+            want = int(text) // chunk if text else len(held)
         except (OSError, ValueError):
             want = len(held)
         while len(held) < want:

@@ -1,0 +1,41 @@
+"""`warmpool images build | load | list`: the project's images, built here, loaded into the real node."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from warmpool_devcluster import cluster, docker_engine, images, node
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="warmpool images", description=__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    for action, help_text in (("build", "build the images (skipped when built for these inputs)"),
+                              ("load", "build, then import into the real node's containerd what it lacks"),
+                              ("list", "print each image's tag for this checkout")):
+        one = sub.add_parser(action, help=help_text)
+        one.add_argument("names", nargs="*", metavar="NAME", help=f"images ({', '.join(images.IMAGES)}; default: all)")
+        one.add_argument("--repo", type=Path, default=Path.cwd(), help="the source checkout (default: here)")
+        if action == "load":
+            one.add_argument("--cluster", default="default", help="the cluster whose node gets them")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    names = list(args.names) or None
+    try:
+        if args.action == "list":
+            found = images.tags(images.check_checkout(args.repo))
+        elif args.action == "build":
+            found = images.build(args.repo, names)
+        else:
+            found = images.load(args.repo, node.node_dir(cluster.state_dir(args.cluster)), names)
+    except (images.ImageError, docker_engine.DockerError, RuntimeError) as error:
+        print(f"warmpool images {args.action}: {error}", file=sys.stderr)
+        return 1
+    for name, tag in found.items():
+        print(f"{name}\t{tag}")
+    return 0

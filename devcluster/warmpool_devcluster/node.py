@@ -1,0 +1,229 @@
+"""The dev cluster's real node: containerd + CNI + the kubelet + kube-proxy on this machine.
+
+``cluster up --node-runtime containerd`` calls, in order: :func:`preflight` (root, the host
+packages, no other real node), :func:`start_network` (before the API server binds to the
+bridge's address), then once the control plane serves :func:`start_runtime` and
+:func:`start_agents`; ``cluster down`` calls :func:`stop`, which removes everything they made.
+
+One real node runs per machine: kube-proxy's iptables chains and the kubelet's ``kubepods``
+cgroups are global to the host, so a second node's would fight the first's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warmpool_devcluster import (
+    certs,
+    host_packages,
+    images,
+    node_cleanup,
+    node_containerd,
+    node_kubelet,
+    node_network,
+)
+from warmpool_devcluster.processes import alive, free_port, stop_pid
+
+#: The node's processes, in start order (stopped in reverse).
+PROCESSES = ("containerd", "kubelet", "kube-proxy")
+NODE_READY_TIMEOUT_S = 120.0
+
+
+class NodeError(RuntimeError):
+    """The real node could not start; the message names the part and its log."""
+
+
+@dataclass
+class NodeState:
+    """What ``down`` needs to undo the node, saved in the cluster's cluster.json."""
+
+    octet: int
+    sysctls: dict[str, str] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def network(self) -> node_network.NodeNetwork:
+        return node_network.NodeNetwork(self.octet)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeState:
+        return cls(octet=int(data["octet"]),
+                   sysctls={str(k): str(v) for k, v in (data.get("sysctls") or {}).items()},
+                   pids={str(k): int(v) for k, v in (data.get("pids") or {}).items()},
+                   ports={str(k): int(v) for k, v in (data.get("ports") or {}).items()})
+
+
+def node_dir(cluster_root: Path) -> Path:
+    """The node's state: containerd's socket and state, the kubelet's root, CNI config and leases."""
+    return cluster_root / "node"
+
+
+def kubelet_root(cluster_root: Path) -> Path:
+    return node_dir(cluster_root) / "kubelet" / "root"
+
+
+def preflight(other_real_nodes: list[str]) -> None:
+    if os.geteuid() != 0:
+        raise NodeError("a real node needs root (containerd, network namespaces, iptables, cgroups); "
+                        "run as root, or start the cluster without --node-runtime")
+    missing = host_packages.missing()
+    if missing:
+        raise NodeError(f"the real node needs Debian packages that are missing: {' '.join(missing)}; "
+                        "install them with `make host-packages` (apt-get, as root)")
+    if other_real_nodes:
+        raise NodeError(f"cluster {other_real_nodes[0]!r} already runs a real node on this machine (one at a "
+                        "time: kube-proxy's iptables chains and the kubepods cgroups are the host's); "
+                        f"stop it with `warmpool cluster down --name {other_real_nodes[0]}`")
+
+
+def choose_octet(taken: set[int]) -> int:
+    """The first 10.244.N.0/24 no other cluster records and no bridge on the machine uses."""
+    for octet in node_network.POD_SUBNET_OCTETS:
+        if octet not in taken and not node_network.bridge_exists(node_network.NodeNetwork(octet).bridge):
+            return octet
+    raise NodeError("every pod subnet 10.244.10-249.0/24 is in use")
+
+
+def start_network(state: NodeState, cluster_root: Path) -> None:
+    """Bridge, guard rules, CNI config; saves the sysctls the node will change first."""
+    state.sysctls = node_cleanup.read_sysctls()
+    net = state.network
+    node_network.create_bridge(net)
+    node_network.guard_up(net)
+    # Bridged pod-to-pod traffic must pass iptables, or a ClusterIP DNATed to a pod on the same
+    # bridge never reaches it.
+    node_cleanup.set_sysctl("net.bridge.bridge-nf-call-iptables", "1")
+    base = node_dir(cluster_root)
+    node_network.write_cni_config(net, base / "cni" / "net.d", base / "cni" / "ipam")
+
+
+Spawn = Callable[[str, list[str]], int]
+
+
+def start_runtime(state: NodeState, cluster_root: Path, spawn: Spawn) -> None:
+    """containerd of the cluster's own, with the pause image in it."""
+    base = node_dir(cluster_root)
+    config = node_containerd.write_config(base, images.pause_tag(), base / "cni" / "net.d")
+    state.pids["containerd"] = spawn("containerd", node_containerd.argv(config))
+    _wait("containerd", lambda: node_containerd.answers(base), state, cluster_root, 60)
+    images.load_pause(base)
+
+
+def write_node_kubeconfigs(cluster_root: Path, server: str, write: Callable[[Path, str, str], None]) -> None:
+    """The kubelet's (system:node:<name>) and kube-proxy's kubeconfigs, from ``write(path, server, stem)``."""
+    write(node_dir(cluster_root) / "kubelet.kubeconfig", server, certs.KUBELET_CLIENT)
+    write(node_dir(cluster_root) / "kube-proxy.kubeconfig", server, certs.KUBE_PROXY_CLIENT)
+
+
+def start_agents(state: NodeState, cluster_root: Path, binaries: dict[str, Path], spawn: Spawn) -> None:
+    """The kubelet and kube-proxy (their kubeconfigs written by :func:`write_node_kubeconfigs`)."""
+    base = node_dir(cluster_root)
+    net = state.network
+    state.ports.update({"kubelet-healthz": free_port(), "kube-proxy-metrics": free_port(),
+                        "kube-proxy-healthz": free_port()})
+    config = node_kubelet.write_kubelet_files(base, cluster_root / "pki", net.gateway, state.ports["kubelet-healthz"],
+                                              node_containerd.socket_path(base))
+    kubelet_root(cluster_root).mkdir(parents=True, exist_ok=True)
+    state.pids["kubelet"] = spawn("kubelet", node_kubelet.kubelet_argv(
+        binaries["kubelet"], config, base / "kubelet.kubeconfig", kubelet_root(cluster_root), net.gateway))
+    state.pids["kube-proxy"] = spawn("kube-proxy", node_kubelet.kube_proxy_argv(
+        binaries["kube-proxy"], base / "kube-proxy.kubeconfig", net.pod_cidr, state.ports["kube-proxy-metrics"],
+        state.ports["kube-proxy-healthz"]))
+
+
+def wait_ready(state: NodeState, cluster_root: Path, node_ready: Callable[[], bool]) -> None:
+    _wait(f"node {node_kubelet.NODE_NAME} Ready", node_ready, state, cluster_root, NODE_READY_TIMEOUT_S)
+
+
+def _wait(what: str, check: Callable[[], bool], state: NodeState, cluster_root: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        for name, pid in state.pids.items():
+            if not alive(pid):
+                log = cluster_root / "logs" / f"{name}.log"
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log.exists() else ""
+                raise NodeError(f"{name} exited while waiting for {what}; log {log}:\n{tail}")
+        time.sleep(0.25)
+    raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {cluster_root / 'logs'}")
+
+
+def stop(state: NodeState, cluster_root: Path, kube_proxy: Path | None, log: Callable[[str], None]) -> list[str]:
+    """Stop the node and remove what it made; what could not be removed is returned (and logged)."""
+    base = node_dir(cluster_root)
+    for name in ("kube-proxy", "kubelet"):
+        pid = state.pids.get(name)
+        if pid is not None and alive(pid):
+            log(f"stopping {name} (pid {pid})")
+            stop_pid(pid)
+    if kube_proxy is not None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run(node_kubelet.kube_proxy_cleanup_argv(kube_proxy), capture_output=True, timeout=120)
+    killed = node_cleanup.kill_pod_processes()
+    if killed:
+        log(f"ended {killed} pod processes")
+    pid = state.pids.get("containerd")
+    if pid is not None and alive(pid):
+        log(f"stopping containerd (pid {pid})")
+        stop_pid(pid)
+    node_cleanup.kill_shims(node_containerd.socket_path(base))
+    problems = [f"still mounted: {point}" for point in node_cleanup.unmount_under([base])]
+    problems += [f"cgroup still there: {group}" for group in node_cleanup.remove_cgroups()]
+    node_cleanup.remove_kubelet_chains()
+    net = state.network
+    node_network.guard_down(net)
+    with contextlib.suppress(node_network.NetworkError):
+        node_network.delete_bridge(net)
+    if node_network.bridge_exists(net.bridge):
+        problems.append(f"bridge {net.bridge} still there")
+    node_cleanup.restore_sysctls(state.sysctls)
+    if not problems:
+        # containerd's state and the kubelet's root hold nothing worth keeping once unmounted;
+        # leftovers would confuse the next start (stale sandboxes, IPAM leases).
+        shutil.rmtree(base, ignore_errors=True)
+    for problem in problems:
+        log(problem)
+    return problems
+
+
+def leftovers(state: NodeState, cluster_root: Path) -> dict[str, list[str]]:
+    """What a stopped node left on the machine (all lists empty after a clean ``down``)."""
+    base = node_dir(cluster_root)
+    shims = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()
+             and str(node_containerd.socket_path(base)).encode() in _cmdline_bytes(int(p.name))]
+    return {
+        "processes": [str(pid) for pid in state.pids.values() if alive(pid)] + shims,
+        "mounts": node_cleanup.mounts_under([base]),
+        "cgroups": [str(g) for g in node_cleanup.kubepods_cgroups()],
+        "bridge": [state.network.bridge] if node_network.bridge_exists(state.network.bridge) else [],
+        "iptables": node_cleanup.leftover_kube_chains() + _guard_present(state.network),
+    }
+
+
+def _cmdline_bytes(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _guard_present(net: node_network.NodeNetwork) -> list[str]:
+    present = []
+    for table, chain in (("filter", net.filter_chain), ("mangle", net.mangle_chain)):
+        proc = subprocess.run(["iptables", "-w", "-t", table, "-S", chain], capture_output=True, text=True)
+        if proc.returncode == 0:
+            present.append(f"iptables {table} {chain}")
+    return present

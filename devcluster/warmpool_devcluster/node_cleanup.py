@@ -1,0 +1,176 @@
+"""Undo what a real node leaves on the machine: pod processes and shims, mounts, cgroups,
+sysctls and the kubelet's and kube-proxy's iptables chains.
+
+The kubelet does not stop its pods when it exits, containerd's shims outlive containerd, and the
+kubelet writes sysctls, bind-mounts its root directory and adds iptables chains of its own.
+``cluster down`` calls :func:`clean` after stopping the processes it started; each step works
+from what is on the machine now (mount table, cgroup tree, process list), so a half-started or
+crashed node is cleaned as well as a healthy one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: The kubelet's QoS cgroup (cgroupsPerQOS, cgroupfs driver), under every v1 hierarchy.
+KUBEPODS = "kubepods"
+#: Sysctls the kubelet sets at start (and net.bridge one the node needs): saved before, restored after.
+SYSCTLS = ("kernel.panic", "kernel.panic_on_oops", "vm.overcommit_memory", "net.bridge.bridge-nf-call-iptables")
+#: The kubelet's own chains (kube-proxy removes its own with --cleanup).
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-PROXY-CANARY")
+
+
+def _sysctl_path(name: str) -> Path:
+    return Path("/proc/sys") / name.replace(".", "/")
+
+
+def read_sysctls() -> dict[str, str]:
+    values = {}
+    for name in SYSCTLS:
+        with contextlib.suppress(OSError):
+            values[name] = _sysctl_path(name).read_text().strip()
+    return values
+
+
+def restore_sysctls(saved: dict[str, str]) -> None:
+    for name, value in saved.items():
+        with contextlib.suppress(OSError):
+            if _sysctl_path(name).read_text().strip() != value:
+                _sysctl_path(name).write_text(value)
+
+
+def set_sysctl(name: str, value: str) -> None:
+    _sysctl_path(name).write_text(value)
+
+
+def kubepods_cgroups() -> list[Path]:
+    """Every kubepods cgroup directory, deepest first (the order rmdir needs)."""
+    found: list[Path] = []
+    if not CGROUP_ROOT.is_dir():
+        return found
+    for hierarchy in CGROUP_ROOT.iterdir():
+        top = hierarchy / KUBEPODS
+        if top.is_dir() and not hierarchy.is_symlink():
+            found.extend(Path(p) for p, _, _ in os.walk(top))
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def _pids_in(cgroups: list[Path]) -> set[int]:
+    pids: set[int] = set()
+    for group in cgroups:
+        with contextlib.suppress(OSError):
+            pids.update(int(line) for line in (group / "cgroup.procs").read_text().split())
+    return pids
+
+
+def kill_pod_processes(timeout: float = 10.0) -> int:
+    """SIGKILL every process in a kubepods cgroup (the pods' containers and pause processes)."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = _pids_in(kubepods_cgroups())
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed |= pids
+        time.sleep(0.2)
+    return len(killed)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def kill_shims(containerd_socket: Path) -> int:
+    """SIGKILL containerd-shim processes started by the containerd serving ``containerd_socket``."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        argv = _cmdline(int(entry.name))
+        if argv and Path(argv[0]).name.startswith("containerd-shim") and str(containerd_socket) in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                count += 1
+    return count
+
+
+def remove_cgroups(timeout: float = 10.0) -> list[Path]:
+    """rmdir every kubepods cgroup; the ones still there after ``timeout`` (busy) are returned."""
+    deadline = time.monotonic() + timeout
+    left = kubepods_cgroups()
+    while left and time.monotonic() < deadline:
+        for group in left:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        left = kubepods_cgroups()
+        if left:
+            time.sleep(0.2)
+    return left
+
+
+def mounts_under(roots: list[Path]) -> list[str]:
+    """Mount points at or below any of ``roots``, deepest first (/proc/self/mountinfo's 5th field)."""
+    prefixes = [str(root.resolve()) for root in roots]
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if any(point == prefix or point.startswith(prefix + "/") for prefix in prefixes):
+            found.append(point)
+    return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
+
+
+def unmount_under(roots: list[Path]) -> list[str]:
+    """Unmount everything below ``roots`` (overlay rootfs, pod volumes, network namespaces, the
+    kubelet's bind mount of its root dir); what would not unmount even lazily is returned."""
+    for _ in range(5):  # a mount may be stacked several times (bind mounts of bind mounts)
+        points = mounts_under(roots)
+        if not points:
+            return []
+        for point in points:
+            if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", point], capture_output=True)
+    return mounts_under(roots)
+
+
+def _iptables_rules(tool: str, table: str) -> list[str]:
+    proc = subprocess.run([tool, "-w", "-t", table, "-S"], capture_output=True, text=True)
+    return proc.stdout.splitlines() if proc.returncode == 0 else []
+
+
+def remove_kubelet_chains() -> None:
+    """Drop the kubelet's chains (and the rules jumping to them) in iptables and ip6tables."""
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            rules = _iptables_rules(tool, table)
+            for rule in rules:
+                parts = shlex.split(rule)
+                if parts[:1] == ["-A"] and parts[1] not in KUBELET_CHAINS and any(
+                        f"-j {chain}" in rule for chain in KUBELET_CHAINS):
+                    subprocess.run([tool, "-w", "-t", table, "-D", *parts[1:]], capture_output=True)
+            for chain in KUBELET_CHAINS:
+                if any(rule == f"-N {chain}" for rule in rules):
+                    subprocess.run([tool, "-w", "-t", table, "-F", chain], capture_output=True)
+                    subprocess.run([tool, "-w", "-t", table, "-X", chain], capture_output=True)
+
+
+def leftover_kube_chains() -> list[str]:
+    """``tool table chain`` of every KUBE-* chain still on the machine (none after a clean down)."""
+    left = []
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            left += [f"{tool} {table} {rule.split()[1]}" for rule in _iptables_rules(tool, table)
+                     if rule.startswith("-N KUBE-")]
+    return left
