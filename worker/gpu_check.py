@@ -72,7 +72,7 @@ def _correctness(tmp: Path) -> dict[str, Any]:
 
 
 def _sleep_round_trip(engine: Any, prompt: list[int]) -> dict[str, Any]:
-    """Sleep at levels 1 and 2, wake, and check the greedy tokens are those before (#15).
+    """Sleep at levels 1 and 2, wake, and check the greedy tokens are those before.
 
     Wake GB/s is the resident weights' bytes over the wake (level 1: pinned host -> device;
     level 2: re-read from the files); vLLM publishes 0.1-0.4 s wakes for its sleep mode.
