@@ -21,7 +21,8 @@ import pytest
 import yaml
 from warmpool_devcluster import build
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator import status
+from warmpool_operator.rules import status
+from warmpool_operator.rules.forecast import report as forecast_report
 
 from warmpool import contract
 
@@ -350,8 +351,13 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
     # The leader Lease's Role lives in the release namespace, whatever the scope (issue #14).
     (leader,) = _leader(namespaced, "Role")
     assert leader["metadata"]["namespace"] == "warmpool-system"
-    assert leader["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                                "verbs": ["get", "create", "update"]}]
+    assert leader["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+        # The control key, beside the Lease: read by name (the only Secret the operator reads), made once.
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["wp-warmpool-control-key"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+    args = by_kind(namespaced, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"--control-key-secret=wp-warmpool-control-key", "--control-key-namespace=warmpool-system"} <= set(args)
     assert [b["metadata"]["namespace"] for b in _leader(namespaced, "RoleBinding")] == ["warmpool-system"]
     roles = _not_leader(namespaced, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b", "team-c"]
@@ -395,6 +401,9 @@ def test_rbac_grants_no_deletes_no_secret_listing(tmp_path: Path) -> None:
                 assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
                 if "secrets" in rule["resources"]:
                     assert not {"list", "watch"} & set(rule["verbs"]), rule
+                    # Read only by name: the operator's control key, the node agent's S3 credentials.
+                    if "get" in rule["verbs"] and "-node-agent" not in role["metadata"]["name"]:
+                        assert rule.get("resourceNames") == ["wp-warmpool-control-key"], (role["metadata"], rule)
 
 
 def test_every_rbac_rule_is_commented() -> None:
@@ -462,8 +471,8 @@ def _operator_args(tmp_path: Path, values: Mapping[str, Any] | None = None) -> l
 
 
 def test_allowed_host_paths_become_operator_flags(tmp_path: Path) -> None:
-    from warmpool_operator.cli import build_parser
-    from warmpool_operator.host_paths import DEFAULT_ALLOWED_HOST_PATHS, normalise_prefixes
+    from warmpool_operator.app.cli import build_parser
+    from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS, normalise_prefixes
 
     defaults = _operator_args(tmp_path)
     assert [a for a in defaults if a.startswith("--allowed-host-path")] == [
@@ -491,19 +500,111 @@ def test_node_agent_daemonset_and_its_rbac(schema_dir: Path, tmp_path: Path) -> 
     assert "--cache-root=/var/lib/warmpool/blocks" in container["args"]
     assert "--budget-bytes=1000000000000" in container["args"]
     assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/warmpool/blocks"
+    assert [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v] == ["/var/lib/warmpool/blocks"]
+    # Its own PID namespace, and no ptrace: other containers' /proc/<pid>/root is out of its reach.
+    assert "hostPID" not in pod and "hostNetwork" not in pod
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert "--block-cache-root=/var/lib/warmpool/blocks" in _operator_args(tmp_path, values)
     from warmpool_nodecache.agent_cli import build_parser
 
     parsed = build_parser().parse_args(container["args"])  # the rendered flags are the agent's own
     assert str(parsed.cache_root) == "/var/lib/warmpool/blocks"
-    agent_roles = [o for o in objs if o["kind"] in ("Role", "ClusterRole") and o["metadata"]["name"].endswith(
-        "-node-agent")]
-    assert len(agent_roles) == 2
+    agent_roles = [o for o in objs if o["kind"] in ("Role", "ClusterRole") and "-node-agent" in o["metadata"]["name"]]
+    assert len(agent_roles) == 3
     for role in agent_roles:
         for rule in role["rules"]:
             assert not {"delete", "deletecollection", "escalate", "bind"} & set(rule["verbs"]), rule
             if "secrets" in rule["resources"]:
                 assert rule["verbs"] == ["get"], rule
+                # Namespaced mode: the S3 credentials are readable in the watched namespace only.
+                assert role["kind"] == "Role" and role["metadata"]["namespace"] == "warmpool-system", role
+
+
+def _agent_secret_roles(tmp_path: Path, watch: Mapping[str, Any],
+                        secret_namespaces: Sequence[str] = ()) -> list[tuple[str, str | None]]:
+    objs = objects(render(tmp_path, {"watch": dict(watch), "nodeAgent": {
+        "enabled": True, "secretNamespaces": list(secret_namespaces)}}))
+    return sorted((o["kind"], o["metadata"].get("namespace")) for o in objs
+                  if o["kind"] in ("Role", "ClusterRole") and "-node-agent" in o["metadata"]["name"]
+                  and any("secrets" in rule["resources"] for rule in o["rules"]))
+
+
+def test_the_node_agent_reads_secrets_only_where_warmmodels_are_watched(tmp_path: Path) -> None:
+    assert _agent_secret_roles(tmp_path, {"namespaces": ["team-a", "team-b"]}) == [
+        ("Role", "team-a"), ("Role", "team-b")]
+    assert _agent_secret_roles(tmp_path, {"allNamespaces": True}) == [("ClusterRole", None)]
+    # Named namespaces narrow it in either mode: cluster-wide, the agent then reads no other Secret.
+    assert _agent_secret_roles(tmp_path, {"allNamespaces": True}, ["models"]) == [("Role", "models")]
+    assert _agent_secret_roles(tmp_path, {"namespaces": ["team-a", "team-b"]}, ["team-b"]) == [("Role", "team-b")]
+
+
+def test_admission_policies_name_the_contracts_keys_and_can_be_left_out(tmp_path: Path) -> None:
+    objs = objects(render(tmp_path, {"nodeAgent": {"enabled": True}}))
+    policies = {o["metadata"]["name"]: o for o in by_kind(objs, "ValidatingAdmissionPolicy")}
+    assert set(policies) == {"wp-warmpool-operator-pod-patches", "wp-warmpool-operator-secret-writes",
+                             "wp-warmpool-node-agent-own-node"}
+    bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
+    operator = json.dumps(policies["wp-warmpool-operator-pod-patches"])
+    for key in (contract.LABEL_MANAGED_BY, contract.MANAGED_BY, contract.LABEL_AWAKE, contract.ANNOTATION_TIER,
+                contract.ANNOTATION_POD_DELETION_COST, "system:serviceaccount:warmpool-system:wp-warmpool"):
+        assert key in operator, key
+    secrets = json.dumps(policies["wp-warmpool-operator-secret-writes"])
+    for key in (contract.CONTROL_SECRET_SUFFIX, contract.LABEL_MANAGED_BY, contract.MANAGED_BY, contract.KIND,
+                contract.API_GROUP):
+        assert key in secrets, key
+    agent = json.dumps(policies["wp-warmpool-node-agent-own-node"])
+    for key in (contract.CACHE_NODE_LABEL_PREFIX + "/", "system:serviceaccount:warmpool-system:wp-warmpool-node-agent"):
+        assert key in agent, key
+    assert not by_kind(objects(render(tmp_path, {"rbac": {"create": True, "admissionPolicies": False}})),
+                       "ValidatingAdmissionPolicy")
+    assert not by_kind(objects(render(tmp_path, {"rbac": {"create": False, "admissionPolicies": True}})),
+                       "ValidatingAdmissionPolicy")
+
+
+def _ingress_ports(policy: Obj) -> list[list[object]]:
+    return [[port["port"] for port in rule["ports"]] for rule in policy["spec"]["ingress"]]
+
+
+def test_network_policies_open_only_the_workers_port_and_the_operators(tmp_path: Path) -> None:
+    clients = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}]
+    objs = objects(render(tmp_path, {"watch": {"namespaces": ["team-a", "team-b"]},
+                                     "networkPolicy": {"enabled": True, "workerClients": clients,
+                                                       "workerNamespaces": [], "metricsClients": []}}))
+    policies = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in by_kind(objs, "NetworkPolicy")}
+    assert set(policies) == {("team-a", "wp-warmpool-workers"), ("team-b", "wp-warmpool-workers"),
+                             ("warmpool-system", "wp-warmpool-operator")}
+    workers = policies[("team-a", "wp-warmpool-workers")]["spec"]
+    # The labels every worker pod carries, the port name its container declares (contract.py's).
+    assert workers["podSelector"] == {"matchLabels": {contract.LABEL_COMPONENT: contract.COMPONENT_WORKER,
+                                                      contract.LABEL_MANAGED_BY: contract.MANAGED_BY}}
+    assert workers["policyTypes"] == ["Ingress"]
+    assert _ingress_ports(policies[("team-a", "wp-warmpool-workers")]) == [[contract.WORKER_PORT_NAME]]
+    operator_peer, *rest = workers["ingress"][0]["from"]
+    assert operator_peer == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "warmpool-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "warmpool", "app.kubernetes.io/instance": "wp",
+                                        "app.kubernetes.io/component": "operator"}}}
+    assert rest == clients
+    operator = policies[("warmpool-system", "wp-warmpool-operator")]
+    assert _ingress_ports(operator) == [[9090], [8081]]
+    assert "from" not in operator["spec"]["ingress"][0]  # metricsClients empty: anyone may scrape
+
+    # Cluster-wide: only the namespaces named get the workers' policy (the chart cannot know them).
+    wide = objects(render(tmp_path, {"watch": {"allNamespaces": True},
+                                     "networkPolicy": {"enabled": True, "workerClients": [],
+                                                       "workerNamespaces": ["models"], "metricsClients": clients}}))
+    names = sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(wide, "NetworkPolicy"))
+    assert names == [("models", "wp-warmpool-workers"), ("warmpool-system", "wp-warmpool-operator")]
+    wide_workers = next(o for o in by_kind(wide, "NetworkPolicy") if o["metadata"]["namespace"] == "models")
+    assert len(wide_workers["spec"]["ingress"][0]["from"]) == 1  # the operator alone
+    wide_operator = next(o for o in by_kind(wide, "NetworkPolicy") if o["metadata"]["namespace"] != "models")
+    assert wide_operator["spec"]["ingress"][0]["from"] == clients
+    assert not by_kind(objects(render(tmp_path, {"networkPolicy": {"enabled": False, "workerClients": [],
+                                                                   "workerNamespaces": [], "metricsClients": []}})),
+                       "NetworkPolicy")
 
 
 # --------------------------------------------------------------------------- bad values
@@ -523,6 +624,8 @@ BAD_VALUES: dict[str, tuple[Obj, str]] = {
     "node agent typo": ({"nodeAgent": {"enabeld": True}}, "enabeld"),
     "node agent relative cache root": ({"nodeAgent": {"cacheRoot": "cache"}}, "cacheRoot"),
     "node agent negative budget": ({"nodeAgent": {"budgetBytes": -1}}, "budgetBytes"),
+    "network policy peer typo": ({"networkPolicy": {"workerClients": [{"podSelecter": {}}]}}, "podSelecter"),
+    "network policy bad namespace": ({"networkPolicy": {"workerNamespaces": ["Models"]}}, "workerNamespaces"),
 }
 
 
@@ -613,7 +716,9 @@ RUNBOOKS = REPO / "docs" / "runbooks"
 def test_runbooks_use_real_names() -> None:
     """Metric names, condition reasons and annotations in the runbooks are the code's own."""
     names = {v for v in vars(contract).values() if isinstance(v, str)}
-    reasons = {v for k, v in vars(status).items() if k.startswith("REASON_") and isinstance(v, str)}
+    # The condition reasons: the core conditions' (status) and the Forecast condition's own.
+    reasons = {v for module in (status, forecast_report) for k, v in vars(module).items()
+               if k.startswith("REASON_") and isinstance(v, str)}
     pages = {p.name: p.read_text() for p in RUNBOOKS.glob("*.md")}
     assert {"pool-not-warming.md", "tier-stuck-paused.md", "weights-corrupt-or-missing.md", "operator-down.md",
             "scaling.md", "upgrading.md"} <= set(pages)
@@ -633,4 +738,4 @@ def test_runbooks_use_real_names() -> None:
         for word in re.findall(r"reason `([A-Z][A-Za-z]+)`", text):
             assert word in reasons, f"{page}: reason {word} is not one the operator writes"
     # The events reason the operator posts on tier transitions.
-    assert 'reason="TierChanged"' in (REPO / "operator" / "warmpool_operator" / "pipeline.py").read_text()
+    assert 'reason="TierChanged"' in (REPO / "operator" / "warmpool_operator" / "control" / "tiers.py").read_text()

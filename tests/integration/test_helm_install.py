@@ -1,6 +1,8 @@
-"""`helm install` into the local cluster: the operator runs through the local kubelet as its
-ServiceAccount, its RBAC is enough (a WarmModel goes warm, no 403 in its log) and no more
-(`kubectl auth can-i` refuses what it was not given), and `helm uninstall` removes it all.
+"""`helm install` into the local cluster: the operator runs from its image in two pods on the real
+node as its ServiceAccount (one holds the leader Lease), its RBAC is enough (a WarmModel goes warm
+from the worker image, no 403 in its log) and no more (`kubectl auth can-i` refuses what it was not
+given), the worker runs as the chart says (non-root, read-only root filesystem), and
+`helm uninstall` removes it all.
 
 The release namespace enforces Pod Security "restricted", so the API server itself checks
 the operator pod.  The WarmModel lives in a second watched namespace without that label:
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from warmpool_devcluster import build
+from warmpool_devcluster.chart_values import local_values
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import model_root, tiny_model
@@ -126,10 +129,8 @@ def warm_model_manifest(name: str, model_dir: Path) -> str:
 
 
 def operator_log(cluster: ClusterHandle, namespace: str, pod: str) -> str:
-    log_dir = cluster.pod_log_dir(namespace, pod)
-    if log_dir is None:
-        return ""
-    return "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("*.log")))
+    proc = cluster.kubectl("logs", "-n", namespace, pod, "--all-containers", check=False)
+    return proc.stdout + proc.stderr
 
 
 def test_install_run_rbac_warm_uninstall(
@@ -141,12 +142,13 @@ def test_install_run_rbac_warm_uninstall(
     cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     adopt_existing_crd(cluster, release, namespace)
 
-    values = {
+    if cluster.node is None:
+        pytest.skip("installs the checkout's images: needs the local cluster's real node")
+    values = local_values(cluster.images, cluster.node.pod_cidr)  # the checkout's images, the node's pods
+    values |= {
         "watch": {"namespaces": [namespace, models_namespace]},
-        # Loopback pod IPs only (the local cluster); fast ticks keep the test short.
-        "operator": {"scrapeNetworks": ["127.0.0.0/8"], "scrapeInterval": 2, "logLevel": "INFO",
-                     # the tiny model's directory (not under /tmp: the local kubelet maps an argument
-                     # under a container's mount path, and the operator mounts an emptyDir at /tmp)
+        # fast ticks keep the test short; the tiny model's directory is the one node directory allowed
+        "operator": {**values["operator"], "scrapeInterval": 2, "logLevel": "INFO",
                      "allowedHostPaths": [str(model_root())]},
         "probes": {"readiness": {"initialDelaySeconds": 1, "periodSeconds": 2, "timeoutSeconds": 5,
                                  "failureThreshold": 3}},
@@ -174,6 +176,17 @@ def test_install_run_rbac_warm_uninstall(
         assert pod["spec"]["serviceAccountName"] == fullname
         assert pod["status"]["phase"] == "Running"
 
+        def both_ready() -> list[dict[str, Any]] | None:
+            # helm's --wait needs only the Deployment's minimum availability: one of the two may lag
+            found = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l",
+                                               f"app.kubernetes.io/instance={release}", "-o", "json").stdout)["items"]
+            statuses = [s for p in found for s in (p["status"].get("containerStatuses") or [])]
+            return found if len(statuses) == 2 and all(s["ready"] for s in statuses) else None
+
+        for each in wait_for("both operator pods Ready", both_ready, timeout=120):
+            (container,) = each["status"]["containerStatuses"]  # the checkout's operator image
+            assert container["image"] == cluster.images["operator"] and container["ready"], container
+
         # --- RBAC: enough ...
         allowed = [
             ("list", "warmmodels.warmpool.dev", models_namespace, None),
@@ -185,7 +198,8 @@ def test_install_run_rbac_warm_uninstall(
             ("update", "services", models_namespace, None),
             ("create", "poddisruptionbudgets.policy", models_namespace, None),
             ("patch", "configmaps", models_namespace, None),
-            ("get", "secrets", models_namespace, None),
+            ("create", "secrets", models_namespace, None),
+            ("patch", "secrets", models_namespace, None),
             ("list", "pods", models_namespace, None),
             ("patch", "pods", models_namespace, None),
             ("create", "events", models_namespace, None),
@@ -193,7 +207,8 @@ def test_install_run_rbac_warm_uninstall(
         ]
         # ... and no more.
         refused = [
-            ("list", "secrets", models_namespace, None),  # only its own Secrets, by name
+            ("get", "secrets", models_namespace, None),  # written, never read: the tokens are derived
+            ("list", "secrets", models_namespace, None),
             ("watch", "secrets", models_namespace, None),
             ("delete", "deployments.apps", models_namespace, None),  # owner references do that
             ("delete", "pods", models_namespace, None),
@@ -241,6 +256,15 @@ def test_install_run_rbac_warm_uninstall(
                                                  f"{contract.LABEL_MODEL}=tiny", "-o", "json").stdout)["items"]
         assert any((p["metadata"].get("annotations") or {}).get(contract.ANNOTATION_TIER) == "full"
                    for p in worker_pods), "the operator did not annotate the worker pod's tier"
+        # The worker container: the chart's worker image, non-root, a read-only root filesystem.
+        worker = worker_pods[0]
+        (status,) = [c for c in worker["status"]["containerStatuses"] if c["name"] == contract.WORKER_CONTAINER]
+        assert status["image"] == cluster.images["worker"], status
+        probe = ("import os; print('uid', os.getuid())\n"
+                 "try:\n    open('/probe', 'w')\nexcept OSError as e:\n    print('root fs', e.strerror)")
+        seen = cluster.kubectl("exec", "-n", models_namespace, worker["metadata"]["name"], "-c",
+                               contract.WORKER_CONTAINER, "--", "python", "-c", probe).stdout
+        assert "uid 65532" in seen and "root fs Read-only file system" in seen, seen
         log = operator_log(cluster, namespace, pod["metadata"]["name"])
         denied = [line for line in log.splitlines() if permission_denied(line)]
         assert not denied, "the operator hit a permission it lacks:\n" + "\n".join(denied)[:3000]

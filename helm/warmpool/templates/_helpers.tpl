@@ -68,6 +68,15 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* The default worker image: digest wins over tag; the tag defaults to the chart's appVersion. */}}
+{{- define "warmpool.workerImage" -}}
+{{- if .Values.workerImage.digest }}
+{{- printf "%s@%s" .Values.workerImage.repository .Values.workerImage.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.workerImage.repository (default .Chart.AppVersion .Values.workerImage.tag) }}
+{{- end }}
+{{- end }}
+
 {{/*
 The namespaces the operator watches when not cluster-wide, as a list (JSON, for fromJsonArray):
 watch.namespaces, or the release's namespace when that list is empty.
