@@ -11,20 +11,23 @@ of a revision the cache holds (:func:`cached_bytes`), and which node labels to s
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from warmpool import cachekeys, contract
 from warmpool.heatmap import HeatMap, HeatMapError
-from warmpool_nodecache.blocks import BlockStore
+from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
 from warmpool_nodecache.layout import CacheLayout
-from warmpool_nodecache.manifest import BlockRef, Manifest
+from warmpool_nodecache.lease import LeaseLostError
+from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError
+from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.order import BlockOrder, LayerRanges, heat_block_order, layers_first
-from warmpool_nodecache.source import Source
-from warmpool_nodecache.spec import credentials_from_secret_data, source_from_spec
+from warmpool_nodecache.source import ReadLimits, Source, SourceError
+from warmpool_nodecache.spec import DEFAULT_POLICY, credentials_from_secret_data, source_from_spec
 
 #: A decoder layer's tensor names ("model.layers.7.mlp..."): the same families the worker's
 #: prefetch knows (warmpool_worker.prefetch, which the agent's image does not ship).
@@ -51,6 +54,25 @@ class ModelRef:
         return f"{self.namespace}/{self.name}"
 
 
+#: A pod in one of these phases has no containers left: it mounts nothing.
+_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+_REVISION_DIGEST_RE = re.compile(r"sha256:([0-9a-f]{64})")
+
+
+def mounted_revisions(pods: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Digests (hex) of the revisions the pods mount, from the annotation the operator puts on
+    every object-store pod: a finished pod or a value that is not a digest counts for nothing."""
+    found: set[str] = set()
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in _FINISHED_PHASES:
+            continue
+        value = ((pod.get("metadata") or {}).get("annotations") or {}).get(contract.ANNOTATION_CACHE_REVISION)
+        match = _REVISION_DIGEST_RE.fullmatch(value) if isinstance(value, str) else None
+        if match:
+            found.add(match.group(1))
+    return found
+
+
 def model_ref(obj: Mapping[str, Any]) -> ModelRef | None:
     """The WarmModel as a ModelRef when its source is http or s3; None otherwise."""
     meta = obj.get("metadata") or {}
@@ -66,11 +88,13 @@ def model_ref(obj: Mapping[str, Any]) -> ModelRef | None:
     return None
 
 
-def open_source(source: Mapping[str, Any], secret_data: Mapping[str, str] | None, secret: str = "the Secret") -> Source:
+def open_source(source: Mapping[str, Any], secret_data: Mapping[str, str] | None, secret: str = "the Secret",
+                policy: AddressPolicy = DEFAULT_POLICY, limits: ReadLimits | None = None) -> Source:
     """The Source object for a WarmModel's http/s3 block (``secret_data``: the s3 Secret's ``.data``,
-    base64 values as the API returns them; None for http or an s3 source without a secretRef)."""
+    base64 values as the API returns them; None for http or an s3 source without a secretRef),
+    guarded by ``policy`` and bounded by ``limits``."""
     credentials = None if secret_data is None else credentials_from_secret_data(secret_data, secret)
-    return source_from_spec(source, credentials=credentials)
+    return source_from_spec(source, credentials=credentials, policy=policy, limits=limits)
 
 
 def safetensors_header(first_block: bytes, describe: str) -> dict[str, Any] | None:
@@ -78,11 +102,16 @@ def safetensors_header(first_block: bytes, describe: str) -> dict[str, Any] | No
     if len(first_block) < 8:
         return None
     (length,) = struct.unpack("<Q", first_block[:8])
+    # Neither the length nor the JSON parser's complaint goes into the message: both are read
+    # from fetched bytes, and a failed fill's message reaches the WarmModel's status.
     if length > MAX_HEADER_BYTES:
-        raise ValueError(f"{describe}: safetensors header of {length} bytes is implausible")
+        raise ValueError(f"{describe}: the safetensors header length is implausible (over {MAX_HEADER_BYTES} bytes)")
     if 8 + length > len(first_block):
         return None
-    header = json.loads(first_block[8:8 + length])
+    try:
+        header = json.loads(first_block[8:8 + length])
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{describe}: the safetensors header is not JSON") from None
     if not isinstance(header, dict):
         raise ValueError(f"{describe}: safetensors header is not a JSON object")
     header["__data_start__"] = 8 + length
@@ -174,6 +203,31 @@ def cached_bytes(layout: CacheLayout, manifest: Manifest) -> int:
             if store.has(ref.sha256):
                 total += ref.length
     return total
+
+
+def revision_path(layout: CacheLayout, digest_hex: str) -> str | None:
+    """The real path (symbolic links resolved, on this node) of the revision's directory pods
+    use: the published revision, else the partial view its link points at, else where the
+    revision will be published.  Reported from the first read on, before any pod is built, so
+    the operator checks this path -- not the one it writes -- against the directories it may
+    mount: a link in the cache's path cannot lead a mount out of them unseen."""
+    for candidate in (layout.revision(digest_hex), layout.partial_link(digest_hex)):
+        if candidate.is_dir():
+            real = os.path.realpath(candidate)
+            break
+    else:
+        real = os.path.join(os.path.realpath(layout.revisions), digest_hex)
+    return real if len(real) <= 4096 else None  # the status field's bound
+
+
+def failure_text(error: BaseException) -> str:
+    """What a failure says in a status entry or Event: the error's own words for the errors that
+    name what is wrong, with the type for any other (it is a bug there, and the type says where)."""
+    if isinstance(error, (SourceError, ManifestError, BlockCorruptError, LeaseLostError)):
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return text[:1000]
 
 
 def unique_bytes(manifest: Manifest) -> int:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from warmpool.contract import DEFAULT_BLOCK_CACHE_ROOT
 from warmpool_nodecache.agent_loop import AgentConfig, run_agent
+from warmpool_nodecache.netguard import AddressPolicy
+from warmpool_nodecache.source import ReadLimits
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +34,39 @@ def build_parser() -> argparse.ArgumentParser:
                         help="least seconds between two status writes that only move bytes cached")
     parser.add_argument("--partial-view", action="store_true",
                         help="fill as a partial view a worker can start on (--partial-cache on <root>/partial/<hex>)")
+    sources = parser.add_argument_group(
+        "model sources", "what the agent may read from the URLs and endpoints WarmModels name")
+    sources.add_argument("--cluster-network", action="append", default=[], metavar="CIDR",
+                         help="a network of the cluster's own (Service, pod or node range) that sources may not "
+                              "be read from (repeatable; loopback and link-local are always refused)")
+    sources.add_argument("--source-allow-network", action="append", default=[], metavar="CIDR",
+                         help="a network sources may be read from even inside a refused range, e.g. an "
+                              "in-cluster object store's Service IP (repeatable)")
+    sources.add_argument("--max-manifest-bytes", type=int, default=ReadLimits.max_manifest_bytes,
+                         help="the largest manifest read (default: %(default)s)")
+    sources.add_argument("--max-block-bytes", type=int, default=ReadLimits.max_block_bytes,
+                         help="the largest block_size a manifest may ask for (default: %(default)s)")
+    sources.add_argument("--source-deadline", type=float, default=ReadLimits.deadline_s,
+                         help="seconds one read from a source may take in all, retries included "
+                              "(default: %(default)s)")
+    sources.add_argument("--manifest-reads", type=int, default=4,
+                         help="manifests read at once (default: %(default)s)")
     parser.add_argument("--log-level", default="INFO")
     return parser
+
+
+def source_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[AddressPolicy, ReadLimits]:
+    """The address policy and read limits the flags ask for (a parser error naming a bad one)."""
+    try:
+        policy = AddressPolicy.from_flags(args.cluster_network, args.source_allow_network)
+        limits = ReadLimits(max_manifest_bytes=args.max_manifest_bytes, max_block_bytes=args.max_block_bytes,
+                            deadline_s=args.source_deadline)
+        limits.check()
+    except ValueError as error:
+        parser.error(str(error))
+    if args.manifest_reads < 1:
+        parser.error(f"--manifest-reads must be at least 1, got {args.manifest_reads}")
+    return policy, limits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--budget-bytes must be >= 0, got {args.budget_bytes}")
     if args.interval <= 0 or args.lease_duration < 1:
         parser.error("--interval must be positive and --lease-duration at least 1 second")
+    policy, limits = source_settings(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = AgentConfig(node=args.node_name, cache_root=args.cache_root, budget_bytes=args.budget_bytes,
                          namespace=args.namespace, lease_namespace=args.lease_namespace, interval_s=args.interval,
                          lease_duration_s=args.lease_duration, progress_interval_s=args.progress_interval,
-                         partial_view=args.partial_view)
+                         partial_view=args.partial_view, policy=policy, limits=limits,
+                         manifest_reads=args.manifest_reads)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -1,8 +1,7 @@
-"""The node agent's API-server access (the official ``kubernetes_asyncio`` client), and the fill Lease.
+"""The node agent's API-server access (the shared JSON client, ``warmpool.kube``), and the fill Lease.
 
 Only the agent modules import this (the cache core stays standard-library only).  Like the
-operator's ``kube.py`` it calls the API by path and works with plain dicts; every request is
-bounded in time.
+operator it calls the API by path and works with plain dicts; every request is bounded in time.
 
 The fill Lease (:class:`FillLease`) guards one (node, revision) fill across agents: a
 ``coordination.k8s.io`` Lease whose ``spec.leaseTransitions`` is the version -- it only ever
@@ -26,27 +25,26 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client, config
 
 from warmpool import contract
+from warmpool.kube import (
+    APPLY_PATCH,
+    MERGE_PATCH,
+    KubeClient,
+    KubeError,
+    Obj,
+    client_from_environment,
+    micro_time,
+    parse_micro_time,
+)
 from warmpool_nodecache.lease import LeaseLostError
 
-Obj = dict[str, Any]
-REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30.0, connect=5.0)
 #: A watch lasts WATCH_SECONDS (the server ends it) and is then opened again; a silent stream
 #: is given up after sock_read seconds.
 WATCH_SECONDS = 50
 WATCH_TIMEOUT = aiohttp.ClientTimeout(total=WATCH_SECONDS + 15, connect=5.0, sock_read=WATCH_SECONDS + 10)
-APPLY_PATCH = "application/apply-patch+yaml"
-MERGE_PATCH = "application/merge-patch+json"
 WARMMODELS = f"/apis/{contract.API_GROUP}/{contract.API_VERSION}"
 LEASES = "/apis/coordination.k8s.io/v1"
-
-
-class KubeError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
 
 
 def field_manager(node: str) -> str:
@@ -54,42 +52,18 @@ def field_manager(node: str) -> str:
     return f"{contract.NODE_AGENT_FIELD_MANAGER}.{hashlib.sha256(node.encode()).hexdigest()[:12]}"
 
 
-class AgentKube:
-    """JSON access to the API server for one agent process."""
+class AgentKube(KubeClient):
+    """JSON access to the API server for one agent process (the shared client, warmpool.kube)."""
 
-    def __init__(self, api_client: client.ApiClient, node: str) -> None:
-        self.api_client = api_client
+    def __init__(self, api_client: Any, node: str) -> None:
+        super().__init__(api_client)
         self.node = node
         self.manager = field_manager(node)
 
     @classmethod
     async def connect(cls, node: str) -> AgentKube:
         """In-cluster config in a pod, else the kubeconfig ($KUBECONFIG honoured)."""
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient(), node)
-        except config.ConfigException:
-            return cls(await config.new_client_from_config(), node)
-
-    async def close(self) -> None:
-        await self.api_client.close()
-
-    async def request(self, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None,
-                      content_type: str = "application/json") -> Obj:
-        response = await self.api_client.call_api(
-            path, method, query_params=list((query or {}).items()),
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body, auth_settings=["BearerToken"], _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
-        )
-        raw = await response.read()
-        status = int(response.status)
-        try:
-            data: Obj = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
-            data = {"message": raw.decode(errors="replace")[:500]}
-        if status >= 300:
-            raise KubeError(status, str(data.get("message", ""))[:2000])
-        return data
+        return cls(await client_from_environment(), node)
 
     @staticmethod
     def warmmodels_path(namespace: str | None) -> str:
@@ -121,7 +95,7 @@ class AgentKube:
         )
         try:
             if int(response.status) >= 300:
-                raise KubeError(int(response.status), (await response.read()).decode(errors="replace")[:500])
+                raise KubeError(int(response.status), "", (await response.read()).decode(errors="replace")[:500])
             async for line in response.content:
                 if line.strip():
                     yield str(json.loads(line).get("type"))
@@ -146,6 +120,21 @@ class AgentKube:
         await self.request("PATCH", f"/api/v1/nodes/{self.node}", body={"metadata": {"labels": dict(patch)}},
                            content_type=MERGE_PATCH)
 
+    async def emit_event(self, involved: Mapping[str, str], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``involved`` (apiVersion, kind, name, uid; namespace when namespaced:
+        the Event goes there, a cluster-scoped object's into ``default``, as the kubelet's do)."""
+        now = micro_time(datetime.now(UTC))
+        namespace = involved.get("namespace") or "default"
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{involved.get('name', 'object')[:200]}.", "namespace": namespace},
+            "involvedObject": dict(involved), "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": contract.NODE_AGENT_FIELD_MANAGER, "host": self.node},
+            "reportingComponent": contract.NODE_AGENT_FIELD_MANAGER, "reportingInstance": self.node[:128],
+            "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z", "count": 1,
+        }
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
+
     async def apply_cache_entry(self, namespace: str, name: str, entry: Mapping[str, Any]) -> None:
         """Server-side apply of this node's status.cacheNodes entry, as this node's field manager."""
         body = {"apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": "WarmModel",
@@ -155,34 +144,31 @@ class AgentKube:
                            content_type=APPLY_PATCH)
 
 
-def _micro(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(text: object) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
-        try:
-            return datetime.strptime(text, fmt).replace(tzinfo=UTC)
-        except ValueError:
-            continue
-    return None
-
-
 def lease_name(node: str, digest: str) -> str:
     """``warmpool-fill-<node hash>-<digest prefix>``: a DNS-1123 name for any node name."""
     node_hash = hashlib.sha256(node.encode()).hexdigest()[:12]
     return f"{contract.FILL_LEASE_PREFIX}-{node_hash}-{digest.removeprefix('sha256:')[:32]}"
 
 
-class FillLease:
-    """One agent's attempt at the (node, revision) fill Lease (see the module docstring)."""
+#: The Lease one agent holds while it reads a WarmModel's manifest for no pod of its own (the
+#: first digest, before any pod exists): only the agents' own name, the operator never reads it.
+READ_LEASE_PREFIX = "warmpool-read"
 
-    def __init__(self, kube: AgentKube, namespace: str, node: str, digest: str, duration_s: float) -> None:
+
+def read_lease_name(uid: str) -> str:
+    """``warmpool-read-<WarmModel uid hash>``: one per WarmModel, whatever its source."""
+    return f"{READ_LEASE_PREFIX}-{hashlib.sha256(uid.encode()).hexdigest()[:32]}"
+
+
+class FillLease:
+    """One agent's attempt at the (node, revision) fill Lease (see the module docstring); with a
+    ``name`` of its own, any other Lease the agents take the same way (the read Lease)."""
+
+    def __init__(self, kube: AgentKube, namespace: str, node: str, digest: str, duration_s: float,
+                 name: str | None = None) -> None:
         self.kube = kube
         self.namespace = namespace
-        self.name = lease_name(node, digest)
+        self.name = name or lease_name(node, digest)
         self.duration_s = max(1, round(duration_s))
         self.identity = f"{node}/{uuid.uuid4().hex[:12]}"
         self.version: int | None = None
@@ -196,11 +182,16 @@ class FillLease:
     def _path(self) -> str:
         return f"{LEASES}/namespaces/{self.namespace}/leases"
 
+    @property
+    def renewed_at(self) -> float:
+        """``time.monotonic()`` of the last write that took or renewed the Lease."""
+        return self._renewed
+
     def _expired(self, lease: Mapping[str, Any], now: datetime) -> bool:
         spec = lease.get("spec") or {}
         if not spec.get("holderIdentity"):
             return True  # released
-        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+        renewed = parse_micro_time(spec.get("renewTime")) or parse_micro_time(spec.get("acquireTime"))
         return renewed is None or now - renewed > timedelta(seconds=float(spec.get("leaseDurationSeconds") or 0))
 
     async def try_acquire(self) -> bool:
@@ -213,7 +204,7 @@ class FillLease:
                 raise
             lease = None
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_s,
-                "acquireTime": _micro(now), "renewTime": _micro(now)}
+                "acquireTime": micro_time(now), "renewTime": micro_time(now)}
         try:
             if lease is None:
                 body: Obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -247,7 +238,7 @@ class FillLease:
         if time.monotonic() - self._renewed > self.duration_s:
             late = time.monotonic() - self._renewed - self.duration_s
             raise LeaseLostError(f"fill Lease {self.name}: version {self.version} expired {late:.1f}s ago")
-        body = {**self._body, "spec": {**self._body["spec"], "renewTime": _micro(datetime.now(UTC))}}
+        body = {**self._body, "spec": {**self._body["spec"], "renewTime": micro_time(datetime.now(UTC))}}
         try:
             self._body = await self.kube.request("PUT", f"{self._path}/{self.name}", body=body,
                                                  query={"fieldManager": self.kube.manager})

@@ -1,13 +1,19 @@
 """The node agent's loop: keep this node's cache in step with the WarmModels that need it.
 
-A pass runs when a watched WarmModel or a worker pod on this node changes, when a fill ends, and
-at least every ``interval`` seconds (passes are level-based: a missed event is caught by the next):
+A pass runs when a watched WarmModel or a worker pod on this node changes, when a fill or a
+manifest read ends, and at least every ``interval`` seconds (passes are level-based: a missed
+event is caught by the next).  Each WarmModel's work is its own: whatever one of them raises
+goes into its own ``status.cacheNodes`` entry and an Event on it, and the pass goes on to the
+others.
 
-1. WarmModels with an http/s3 source are listed (all namespaces, or one); each one's manifest
-   is read once per source (its digest names the revision) and this node's entry in the
-   WarmModel's ``status.cacheNodes`` is applied -- digest, bytes cached / total, published --
-   so the operator can build pods for the revision and show per-node progress.  The entry is
-   written as this node's own field manager (server-side apply), never the operator's.
+1. WarmModels with an http/s3 source are listed (all namespaces, or one).  A manifest is read
+   only for a WarmModel that needs this node -- a worker pod of it bound here -- or, before any
+   node has reported its revision, by the one agent holding its read Lease (``agent_reads``).
+   Reads run beside the pass, a bounded number at once, each bounded in size and time.  This
+   node's entry in the WarmModel's ``status.cacheNodes`` is applied -- digest, bytes cached /
+   total, published, the real path of the revision's directory -- so the operator can build pods for
+   the revision and show per-node progress.  The entry is written as this node's own field
+   manager (server-side apply), never the operator's.
 2. For each such WarmModel with a worker pod bound to this node and the revision not yet
    published here, a fill starts (one per revision at a time): under the (node, revision)
    ``coordination.k8s.io`` Lease, the headers' blocks first, then layers hottest first from the
@@ -15,15 +21,19 @@ at least every ``interval`` seconds (passes are level-based: a missed event is c
    later pass and finds the revision published.  A fill killed midway resumes from the blocks
    already stored once the Lease expires.
 3. The node's labels are made to say which revisions it holds; revisions wanted by pods here
-   are pinned, and with a budget the cache is evicted (LRU-2) down to it, never a pinned or
-   mapped revision.
+   are pinned -- the current revision of each WarmModel with pods here, and every revision a
+   pod here names in its ``warmpool.dev/cache-revision`` annotation (an older revision's pods
+   during a rollout) -- and with a budget the cache is evicted (LRU-2) down to it, never a
+   pinned revision, nor one a process this agent can see maps, and not at all while a WarmModel
+   with pods here has a manifest this agent has not read (its revision is unknown: a
+   just-started agent would evict it).  A failure of any of these, of a pass or of a watch is
+   an Event on the Node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -32,18 +42,19 @@ from pathlib import Path
 from typing import Any
 
 from warmpool import contract
+from warmpool.kube import KubeError
 from warmpool_nodecache import agent
-from warmpool_nodecache.agent_kube import AgentKube, FillLease, KubeError
-from warmpool_nodecache.blocks import BlockStore
-from warmpool_nodecache.evict import evict
-from warmpool_nodecache.fill import FillOptions, FillResult, fill_revision
-from warmpool_nodecache.gclock import CacheBusyError, gc_lock
+from warmpool_nodecache import agent_notices as notices
+from warmpool_nodecache.agent_fill import fill_blocking, keep_renewing
+from warmpool_nodecache.agent_housekeeping import Housekeeping
+from warmpool_nodecache.agent_kube import AgentKube, FillLease
+from warmpool_nodecache.agent_reads import FirstReads, read_manifest, revision_reported
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.lease import LeaseLostError
-from warmpool_nodecache.manifest import Manifest, ManifestError, parse_manifest
+from warmpool_nodecache.manifest import Manifest
+from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.partial import point_link
-from warmpool_nodecache.source import Source, SourceError
-from warmpool_nodecache.use import RevisionNotCachedError, pinned
+from warmpool_nodecache.source import ReadLimits, Source, SourceError
 
 log = logging.getLogger("warmpool.node_agent")
 
@@ -65,6 +76,12 @@ class AgentConfig:
     #: needs (``agent.start_order``), so a worker run with ``--partial-cache`` on
     #: ``<cache root>/partial/<digest hex>`` can start before the publish.
     partial_view: bool = False
+    #: Where sources may be read from (``--cluster-network``, ``--source-allow-network``).
+    policy: AddressPolicy = field(default_factory=AddressPolicy)
+    #: What one read may cost (``--max-manifest-bytes``, ``--max-block-bytes``, ``--source-deadline``).
+    limits: ReadLimits = field(default_factory=ReadLimits)
+    #: Manifest reads at once (``--manifest-reads``).
+    manifest_reads: int = 4
 
 
 @dataclass
@@ -80,6 +97,13 @@ class _Known:
     last_write: float = 0.0
     fill: asyncio.Task[None] | None = None
     retry_at: float = 0.0  # monotonic time before which no fill starts again (after a failed one)
+    read: asyncio.Task[None] | None = None
+    read_at: float = 0.0  # monotonic time before which no read starts again (after a failed one)
+
+    def cancel(self) -> None:
+        for task in (self.fill, self.read):
+            if task is not None:
+                task.cancel()
 
 
 @dataclass
@@ -87,9 +111,20 @@ class Agent:
     config: AgentConfig
     kube: AgentKube
     known: dict[str, _Known] = field(default_factory=dict)
-    pins: dict[str, contextlib.ExitStack] = field(default_factory=dict)
     downloads: int = 0  # fills this process ran that fetched bytes (reported in the log)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    notices: notices.Notices = field(init=False)
+    first_reads: FirstReads = field(init=False)
+    reads: asyncio.Semaphore = field(init=False)
+    housekeeping: Housekeeping = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.notices = notices.Notices(self.kube, self.config.node)
+        self.housekeeping = Housekeeping(self.kube, self.layout, self.notices, self.config.budget_bytes)
+        # The read Lease outlives a pass or two, so a holder that is slow between passes keeps it.
+        self.first_reads = FirstReads(self.kube, self.config.lease_namespace, self.config.node,
+                                      max(self.config.lease_duration_s, 3 * self.config.interval_s))
+        self.reads = asyncio.Semaphore(self.config.manifest_reads)
 
     async def _watch(self, path: str, query: Mapping[str, str]) -> None:
         """Wake the loop on every change of the watched objects; watch again when the server ends it."""
@@ -97,10 +132,14 @@ class Agent:
             try:
                 async for _ in self.kube.watch_events(path, query):
                     self.wake.set()
+                self.notices.clear(self.notices.node_object(), notices.REASON_WATCH_FAILED)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # the interval still drives passes; watch again shortly
                 log.info("node agent: watch of %s ended (%s: %s)", path, type(error).__name__, error)
+                await self.notices.warn(self.notices.node_object(), notices.REASON_WATCH_FAILED,
+                                        f"the watch of {path} failed ({type(error).__name__}: {error}); "
+                                        f"passes run every {self.config.interval_s:g}s until it is back"[:1000])
                 await asyncio.sleep(self.config.interval_s)
 
     @property
@@ -117,8 +156,11 @@ class Agent:
             self.wake.clear()
             try:
                 await self.tick()
+                self.notices.clear(self.notices.node_object(), notices.REASON_PASS_FAILED)
             except Exception as error:  # one bad pass (API down, cache busy) must not end the agent
                 log.warning("node agent: pass failed (%s: %s); trying again", type(error).__name__, error)
+                await self.notices.warn(self.notices.node_object(), notices.REASON_PASS_FAILED,
+                                        f"a pass failed ({agent.failure_text(error)}); trying again")
             # The next pass: when a watched object changes or a fill ends, else after the interval.
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
             await asyncio.wait(waits, timeout=self.config.interval_s, return_when=asyncio.FIRST_COMPLETED)
@@ -128,72 +170,122 @@ class Agent:
         for watcher in watchers:
             watcher.cancel()
         for known in self.known.values():
-            if known.fill is not None:
-                known.fill.cancel()
-        for stack in self.pins.values():
-            stack.close()
+            known.cancel()
+        self.housekeeping.close()
+        await self.first_reads.close()
 
     async def tick(self) -> None:
-        refs = [r for r in map(agent.model_ref, await self.kube.warmmodels(self.config.namespace)) if r is not None]
+        objects = await self.kube.warmmodels(self.config.namespace)
+        pods = await self.kube.pods_here(self.config.namespace)
         here = {(str(meta.get("namespace")), str((meta.get("labels") or {}).get(contract.LABEL_MODEL)))
-                for meta in (p.get("metadata") or {} for p in await self.kube.pods_here(self.config.namespace))}
-        wanted: set[str] = set()
-        for ref in refs:
-            known = self.known.get(ref.key)
-            if known is None or known.fingerprint != ref.fingerprint:
-                known = self.known[ref.key] = _Known(ref.fingerprint)
-            if known.manifest is None or known.source is None:
-                await self._read_manifest(ref, known)
-            manifest = known.manifest
-            if manifest is not None and known.source is not None and (ref.namespace, ref.name) in here:
-                wanted.add(manifest.digest_hex)
-                busy = known.fill is not None and not known.fill.done()
-                retry = time.monotonic() >= known.retry_at
-                published = self.layout.revision(manifest.digest_hex)
-                if not published.is_dir() and not busy and retry:
-                    known.fill = asyncio.create_task(self._fill(ref, known, manifest), name=f"fill {ref.key}")
-                elif ref.partial and published.is_dir() and not busy:
-                    # Published without a partial view (before startOnPartialCache was set, or by a
-                    # fill that did not make one): pods started on partial/<hex> find it there too.
-                    link = self.layout.partial_link(manifest.digest_hex)
-                    if not link.is_dir():
-                        point_link(link, published)
-            await self._report(ref, known)
-        for key in set(self.known) - {r.key for r in refs}:
-            gone = self.known.pop(key)
-            if gone.fill is not None:
-                gone.fill.cancel()
-        self._pin(wanted)
-        await self._label()
-        filling = any(k.fill is not None and not k.fill.done() for k in self.known.values())
-        if self.config.budget_bytes is not None and not filling:  # eviction would wait for the fill
+                for meta in (p.get("metadata") or {} for p in pods)}
+        # Every revision a pod here mounts, an older revision's pods during a rollout included.
+        wanted: set[str] = agent.mounted_revisions(pods)
+        keys: set[str] = set()
+        unread: set[str] = set()  # WarmModels with pods here whose revision is not known yet
+        for obj in objects:
+            ref = agent.model_ref(obj)
+            if ref is None:
+                continue
+            keys.add(ref.key)
+            on_node = (ref.namespace, ref.name) in here
             try:
-                result = await asyncio.to_thread(evict, self.layout, self.config.budget_bytes, lock_timeout_s=1.0,
-                                                 keep=frozenset(wanted))
-            except CacheBusyError as error:  # another process's fill: evict on a later pass
-                log.info("node agent: eviction deferred: %s", error)
-                return
-            if result.evicted:
-                log.info("node agent: evicted %s (cache %d -> %d bytes)", result.evicted, result.bytes_before,
-                         result.bytes_after)
-                await self._label()
+                await self._serve(ref, obj, on_node, wanted)
+            except Exception as error:  # this WarmModel's failure is its own: the others go on
+                await self._failed(ref, error)
+            if on_node and (known := self.known.get(ref.key)) is not None and known.manifest is None:
+                unread.add(ref.key)
+        for key in set(self.known) - keys:
+            self.known.pop(key).cancel()
+            await self.first_reads.release(key)
+        filling = any(k.fill is not None and not k.fill.done() for k in self.known.values())
+        await self.housekeeping.run(wanted, filling, frozenset(unread))
 
-    async def _read_manifest(self, ref: agent.ModelRef, known: _Known) -> None:
-        try:
-            secret = await self._secret(ref)
-            source = agent.open_source(ref.source, secret, f"Secret {ref.namespace}/{ref.secret_name}")
-            text = await asyncio.to_thread(source.fetch_manifest)
-            known.manifest = parse_manifest(text, f"{source.describe()}/{contract.MANIFEST_FILENAME}")
-            known.source, known.error = source, None
-        except (SourceError, ManifestError, KubeError, OSError) as error:
-            known.error = str(error)[:1000]
-            log.warning("node agent: %s: %s", ref.key, known.error)
+    def _known(self, ref: agent.ModelRef) -> _Known:
+        known = self.known.get(ref.key)
+        if known is None or known.fingerprint != ref.fingerprint:
+            if known is not None:
+                known.cancel()
+            known = self.known[ref.key] = _Known(ref.fingerprint)
+        return known
+
+    async def _serve(self, ref: agent.ModelRef, obj: Mapping[str, Any], on_node: bool, wanted: set[str]) -> None:
+        """One WarmModel's part of the pass: read, fill, report (see the module docstring)."""
+        known = self._known(ref)
+        reported = revision_reported(obj, ref.fingerprint)
+        if known.manifest is None or known.source is None:
+            await self._maybe_read(ref, known, on_node, reported)
+        elif reported:
+            self.first_reads.rest(ref.key)
+        manifest = known.manifest
+        if manifest is not None and known.source is not None and on_node:
+            wanted.add(manifest.digest_hex)
+            busy = known.fill is not None and not known.fill.done()
+            retry = time.monotonic() >= known.retry_at
+            published = self.layout.revision(manifest.digest_hex)
+            if not published.is_dir() and not busy and retry:
+                known.fill = asyncio.create_task(self._fill(ref, known, manifest), name=f"fill {ref.key}")
+            elif ref.partial and published.is_dir() and not busy:
+                # Published without a partial view (before startOnPartialCache was set, or by a
+                # fill that did not make one): pods started on partial/<hex> find it there too.
+                link = self.layout.partial_link(manifest.digest_hex)
+                if not link.is_dir():
+                    point_link(link, published)
+        if manifest is not None or known.error is not None or known.fill_error is not None:
+            await self._report(ref, known)
+
+    async def _maybe_read(self, ref: agent.ModelRef, known: _Known, on_node: bool, reported: bool) -> None:
+        if known.read is not None and not known.read.done():
+            return
+        if time.monotonic() < known.read_at:
+            return
+        if not on_node and not await self.first_reads.may_read(ref, reported):
+            return  # not needed here, and another agent reads (or read) the first digest
+        known.read = asyncio.create_task(self._read(ref, known), name=f"read {ref.key}")
+
+    async def _read(self, ref: agent.ModelRef, known: _Known) -> None:
+        """In the background, one slot of ``reads``: the Secret, the source, its manifest."""
+        async with self.reads:
+            if self.known.get(ref.key) is not known:
+                return  # the source changed while this read waited for a slot
+            try:
+                secret = await self._secret(ref)
+                source = agent.open_source(ref.source, secret, f"Secret {ref.namespace}/{ref.secret_name}",
+                                           policy=self.config.policy, limits=self.config.limits)
+                known.manifest = await read_manifest(source, self.config.limits)
+                known.source, known.error = source, None
+                self.notices.clear(self.notices.model_object(ref), notices.REASON_READ_FAILED)
+            except Exception as error:  # said in the entry and an Event; read again after the interval
+                known.error = agent.failure_text(error)
+                known.read_at = time.monotonic() + self.config.interval_s
+                log.warning("node agent: %s: %s", ref.key, known.error)
+                await self.notices.warn(self.notices.model_object(ref), notices.REASON_READ_FAILED, known.error)
+            finally:
+                self.wake.set()  # report (and fill) at once
+
+    async def _failed(self, ref: agent.ModelRef, error: Exception) -> None:
+        """A WarmModel's part of the pass raised: its entry and an Event say so, the pass goes on."""
+        text = agent.failure_text(error)
+        log.warning("node agent: %s: %s", ref.key, text)
+        await self.notices.warn(self.notices.model_object(ref), notices.REASON_READ_FAILED, text)
+        known = self._known(ref)
+        if known.error != text:
+            known.error = text
+            with contextlib.suppress(Exception):  # the API may be what failed: the next pass tries again
+                await self._report(ref, known)
 
     async def _secret(self, ref: agent.ModelRef) -> dict[str, str] | None:
         """The s3 Secret's ``.data`` as the API returns it (base64 values), or None without a secretRef."""
         if ref.secret_name is None:
             return None
-        secret = await self.kube.request("GET", f"/api/v1/namespaces/{ref.namespace}/secrets/{ref.secret_name}")
+        try:
+            secret = await self.kube.request("GET", f"/api/v1/namespaces/{ref.namespace}/secrets/{ref.secret_name}")
+        except KubeError as error:
+            if error.status == 403:  # the chart's nodeAgent.secretNamespaces leaves this namespace out
+                raise SourceError(f"the node agent may not read Secret {ref.namespace}/{ref.secret_name} "
+                                  "(spec.model.s3.secretRef): let it read Secrets in this namespace (the chart's "
+                                  "nodeAgent.secretNamespaces)") from None
+            raise
         return dict(secret.get("data") or {})
 
     async def _report(self, ref: agent.ModelRef, known: _Known) -> None:
@@ -204,6 +296,9 @@ class Agent:
             entry["bytesTotal"] = agent.unique_bytes(m)
             entry["bytesCached"] = await asyncio.to_thread(agent.cached_bytes, self.layout, m)
             entry["published"] = self.layout.revision(m.digest_hex).is_dir()
+            path = await asyncio.to_thread(agent.revision_path, self.layout, m.digest_hex)
+            if path is not None:
+                entry["path"] = path
             if entry["published"]:  # by this fill or another agent's: an earlier failure is over
                 known.fill_error = None
         message = known.error or known.fill_error
@@ -230,7 +325,7 @@ class Agent:
                      lease.name, lease.version)
             heat = await self.kube.config_map_key(ref.namespace, f"{ref.name}{contract.CONFIGMAP_SUFFIX}",
                                                   contract.CONFIGMAP_KEY_HEATMAP)
-            renewer = asyncio.create_task(self._keep_renewing(lease))
+            renewer = asyncio.create_task(keep_renewing(lease))
             loop = asyncio.get_running_loop()
 
             def fence() -> None:
@@ -238,17 +333,19 @@ class Agent:
 
             try:
                 partial = self.config.partial_view or ref.partial
-                result = await asyncio.to_thread(self._fill_blocking, known.source, manifest, heat, fence, partial)
+                result = await asyncio.to_thread(fill_blocking, self.layout, known.source, manifest, heat, fence,
+                                                 partial, self.config.lease_duration_s)
             finally:
                 renewer.cancel()
             if result.bytes_fetched:
                 self.downloads += 1
+            self.notices.clear(self.notices.model_object(ref), notices.REASON_FILL_FAILED)
             log.info("node agent: %s: published %s (%d blocks, %d bytes fetched here)", ref.key, manifest.digest,
                      result.blocks_fetched, result.bytes_fetched)
         except LeaseLostError as error:
             log.warning("node agent: %s: fill fenced out, nothing published: %s", ref.key, error)
         except Exception as error:  # the pass goes on; the next one retries and the status says why
-            known.fill_error = f"fill failed: {error}"[:1000]
+            known.fill_error = f"fill failed: {agent.failure_text(error)}"[:1000]
             # The wake below makes a pass at once; that pass must not start the same failing
             # fill again (a Lease write and a round of requests to the store, several a second).
             known.retry_at = time.monotonic() + self.config.interval_s
@@ -256,64 +353,11 @@ class Agent:
             # rotated since the manifest was read would otherwise fail every fill until a restart.
             known.source = None
             log.warning("node agent: %s: %s", ref.key, known.fill_error)
+            await self.notices.warn(self.notices.model_object(ref), notices.REASON_FILL_FAILED, known.fill_error)
         finally:
-            await lease.release()
+            with contextlib.suppress(Exception):  # a release that fails leaves the Lease to expire
+                await lease.release()
             self.wake.set()  # report, label and pin at once
-
-    async def _keep_renewing(self, lease: FillLease) -> None:
-        while True:
-            await asyncio.sleep(lease.duration_s / 3)
-            try:
-                await lease.renew()
-            except LeaseLostError:
-                return  # the fence refuses the next block and the publish
-            except (KubeError, OSError, TimeoutError) as error:
-                log.warning("node agent: renewing %s failed (%s); retrying", lease.name, error)
-
-    def _fill_blocking(self, source: Source, manifest: Manifest, heat: str | None, fence: Any,
-                       partial: bool) -> FillResult:
-        """In a thread: the header blocks, then the fill in heat order, published under both leases."""
-        store = BlockStore(self.layout)
-        headers: dict[str, Mapping[str, Any]] = {}
-        header_blocks = header_bytes = 0
-        options = FillOptions(lease_ttl_s=self.config.lease_duration_s, fence=fence,
-                              partial_view=partial)
-        # Shared, like the fill's own: an eviction meanwhile would free the header blocks (no
-        # manifest names them yet) and the fill would fetch them a second time.
-        with gc_lock(self.layout, exclusive=False, timeout_s=options.wait_timeout_s):
-            for ref in agent.header_blocks(manifest):
-                if not store.has(ref.sha256) and store.put(ref.sha256, source.fetch_range(ref.path, ref.offset,
-                                                                                         ref.length)):
-                    header_blocks, header_bytes = header_blocks + 1, header_bytes + ref.length
-                header = agent.safetensors_header(self.layout.block(ref.sha256).read_bytes(), ref.path)
-                if header is not None:
-                    headers[ref.path] = header
-            order = (agent.start_order if partial else agent.heat_order)(manifest, headers, heat)
-            result = fill_revision(self.layout, source, order=order, options=options)
-        # The header blocks came over the wire too: "fetched here" counts them (a checkpoint of
-        # one block per file was reported as 0 bytes fetched, and not as a download).
-        return dataclasses.replace(result, blocks_fetched=result.blocks_fetched + header_blocks,
-                                   bytes_fetched=result.bytes_fetched + header_bytes)
-
-    def _pin(self, wanted: set[str]) -> None:
-        """Hold a pin on each revision a pod here needs, so eviction spares it before it is mapped."""
-        for digest in set(self.pins) - wanted:
-            self.pins.pop(digest).close()
-        for digest in wanted - set(self.pins):
-            stack = contextlib.ExitStack()
-            try:
-                stack.enter_context(pinned(self.layout, digest))
-            except RevisionNotCachedError:
-                continue  # not published yet: pinned on a later pass
-            self.pins[digest] = stack
-
-    async def _label(self) -> None:
-        labels = await self.kube.node_labels()
-        patch = agent.label_changes(labels, agent.published_digests(self.layout))
-        if patch:
-            await self.kube.patch_node_labels(patch)
-            log.info("node agent: node %s labels %s", self.config.node, patch)
-
 
 async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
     kube = await AgentKube.connect(config.node)

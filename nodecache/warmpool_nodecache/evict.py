@@ -9,6 +9,12 @@ then frees every block no remaining manifest references.  Size is disk usage (al
 each inode once) of the blocks and the revisions' files; reflinked extents count twice, which
 errs on the side of evicting.  The whole pass runs under the cache-wide lock held exclusive,
 so it waits for fills in progress (bounded) and leaves their blocks alone.
+
+A cached manifest that no longer parses (a damaged disk, a hand edit) does not stop eviction:
+its blocks are freed as if it named none -- its revision's files do not need the block names
+(a hard link keeps the inode, a clone or copy its own extents), so nothing published breaks,
+and a later fill that needs those blocks fetches them again -- and the result names it, so the
+agent can say so.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class EvictResult:
     bytes_before: int
     bytes_after: int
     blocks_freed: int
+    #: cached manifests (digest hex) that no longer parse; eviction went on without them
+    unreadable: tuple[str, ...] = ()
 
 
 def cache_bytes(layout: CacheLayout) -> int:
@@ -87,14 +95,17 @@ def _drop_abandoned_fills(layout: CacheLayout, published: set[str]) -> None:
                     link.unlink()
 
 
-def _free_unreferenced_blocks(layout: CacheLayout) -> int:
+def _free_unreferenced_blocks(layout: CacheLayout, unreadable: set[str]) -> int:
+    """Free every block no parsable cached manifest names; ``unreadable`` gains those that do not parse."""
     referenced: set[str] = set()
     if layout.manifests.is_dir():
         for path in layout.manifests.glob("*.json"):
             try:
-                referenced |= parse_manifest(path.read_text(), str(path)).unique_blocks()
-            except ManifestError as exc:
-                raise RuntimeError(f"{path}: a cached manifest no longer parses ({exc}); not freeing blocks") from None
+                referenced |= parse_manifest(path.read_bytes(), str(path)).unique_blocks()
+            except ManifestError:
+                unreadable.add(path.stem)  # see the module docstring: its revision does not need the names
+            except FileNotFoundError:
+                continue
     store = BlockStore(layout)
     freed = 0
     for sha in store.all_blocks() - referenced:
@@ -117,7 +128,8 @@ def evict(
         before = cache_bytes(layout)
         published = _published(layout)
         _drop_abandoned_fills(layout, set(published))
-        freed = _free_unreferenced_blocks(layout)
+        unreadable: set[str] = set()
+        freed = _free_unreferenced_blocks(layout, unreadable)
         mapped = mapped_revisions(layout)
         in_use = [d for d in published if d in keep or d in mapped or live_pins(layout, d)]
         candidates = sorted((d for d in published if d not in in_use), key=lambda d: lru_k_key(use_times(layout, d), k))
@@ -135,7 +147,8 @@ def evict(
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
             shutil.rmtree(layout.pins / digest, ignore_errors=True)
-            freed += _free_unreferenced_blocks(layout)
+            freed += _free_unreferenced_blocks(layout, unreadable)
             evicted.append(digest)
             size = cache_bytes(layout)
-        return EvictResult(tuple(evicted), tuple(in_use), before, size, freed)
+        return EvictResult(tuple(evicted), tuple(in_use), before, size, freed,
+                           tuple(sorted(unreadable - set(evicted))))

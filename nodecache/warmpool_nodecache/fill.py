@@ -121,10 +121,12 @@ def _ordered(manifest: Manifest, order: BlockOrder | None) -> list[BlockRef]:
 
 def _check_sizes(manifest: Manifest, source: Source) -> None:
     for f in manifest.files:
-        actual = source.size(f.path)
-        if actual != f.size:
+        # The source's own figure stays out of the message (it may reach a status): the
+        # manifest's, which its author wrote, says enough to find the file.
+        if source.size(f.path) != f.size:
             raise ManifestError(
-                f"{source.describe()}: the manifest says {f.path!r} has {f.size} bytes, the source has {actual}"
+                f"{source.describe()}: the manifest says {f.path!r} has {f.size} bytes, the source has "
+                "another size"
             )
 
 
@@ -134,11 +136,11 @@ def _fetch_block(store: BlockStore, source: Source, ref: BlockRef, attempts: int
         data = source.fetch_range(ref.path, ref.offset, ref.length)
         try:
             return store.stage(ref.sha256, data, directory)
-        except BlockCorruptError as exc:
+        except BlockCorruptError:
             if attempt == attempts:
                 raise BlockCorruptError(
                     f"{source.describe()}/{ref.path}: block {ref.index} (bytes {ref.offset}+{ref.length}) "
-                    f"never matched the manifest's SHA-256 in {attempts} fetches ({exc}); the manifest or the "
+                    f"never matched the manifest's SHA-256 in {attempts} fetches; the manifest or the "
                     "source is wrong"
                 ) from None
     raise AssertionError("unreachable")

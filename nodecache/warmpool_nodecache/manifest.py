@@ -114,19 +114,26 @@ def _check_path(path: object, where: str) -> str:
     return path
 
 
-def parse_manifest(text: str | bytes, source: str = "<manifest>") -> Manifest:
-    """Load and validate a manifest; every inconsistency is a ManifestError naming `source`."""
+def parse_manifest(text: str | bytes, source: str = "<manifest>", max_block_size: int | None = None) -> Manifest:
+    """Load and validate a manifest; every inconsistency is a ManifestError naming `source`.
+
+    ``max_block_size``: the largest ``block_size`` accepted (a reader holds whole blocks).  Until
+    the text is known to be a manifest, the errors quote nothing of it: whatever a URL answered
+    (an internal endpoint's JSON, say) stays out of the message and so out of any status."""
     try:
         body = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{source}: not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ManifestError(f"{source}: not JSON") from None
     if not isinstance(body, dict):
         raise ManifestError(f"{source}: must be a JSON object, got {type(body).__name__}")
     if body.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(f"{source}: format is {body.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+        raise ManifestError(f"{source}: format is not the expected {MANIFEST_FORMAT!r}")
     block_size = body.get("block_size")
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
-        raise ManifestError(f"{source}: block_size must be a positive integer, got {block_size!r}")
+        raise ManifestError(f"{source}: block_size must be a positive integer")
+    if max_block_size is not None and block_size > max_block_size:
+        raise ManifestError(f"{source}: block_size {block_size} is above the {max_block_size}-byte limit "
+                            "this reader holds a block in")
     raw_files = body.get("files")
     if not isinstance(raw_files, list):
         raise ManifestError(f"{source}: files must be a list, got {type(raw_files).__name__}")

@@ -10,6 +10,12 @@ errors); a truncated body is read again the same bounded number of times.  Error
 what is wrong in the reader's terms: refused credentials name the access key id (never the
 secret) and the endpoint; a missing bucket names the bucket; a key that would climb out
 of the prefix (``..``, absolute, backslash) is refused before any request is made.
+
+An ``S3Source`` sends every request through ``s3_transport.BoundedTransport`` (boto3 still signs
+them): the endpoint's addresses are checked by the config's ``AddressPolicy`` (a WarmModel's
+source always has one), the connection goes to a checked address, no redirect is followed,
+answers are capped (the manifest at ``max_manifest_bytes``, a range at the bytes asked for) and
+each read -- retries included -- ends by ``ReadLimits.deadline_s``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from warmpool.contract import MANIFEST_FILENAME
-from warmpool_nodecache.source import SourceError, SourceMissingError
+from warmpool_nodecache.http_exchange import ReadLimits, parse_url
+from warmpool_nodecache.netguard import AddressPolicy
+from warmpool_nodecache.s3_transport import BoundedTransport
+from warmpool_nodecache.source_errors import SourceError, SourceLimitError, SourceMissingError
 
 #: Error codes S3 (and SeaweedFS) answer for credentials it does not accept.
 _AUTH_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403",
@@ -114,6 +123,10 @@ class S3SourceConfig:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
     attempts: int = 4
+    #: None: the caller vouches for the endpoint (an operator's own command line); a WarmModel's
+    #: source always gets the node agent's policy.
+    policy: AddressPolicy | None = None
+    limits: ReadLimits = field(default_factory=ReadLimits)
 
 
 def require_boto3() -> None:
@@ -134,8 +147,7 @@ def make_client(config: S3SourceConfig) -> Any:
 
     if config.attempts < 1 or config.connect_timeout_s <= 0 or config.read_timeout_s <= 0:
         raise SourceError(f"{config.endpoint}: attempts must be >= 1 and timeouts > 0")
-    if not config.endpoint.startswith(("http://", "https://")):
-        raise SourceError(f"endpoint {config.endpoint!r} is not an http(s) URL")
+    parse_url(config.endpoint)  # SourceError naming what is wrong (botocore would raise ValueError)
     botocore_config = Config(
         region_name=config.region,
         connect_timeout=config.connect_timeout_s,
@@ -155,7 +167,10 @@ def make_client(config: S3SourceConfig) -> Any:
         aws_secret_access_key=creds.secret_access_key if creds else None,
         region_name=config.region,
     )
-    return session.client("s3", endpoint_url=config.endpoint, config=botocore_config)
+    try:
+        return session.client("s3", endpoint_url=config.endpoint, config=botocore_config)
+    except ValueError as exc:  # botocore's own check of the endpoint (e.g. an underscore in the host)
+        raise SourceError(f"endpoint {config.endpoint!r} is not a valid S3 endpoint URL ({exc})") from None
 
 
 def explain(exc: BaseException, config: S3SourceConfig, key: str | None) -> SourceError:
@@ -190,7 +205,17 @@ class S3Source:
         if not config.bucket or "/" in config.bucket:
             raise SourceError(f"bucket {config.bucket!r} is not a bucket name")
         self.config = replace(config, prefix=normalise_prefix(config.prefix))
-        self._client = client if client is not None else make_client(self.config)
+        try:
+            self.config.limits.check()
+        except ValueError as error:
+            raise SourceError(f"{config.endpoint}: {error}") from None
+        if client is not None and config.policy is not None:
+            raise SourceError("an S3 source with an address policy makes its own client (it sends through it)")
+        self._transport = BoundedTransport(config.policy, self.config.limits, config.read_timeout_s)
+        if client is None:
+            client = make_client(self.config)
+            client.meta.events.register("before-send.s3", self._transport)
+        self._client = client
 
     def describe(self) -> str:
         prefix = f"/{self.config.prefix}" if self.config.prefix else ""
@@ -215,33 +240,35 @@ class S3Source:
             return found
         return error
 
-    def _get(self, key: str, byte_range: str | None) -> bytes:
+    def _get(self, key: str, byte_range: str | None, cap: int) -> bytes:
         from botocore.exceptions import BotoCoreError, ClientError
 
         last: Exception | None = None
         extra = {"Range": byte_range} if byte_range else {}
-        for _ in range(self.config.attempts):
-            try:  # botocore retries the request itself (bounded by the same attempt count)
-                response = self._client.get_object(Bucket=self.config.bucket, Key=key, **extra)
-            except (ClientError, BotoCoreError) as exc:
-                raise self._missing_bucket_or(explain(exc, self.config, key)) from None
-            try:
-                body: bytes = response["Body"].read()
-                return body
-            except (BotoCoreError, OSError) as exc:  # a body cut off mid-read: ask again, bounded
-                last = exc
+        with self._transport.bounds(cap):
+            for _ in range(self.config.attempts):
+                try:  # botocore retries the request itself (bounded by the same attempt count)
+                    response = self._client.get_object(Bucket=self.config.bucket, Key=key, **extra)
+                except (ClientError, BotoCoreError) as exc:
+                    raise self._missing_bucket_or(explain(exc, self.config, key)) from None
+                try:
+                    body: bytes = response["Body"].read()
+                    return body
+                except (BotoCoreError, OSError) as exc:  # a body cut off mid-read: ask again, bounded
+                    last = exc
         assert last is not None
         raise explain(last, self.config, key) from None
 
     def fetch_manifest(self) -> bytes:
-        return self._get(self.key(MANIFEST_FILENAME), None)
+        return self._get(self.key(MANIFEST_FILENAME), None, self.config.limits.max_manifest_bytes)
 
     def size(self, path: str) -> int:
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = self.key(path)
         try:
-            head = self._client.head_object(Bucket=self.config.bucket, Key=key)
+            with self._transport.bounds(0):
+                head = self._client.head_object(Bucket=self.config.bucket, Key=key)
         except (ClientError, BotoCoreError) as exc:
             raise self._missing_bucket_or(explain(exc, self.config, key)) from None
         length = head.get("ContentLength")
@@ -253,10 +280,13 @@ class S3Source:
         if length <= 0:
             return b""
         key = self.key(path)
-        body = self._get(key, f"bytes={offset}-{offset + length - 1}")
+        if length > self.config.limits.max_block_bytes:
+            raise SourceLimitError(f"s3://{self.config.bucket}/{key}: a range of {length} bytes is past the "
+                                   f"{self.config.limits.max_block_bytes}-byte block limit")
+        body = self._get(key, f"bytes={offset}-{offset + length - 1}", length)
         if len(body) != length:
             raise SourceError(
-                f"s3://{self.config.bucket}/{key}: bytes {offset}+{length} came back {len(body)} bytes long "
+                f"s3://{self.config.bucket}/{key}: bytes {offset}+{length} came back short "
                 "(is the object shorter than the manifest says?)"
             )
         return body

@@ -1,29 +1,30 @@
 """Where a revision's bytes come from: a Protocol, and a plain HTTP layout that implements it.
 
 HTTP layout (``spec.model.http: {url}``): ``<url>/<file path>`` serves each file (with
-``Range`` support) and ``<url>/warmpool-manifest.json`` the revision's manifest.  Every request
-has a bounded timeout; transient failures (connection errors, 5xx, 429) are retried a bounded
-number of times with backoff; a 404 or other 4xx is an error at once (retrying does not fix it).
+``Range`` support) and ``<url>/warmpool-manifest.json`` the revision's manifest.  Every read
+goes through ``http_exchange.exchange``: the host's addresses checked by the source's
+``AddressPolicy`` (when it has one: a source a WarmModel names always does), no redirects
+followed, the answer capped (the manifest at ``max_manifest_bytes``, a range at the bytes
+asked for) and the whole read -- every attempt -- ended by ``ReadLimits.deadline_s``.
+Transient failures (connection errors, 5xx, 429) are retried a bounded number of times with
+backoff; a 404, a redirect or another 4xx is an error at once (retrying does not fix it).
+Errors name the URL and what was wrong, never the size or digest of what came back.
 """
 
 from __future__ import annotations
 
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from warmpool.contract import MANIFEST_FILENAME
+from warmpool_nodecache.http_exchange import ReadLimits, Reply, SourceUnreachableError, exchange, parse_url
+from warmpool_nodecache.netguard import AddressPolicy
+from warmpool_nodecache.source_errors import SourceError, SourceLimitError, SourceMissingError
 
-
-class SourceError(RuntimeError):
-    """A source that cannot deliver what was asked; the message names the URL and why."""
-
-
-class SourceMissingError(SourceError):
-    """The source says the object does not exist (HTTP 404)."""
+__all__ = ["HttpSource", "HttpSourceConfig", "ReadLimits", "Source", "SourceError", "SourceLimitError",
+           "SourceMissingError"]
 
 
 class Source(Protocol):
@@ -43,18 +44,24 @@ class Source(Protocol):
 @dataclass(frozen=True)
 class HttpSourceConfig:
     url: str
-    timeout_s: float = 30.0
+    timeout_s: float = 30.0  # one socket operation; ReadLimits.deadline_s bounds a whole read
     attempts: int = 4
     backoff_s: float = 0.2
+    #: None: the caller vouches for the URL (an operator's own command line); a WarmModel's
+    #: source always gets the node agent's policy.
+    policy: AddressPolicy | None = None
+    limits: ReadLimits = field(default_factory=ReadLimits)
 
 
 class HttpSource:
     def __init__(self, config: HttpSourceConfig) -> None:
-        parsed = urllib.parse.urlsplit(config.url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise SourceError(f"source url {config.url!r} is not an http(s) URL")
+        parse_url(config.url)  # a URL that does not parse is refused here, naming what is wrong
         if config.attempts < 1 or config.timeout_s <= 0:
             raise SourceError(f"source {config.url!r}: attempts must be >= 1 and timeout_s > 0")
+        try:
+            config.limits.check()
+        except ValueError as error:
+            raise SourceError(f"source {config.url!r}: {error}") from None
         self.config = config
         self._base = config.url.rstrip("/")
 
@@ -64,32 +71,43 @@ class HttpSource:
     def _url(self, path: str) -> str:
         return f"{self._base}/{urllib.parse.quote(path)}"
 
-    def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    def _request(self, method: str, path: str, headers: dict[str, str], cap: int,
+                 wanted: frozenset[int] | None = None) -> Reply:
         url = self._url(path)
+        deadline = time.monotonic() + self.config.limits.deadline_s
         last: str = ""
         for attempt in range(self.config.attempts):
             if attempt:
-                time.sleep(self.config.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(url, method=method, headers=headers)
+                pause = self.config.backoff_s * 2 ** (attempt - 1)
+                if time.monotonic() + pause >= deadline:
+                    break
+                time.sleep(pause)
             try:
-                with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
-                    return response.status, dict(response.headers.items()), response.read()
-            except urllib.error.HTTPError as exc:
-                if exc.code == 404:
-                    raise SourceMissingError(f"{url}: not found at the source (HTTP 404)") from None
-                if exc.code < 500 and exc.code != 429:
-                    raise SourceError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-                last = f"HTTP {exc.code} {exc.reason}"
-            except (urllib.error.URLError, OSError) as exc:
-                last = str(getattr(exc, "reason", exc))
+                reply = exchange(url, method, headers, policy=self.config.policy, cap=cap, deadline=deadline,
+                                 socket_timeout_s=self.config.timeout_s, wanted=wanted)
+            except SourceUnreachableError as error:
+                last = str(error).removeprefix(f"{method} {url}: ")
+                continue
+            if reply.status < 300:
+                return reply
+            if 300 <= reply.status < 400:
+                raise SourceError(f"{url}: answered HTTP {reply.status}, a redirect; model sources are read "
+                                  "where the URL says, redirects are not followed")
+            if reply.status == 404:
+                raise SourceMissingError(f"{url}: not found at the source (HTTP 404)")
+            if reply.status < 500 and reply.status != 429:
+                raise SourceError(f"{url}: HTTP {reply.status}")
+            last = f"HTTP {reply.status}"
+        if time.monotonic() >= deadline:
+            raise SourceLimitError(f"{url}: {method} did not succeed within the "
+                                   f"{self.config.limits.deadline_s:g}s read deadline ({last or 'no answer'})")
         raise SourceError(f"{url}: {method} failed after {self.config.attempts} attempts: {last}")
 
     def fetch_manifest(self) -> bytes:
-        return self._request("GET", MANIFEST_FILENAME, {})[2]
+        return self._request("GET", MANIFEST_FILENAME, {}, self.config.limits.max_manifest_bytes).body
 
     def size(self, path: str) -> int:
-        _, headers, _ = self._request("HEAD", path, {})
-        length = {k.lower(): v for k, v in headers.items()}.get("content-length")
+        length = self._request("HEAD", path, {}, 0).headers.get("content-length")
         if length is None or not length.isdigit():
             raise SourceError(f"{self._url(path)}: HEAD gave no Content-Length")
         return int(length)
@@ -97,14 +115,21 @@ class HttpSource:
     def fetch_range(self, path: str, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        status, _, body = self._request("GET", path, {"Range": f"bytes={offset}-{offset + length - 1}"})
-        if status == 200 and offset == 0 and len(body) == length:
+        if length > self.config.limits.max_block_bytes:
+            raise SourceLimitError(f"{self._url(path)}: a range of {length} bytes is past the "
+                                   f"{self.config.limits.max_block_bytes}-byte block limit")
+        # Only a 206 (or, from the start of the file, a 200 of the whole file) is read, under a cap
+        # of the bytes asked for: a longer answer is refused as it arrives, not held.
+        wanted = frozenset({200, 206}) if offset == 0 else frozenset({206})
+        reply = self._request("GET", path, {"Range": f"bytes={offset}-{offset + length - 1}"}, length, wanted)
+        body = reply.body
+        if reply.status == 200 and offset == 0 and len(body) == length:
             return body  # a server without Range support, asked for the whole file
-        if status != 206:
-            raise SourceError(f"{self._url(path)}: asked for a byte range, got HTTP {status} (no Range support?)")
+        if reply.status != 206:
+            raise SourceError(f"{self._url(path)}: asked for a byte range, got HTTP {reply.status} (no Range support?)")
         if len(body) != length:
             raise SourceError(
-                f"{self._url(path)}: bytes {offset}+{length} came back {len(body)} bytes long "
+                f"{self._url(path)}: bytes {offset}+{length} came back short "
                 "(is the file shorter than the manifest says?)"
             )
         return body

@@ -17,6 +17,10 @@ The agent reads the Secret that `secret_ref_name` returns (keys
 module does no Kubernetes I/O.  An s3 source without secretRef is read unsigned (a public
 bucket).  Anything else (pvc, hostPath, both keys, a missing field) is a SourceSpecError
 naming the field.  Building a source makes no request.
+
+A source built from a spec is always guarded: its reads go only to addresses ``policy`` accepts
+(by default an ``AddressPolicy`` that refuses loopback, link-local and host-internal ranges; the
+node agent passes its own, with the cluster's networks) and stay within ``limits``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from warmpool.contract import S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
+from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.s3 import S3Credentials, S3Source, S3SourceConfig
-from warmpool_nodecache.source import HttpSource, HttpSourceConfig, Source, SourceError
+from warmpool_nodecache.source import HttpSource, HttpSourceConfig, ReadLimits, Source, SourceError
+
+#: The guard of a source built from a spec when the caller names none (see the module docstring).
+DEFAULT_POLICY = AddressPolicy()
 
 #: The spec.model kinds a node agent fills from (pvc/hostPath are mounted, not filled).
 FILLABLE_KINDS = ("http", "s3")
@@ -84,12 +92,15 @@ def credentials_from_secret_data(data: Mapping[str, str | bytes], secret: str = 
 
 
 def source_from_spec(
-    source: Mapping[str, Any], *, credentials: S3Credentials | None = None, client: Any = None
+    source: Mapping[str, Any], *, credentials: S3Credentials | None = None, client: Any = None,
+    policy: AddressPolicy = DEFAULT_POLICY, limits: ReadLimits | None = None,
 ) -> Source:
     """The Source for `source` (a WarmModel's spec.model dict); see the module's docstring.
 
-    `client`: an existing boto3 S3 client to reuse (one per endpoint and credentials is enough).
+    `client`: a boto3 S3 client to send through instead of one of its own -- unguarded, so only
+    for a caller that vouches for the endpoint (the guard needs the client the source makes).
     """
+    limits = limits or ReadLimits()
     kind = source_kind(source)
     if kind is None:
         raise SourceSpecError(
@@ -100,7 +111,7 @@ def source_from_spec(
     if not isinstance(body, Mapping):
         raise SourceSpecError(f"spec.model.{kind} must be an object, got {type(body).__name__}")
     if kind == "http":
-        return HttpSource(HttpSourceConfig(_field(body, "http", "url")))
+        return HttpSource(HttpSourceConfig(_field(body, "http", "url"), policy=policy, limits=limits))
     ref = secret_ref_name(source)
     if ref is not None and credentials is None:
         raise SourceSpecError(f"spec.model.s3.secretRef names Secret {ref!r}: read it and pass its "
@@ -110,5 +121,7 @@ def source_from_spec(
         bucket=_field(body, "s3", "bucket"),
         prefix=_field(body, "s3", "prefix", required=False),
         credentials=credentials,
+        policy=None if client is not None else policy,
+        limits=limits,
     )
     return S3Source(config, client=client)

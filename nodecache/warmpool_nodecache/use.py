@@ -3,8 +3,10 @@
 A reader opens a published revision through ``pinned``: a pin file ``pins/<digest>/<pid>.<n>``
 exists while the context is open, and a pin whose process is gone counts for nothing.  A
 process that maps a revision's files without a pin (an engine started by hand) is found by
-``mapped_revisions``, which scans ``/proc/*/maps``; processes of other users are readable
-there only to root (the node agent runs as root), so a non-root evictor relies on pins.
+``mapped_revisions``, which scans ``/proc/*/maps`` (by path, and by device and inode for a
+worker that maps the revision through a container's mount of the cache); processes of other
+users are readable there only to root (the node agent runs as root), so a non-root evictor
+relies on pins.
 """
 
 from __future__ import annotations
@@ -89,9 +91,31 @@ def live_pins(layout: CacheLayout, digest_hex: str) -> list[Path]:
     return live
 
 
+def _revision_files(layout: CacheLayout) -> tuple[str, dict[tuple[int, int, int], set[str]]]:
+    """The revisions' prefix on this machine, and every revision file by (device major, minor, inode)."""
+    revisions = layout.revisions.resolve()
+    by_inode: dict[tuple[int, int, int], set[str]] = {}
+    if revisions.is_dir():
+        for revision in revisions.iterdir():
+            for folder, _, files in os.walk(revision):
+                for name in files:
+                    with contextlib.suppress(OSError):  # evicted meanwhile
+                        st = os.stat(os.path.join(folder, name))
+                        by_inode.setdefault((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino), set()).add(
+                            revision.name)
+    return str(revisions) + "/", by_inode
+
+
 def mapped_revisions(layout: CacheLayout, proc: Path = Path("/proc")) -> set[str]:
-    """Digests (hex) of revisions some process has a file of mapped, from /proc/<pid>/maps."""
-    prefix = str(layout.revisions.resolve()) + "/"
+    """Digests (hex) of revisions some process has a file of mapped, from /proc/<pid>/maps.
+
+    A worker in a container maps the revision through its own mount of the cache, so the path in
+    its maps is the container's (``/var/lib/warmpool/blocks/...``, or anything its pod chose) and
+    says nothing here.  Each maps line also names the file's device and inode, which a bind mount
+    keeps: a mapping counts when its path lies under the revisions here or its (device, inode) is
+    one of a revision's files.
+    """
+    prefix, by_inode = _revision_files(layout)
     found: set[str] = set()
     for entry in proc.iterdir():
         if not entry.name.isdigit():
@@ -102,7 +126,13 @@ def mapped_revisions(layout: CacheLayout, proc: Path = Path("/proc")) -> set[str
             continue
         for line in text.splitlines():
             parts = line.split(maxsplit=5)
-            path = parts[5].strip() if len(parts) == 6 else ""
+            if len(parts) != 6:
+                continue  # an anonymous mapping
+            device, inode, path = parts[3], parts[4], parts[5].strip()
             if path.startswith(prefix):
                 found.add(path[len(prefix):].split("/")[0])
+                continue
+            major, _, minor = device.partition(":")
+            with contextlib.suppress(ValueError):
+                found |= by_inode.get((int(major, 16), int(minor, 16), int(inode)), set())
     return found

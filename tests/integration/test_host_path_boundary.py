@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator import status
+from warmpool_operator.rules import status
 
 from tests.support.e2e import Operator, World, delete_warmmodels, warmmodel
 from warmpool import contract

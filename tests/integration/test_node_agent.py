@@ -1,10 +1,10 @@
 """The node agent on the real local control plane: WarmModels with an http source go warm from the
 node cache that `warmpool node-agent` processes fill from a loopback Range server.
 
-The local kubelet runs pods as local processes on loopback IPs, so a pod's hostPath is a directory
-of this machine: the operator is told the test's cache root (--block-cache-root) and each pod is
-pinned to one node (nodeSelector) whose agent the test runs.  Agents are real processes; the
-server counts every byte range it answers, which is what "one download" means here.
+The pods run on the local cluster's real node, so a pod's hostPath is a directory of this machine:
+the operator is told the test's cache root (--block-cache-root) and each pod is pinned to the node
+(nodeSelector) whose agent the test runs.  Agents are real processes; the server counts every byte
+range it answers, which is what "one download" means here.
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ def test_agent_killed_mid_fill_resumes_and_the_pod_waits_for_the_publish(
     server, manifest = served
     cache = tmp_path / "cache"
     server.state.range_delay_s = 0.4  # slow enough to kill the agent between blocks
-    agents.append(Agent(world.cluster, world.ns, OTHER_NODE, cache, tmp_path / "agent-0.log"))
-    world.apply(http_warmmodel("resumed", server.url, OTHER_NODE))
+    agents.append(Agent(world.cluster, world.ns, NODE, cache, tmp_path / "agent-0.log"))
+    world.apply(http_warmmodel("resumed", server.url, NODE))
     world.wait(lambda: server.state.block_requests() >= 2, 120, "the fill under way")
     agents[0].kill()
     fetched_before = server.state.block_requests()
@@ -159,7 +159,7 @@ def test_agent_killed_mid_fill_resumes_and_the_pod_waits_for_the_publish(
     statuses = pods[0]["status"].get("containerStatuses") or []
     assert not any((s.get("state") or {}).get("running") for s in statuses), statuses
 
-    agents.append(Agent(world.cluster, world.ns, OTHER_NODE, cache, tmp_path / "agent-1.log"))
+    agents.append(Agent(world.cluster, world.ns, NODE, cache, tmp_path / "agent-1.log"))
     world.wait_ready("resumed", warm=1, timeout=240)
     # The new agent fetched none of what the killed one had stored, and the rest once: the fill keeps
     # several blocks in flight, and the killed agent's requests may still be counted after its death.
@@ -273,3 +273,38 @@ def test_a_warmmodel_starting_on_the_partial_cache_loads_layers_before_the_publi
     assert record is not None and record.state == STATE_PUBLISHED and record.complete
     assert cache.partial_link(manifest.digest_hex).resolve() == cache.revision(manifest.digest_hex).resolve()
     assert_files_identical(cache.revision(manifest.digest_hex), root)
+
+
+def test_eviction_spares_a_revision_a_pod_on_the_node_names_and_no_process_maps(
+    world: World, agents: list[Agent], tmp_path: Path,
+) -> None:
+    """The chart's agent sees no other container's process (no hostPID): the pod's
+    warmpool.dev/cache-revision annotation is what keeps its revision, here one no WarmModel
+    names any more (an older revision's pod during a rollout) and nothing maps."""
+    from warmpool_dev.testing_models import make_tiny_llama
+
+    cache = CacheLayout(tmp_path / "cache")
+    revisions: list[Manifest] = []
+    for seed in (11, 12):
+        folder = make_tiny_llama(tmp_path / "store" / f"m{seed}", layers=2, seed=seed)
+        write_manifest(folder, manifest := build_manifest(folder, block_size=BLOCK))
+        with serve_directory(folder) as server:
+            fill_revision(cache, HttpSource(HttpSourceConfig(server.url, timeout_s=10)))
+        revisions.append(manifest)
+    named, unnamed = revisions
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "old-revision-pod",
+                     "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_MODEL: "gone"},
+                     "annotations": {contract.ANNOTATION_CACHE_REVISION: named.digest}},
+        "spec": {"nodeName": OTHER_NODE, "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "worker", "image": "warmpool.local/none:never-run"}]},
+    }
+    world.apply(pod)
+    # The kwok node: no container runs, so no process maps anything and only the annotation counts.
+    agents.append(Agent(world.cluster, world.ns, OTHER_NODE, cache.root, tmp_path / "agent-0.log",
+                        budget_bytes=0, interval_s=1))
+    world.wait(lambda: not cache.revision(unnamed.digest_hex).exists(), 60, "the unnamed revision evicted")
+    assert cache.revision(named.digest_hex).is_dir()
+    world.kubectl("delete", "pod", "old-revision-pod", "--grace-period=0", "--force", "--wait=true")
+    world.wait(lambda: not cache.revision(named.digest_hex).exists(), 60, "the revision evicted once its pod went")

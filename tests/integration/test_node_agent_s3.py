@@ -5,7 +5,7 @@ real safetensors checkpoint is pushed with the real `warmpool model push` comman
 WarmModel with ``spec.model.s3`` names it and a Secret with the credentials; a real
 `warmpool node-agent` process reads the Secret, fills the node cache from the store under
 its fill Lease and reports ``status.cacheNodes``; the operator's worker pod (a real tiny
-worker, run by the local kubelet) starts on the published revision and serves a completion.
+worker, in a container on the local cluster's real node) starts on the published revision and serves a completion.
 
 Wrong credentials in the Secret are reported in the WarmModel's status naming the access key
 id (never the secret); no pod starts; fixing the Secret makes the same agent fill and the

@@ -221,6 +221,43 @@ def test_eviction_never_removes_a_mapped_or_pinned_revision(model_a: Path, tmp_p
     assert BlockStore(layout).all_blocks() == set()
 
 
+def test_eviction_sees_a_revision_mapped_through_another_mount_namespace(model_a: Path, tmp_path: Path) -> None:
+    """A worker in a container maps the revision through its pod's mount of the cache: in its maps
+    the path is the container's, not the cache's.  The process here does the same (a mount
+    namespace of its own, the cache bind-mounted elsewhere), and eviction still spares it."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a mount namespace of its own needs root and unshare (util-linux)")
+    manifest_a = _publish_source(model_a, tmp_path / "src-a")
+    layout = CacheLayout(tmp_path / "cache")
+    with serve_directory(tmp_path / "src-a") as server_a:
+        fill_revision(layout, _source(server_a))
+    view = tmp_path / "container-view"
+    view.mkdir()
+    weights = f"{view}/revisions/{manifest_a.digest_hex}/model.safetensors"
+    mapper = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f'mount --bind "$1" "$2" && exec {sys.executable} -c "$3"', "sh", str(layout.root), str(view),
+         "import mmap, sys\n"
+         f"f = open({weights!r}, 'rb')\n"
+         "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+         "print('mapped', flush=True)\n"
+         "sys.stdin.read()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert mapper.stdout is not None and mapper.stdout.readline().startswith("mapped")
+        maps = Path(f"/proc/{mapper.pid}/maps").read_text()
+        assert weights in maps and str(layout.revisions) not in maps  # the container's path only
+        result = evict(layout, budget_bytes=0)
+        assert result.evicted == () and result.in_use == (manifest_a.digest_hex,)
+    finally:
+        assert mapper.stdin is not None
+        mapper.stdin.close()
+        mapper.wait(timeout=30)
+    assert not view.joinpath("revisions").exists()  # the bind mount lived in the mapper's namespace only
+    assert evict(layout, budget_bytes=0).evicted == (manifest_a.digest_hex,)
+
+
 def _lying_source(model: Path, dest: Path, lie: str) -> None:
     shutil.copytree(model, dest)
     manifest = build_manifest(dest, block_size=BLOCK)
@@ -244,7 +281,7 @@ def _lying_source(model: Path, dest: Path, lie: str) -> None:
 @pytest.mark.parametrize(
     ("lie", "error", "says"),
     [
-        ("size", ManifestError, r"says 'config.json' has \d+ bytes, the source has \d+"),
+        ("size", ManifestError, r"says 'config.json' has \d+ bytes, the source has another size"),
         ("hash", BlockCorruptError, "block 3 .* never matched the manifest's SHA-256 in 3 fetches"),
         ("missing", SourceMissingError, "extra.bin: not found at the source"),
         ("dotdot", ManifestError, "'..' component"),

@@ -1,9 +1,11 @@
 """What the node agent's integration tests share (http and s3 sources): the agent as a process,
 an operator that mounts the test's cache root, and the checks on the cache and the WarmModel.
 
-The local kubelet runs pods as local processes on loopback IPs, so a pod's hostPath is a
-directory of this machine: the operator is told the test's cache root (--block-cache-root)
-and each pod is pinned to one node (nodeSelector) whose agent the test runs.
+The agents run as processes of this machine, beside the local cluster's real node: a pod's
+hostPath is a directory of this machine, so the operator is told the test's cache root
+(--block-cache-root) and each pod is pinned to the node (nodeSelector) whose agent the test
+runs.  The second node is a kwok node (a machine runs one real node): an agent may claim it,
+but no container runs there.
 """
 
 from __future__ import annotations
@@ -17,12 +19,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from warmpool_devcluster import kwok, node_kubelet
+
 from tests.support.e2e import ClusterLike, Operator, World
 from warmpool import contract
 
-#: The local cluster's kubelet nodes the agent tests pin their pods to.
-NODE = "warmpool-node-0"
-OTHER_NODE = "warmpool-node-1"
+#: The local cluster's real node, where the agent tests' pods run.
+NODE = node_kubelet.NODE_NAME
+#: The test session's kwok node (tainted: nothing is scheduled there unless it tolerates that).
+OTHER_NODE = kwok.node_name(0)
+
+
+#: The tests' sources (Range servers, SeaweedFS) listen on 127.0.0.1, which an agent refuses by
+#: default; the rest of loopback stays refused (a test's stand-in for an internal endpoint).
+LOOPBACK_SOURCES = ("--source-allow-network", "127.0.0.1/32")
 
 
 class Agent:
@@ -35,7 +45,7 @@ class Agent:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "warmpool", "node-agent", "--node-name", node, "--cache-root", str(root),
                  "--namespace", namespace, "--lease-namespace", namespace, "--interval", f"{interval_s:g}",
-                 "--lease-duration", "3", *budget, *extra],
+                 "--lease-duration", "3", *budget, *LOOPBACK_SOURCES, *extra],
                 env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -28,10 +28,18 @@ class _Link:
     frozen: threading.Event = field(default_factory=threading.Event)
 
 
+def _local(host: str) -> bool:
+    """Loopback, or this machine's address on a real-node cluster's bridge (its API server's)."""
+    from warmpool_devcluster.node_network import host_address_on_a_node_bridge
+
+    return host.startswith("127.") or host in ("localhost", "::1") or host_address_on_a_node_bridge(host)
+
+
 class StallProxy:
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
-        if not upstream_host.startswith("127.") and upstream_host not in ("localhost", "::1"):
-            raise ValueError(f"the stall proxy relays to loopback only, not {upstream_host}")
+        if not _local(upstream_host):
+            raise ValueError(f"the stall proxy relays to this machine only (loopback, the node's bridge), "
+                             f"not {upstream_host}")
         self.upstream = (upstream_host, upstream_port)
         self._listener = socket.create_server((HOST, 0))
         self.port: int = self._listener.getsockname()[1]
@@ -114,15 +122,15 @@ class StallProxy:
 
 def relay_to_api_server(kubeconfig: Path, out: Path) -> StallProxy | None:
     """A relay to the kubeconfig's API server, and at ``out`` a copy of the kubeconfig whose every
-    cluster's server is the relay; None when the API server is not on loopback."""
+    cluster's server is the relay (on 127.0.0.1); None when the API server is not on this machine."""
     config = yaml.safe_load(kubeconfig.read_text())
     url = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
-    if url.hostname is None or not url.hostname.startswith("127.") or url.port is None:
+    if url.hostname is None or not _local(url.hostname) or url.port is None:
         return None
     proxy = StallProxy(url.hostname, url.port)
     for entry in config["clusters"]:
         entry_url = urllib.parse.urlsplit(entry["cluster"]["server"])
-        # The serving certificate names 127.0.0.1, which the relay's address still is.
-        entry["cluster"]["server"] = f"{entry_url.scheme}://{entry_url.hostname}:{proxy.port}"
+        # The serving certificate names 127.0.0.1, the relay's address.
+        entry["cluster"]["server"] = f"{entry_url.scheme}://{HOST}:{proxy.port}"
     out.write_text(yaml.safe_dump(config))
     return proxy

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from warmpool_operator import builders, host_paths
-from warmpool_operator.api import parse_spec
-from warmpool_operator.cache_source import CacheRevision, resolved_revision
+from warmpool_operator.api.types import parse_spec
+from warmpool_operator.model import CacheRevision, Target
+from warmpool_operator.rules import builders, host_paths
+from warmpool_operator.rules.object_store_pods import resolved_revision
 
 from warmpool import cachekeys, contract
 
@@ -50,7 +51,7 @@ def test_disagreeing_agents_a_published_digest_wins_then_the_majority() -> None:
 
 def test_pods_mount_the_revision_after_the_wait_and_prefer_nodes_holding_it() -> None:
     cache = CacheRevision("/var/lib/warmpool/cache", DIGEST)
-    target = builders.Target(name="m", namespace="ns", spec=_spec(), cache=cache)
+    target = Target(name="m", namespace="ns", spec=_spec(), cache=cache)
     pod = builders.build_pod_template(target)["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "model")
     assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache/revisions"
@@ -65,19 +66,37 @@ def test_pods_mount_the_revision_after_the_wait_and_prefer_nodes_holding_it() ->
     term = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["preference"]["matchExpressions"] == [
         {"key": f"cache.warmpool.dev/sha256-{'ab' * 28}", "operator": "Exists"}]
+    # The node agent's pin: it spares the revision every pod on its node names here.
+    template = builders.build_pod_template(target)["metadata"]
+    assert template["annotations"][contract.ANNOTATION_CACHE_REVISION] == DIGEST
+    plain = builders.build_pod_template(Target("m", "ns", _spec({"hostPath": {"path": "/models/m"}})))
+    assert contract.ANNOTATION_CACHE_REVISION not in plain["metadata"]["annotations"]
+
+
+def test_the_wait_which_sees_every_revision_runs_the_operators_image_not_the_tenants() -> None:
+    spec = parse_spec({"model": dict(HTTP), "pod": {"image": "tenant.example/own-worker:1"}})
+    target = Target(name="m", namespace="ns", spec=spec, cache=CacheRevision("/c", DIGEST),
+                    default_worker_image="warmpool.local/worker:trusted")
+    pod = builders.build_pod_template(target)["spec"]
+    (wait,) = pod["initContainers"]
+    assert wait["image"] == "warmpool.local/worker:trusted"
+    worker = pod["containers"][0]
+    assert worker["image"] == "tenant.example/own-worker:1"
+    # The tenant's container sees its own revision only.
+    assert [m.get("subPath") for m in worker["volumeMounts"] if m["name"] == "model"] == ["ab" * 32]
 
 
 def test_a_new_digest_rolls_the_pool_and_other_sources_are_unchanged() -> None:
-    a = builders.build_deployment(builders.Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))
-    b = builders.build_deployment(builders.Target("m", "ns", _spec(), CacheRevision("/c", OTHER)))
+    a = builders.build_deployment(Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))
+    b = builders.build_deployment(Target("m", "ns", _spec(), CacheRevision("/c", OTHER)))
     assert a["metadata"]["annotations"] != b["metadata"]["annotations"]  # the spec hash differs
-    plain = builders.build_pod_template(builders.Target("m", "ns", _spec({"hostPath": {"path": "/models/m"}})))
+    plain = builders.build_pod_template(Target("m", "ns", _spec({"hostPath": {"path": "/models/m"}})))
     assert "initContainers" not in plain["spec"] and "affinity" not in plain["spec"]
 
 
 def test_without_a_digest_the_builders_refuse_an_object_store_source() -> None:
     with pytest.raises(ValueError, match="digest is not known"):
-        builders.build_pod_template(builders.Target("m", "ns", _spec()))
+        builders.build_pod_template(Target("m", "ns", _spec()))
 
 
 def test_the_cache_root_must_be_an_allowed_host_path() -> None:
@@ -107,7 +126,7 @@ def test_fingerprint_is_stable_and_tells_sources_apart() -> None:
 def test_a_partial_start_mounts_the_whole_cache_and_runs_the_worker_on_the_partial_link() -> None:
     spec = parse_spec({"model": {**HTTP, "startOnPartialCache": True}})
     cache = CacheRevision("/var/lib/warmpool/cache", DIGEST, partial=True)
-    pod = builders.build_pod_template(builders.Target(name="m", namespace="ns", spec=spec, cache=cache))["spec"]
+    pod = builders.build_pod_template(Target(name="m", namespace="ns", spec=spec, cache=cache))["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "model")
     assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache"
     worker = pod["containers"][0]
@@ -120,7 +139,7 @@ def test_a_partial_start_mounts_the_whole_cache_and_runs_the_worker_on_the_parti
     assert wait["volumeMounts"] == [{"name": "model", "mountPath": contract.CACHE_ROOT_MOUNT_PATH, "readOnly": True}]
     assert host_paths.mounted_host_paths(spec, "/var/lib/warmpool/cache") == ("/var/lib/warmpool/cache",)
     # Without the field nothing changes: the published revision, no --partial-cache.
-    plain = builders.build_pod_template(builders.Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))
+    plain = builders.build_pod_template(Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))
     assert "--partial-cache" not in plain["spec"]["containers"][0]["args"]
 
 
@@ -132,7 +151,7 @@ def test_a_partial_start_mounts_the_whole_cache_and_runs_the_worker_on_the_parti
 def test_a_partial_start_is_refused_where_nothing_could_wait_for_the_bytes(
     model: dict[str, Any], engine: dict[str, Any] | None, wrong: str
 ) -> None:
-    from warmpool_operator.api import InvalidWarmModel
+    from warmpool_operator.api.types import InvalidWarmModel
 
     spec: dict[str, Any] = {"model": model}
     if engine is not None:

@@ -7,6 +7,7 @@ import base64
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from warmpool_nodecache import agent
@@ -149,3 +150,15 @@ def test_a_fence_that_refuses_stops_the_publish(model: Path, tmp_path: Path) -> 
         result = fill_revision(layout, source, options=FillOptions(fence=lambda: calls.append("ok")))
     assert result.filled_here and result.blocks_fetched == 0  # every block was kept from the fenced fill
     assert calls[-1] == "ok" and layout.revision(manifest.digest_hex).is_dir()
+
+
+def test_the_revisions_pods_mount_are_read_from_their_annotation() -> None:
+    a, b = "ab" * 32, "cd" * 32
+
+    def pod(value: object, phase: str = "Running") -> dict[str, Any]:
+        return {"metadata": {"annotations": {contract.ANNOTATION_CACHE_REVISION: value}}, "status": {"phase": phase}}
+
+    pods = [pod(f"sha256:{a}"), pod(f"sha256:{b}", phase="Pending"), pod(f"sha256:{a}"),
+            pod(f"sha256:{'ef' * 32}", phase="Succeeded"), pod(f"sha256:{'12' * 32}", phase="Failed"),
+            pod("sha256:../../etc"), pod(a), pod(7), {"metadata": {}}, {"status": {}}]
+    assert agent.mounted_revisions(pods) == {a, b}
