@@ -46,6 +46,37 @@ def _get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
+def _post(url: str, body: dict[str, Any], timeout: float = 60.0) -> tuple[int, bytes, dict[str, str]]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), dict(error.headers)
+
+
+def assert_the_sidecar_passes_requests_on(sidecar: SidecarProcess, engine: str, body: dict[str, Any]) -> None:
+    """A completion through the sidecar's port is the engine's own (greedy, so the same text), and
+    so is a streamed one; paths outside /v1/ are the sidecar's, never the engine's.
+
+    The prompt is sent once before the comparison: llama.cpp's server answers a prompt it has
+    cached (every later time) with logits a little off those of its first evaluation, enough
+    to flip a greedy near-tie (' Paris.\n- The' the first time, ' Paris.\n- The United' after)."""
+    assert _post(f"{engine}/v1/completions", body)[0] == 200
+    direct_status, direct, _ = _post(f"{engine}/v1/completions", body)
+    status, proxied, _ = _post(f"{sidecar.base}/v1/completions", body)
+    assert (status, direct_status) == (200, 200), (proxied, direct)
+    text = json.loads(proxied)["choices"][0]["text"]
+    assert text == json.loads(direct)["choices"][0]["text"] and text
+    status, streamed, headers = _post(f"{sidecar.base}/v1/completions", {**body, "stream": True})
+    assert status == 200 and headers.get("Content-Type", "").startswith("text/event-stream"), headers
+    events = [line.removeprefix(b"data: ") for line in streamed.splitlines() if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == text
+    assert _post(f"{sidecar.base}/health", body)[0] in (404, 405)  # not passed on: the engine's own /health
+
+
 def wait_for(what: str, check: Callable[[], bool], timeout: float, proc: subprocess.Popen[bytes] | None = None,
              log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
@@ -437,10 +468,14 @@ def test_against_the_builtin_worker_as_engine(sidecars: list[SidecarProcess], tm
         # the sidecar sized its prompts with the model's tokenizer.json: the worker took them all
         assert body["warmup"]["prefills"] == {"8": 1, "16": 1, "32": 1}
         assert body["engine"]["model"] == "tiny" and body["engine"]["max_context"] == 256
+        assert_the_sidecar_passes_requests_on(sidecar, url, {"prompt": "The sky is", "max_tokens": 6,
+                                                             "temperature": 0})
         worker.kill()  # a crash, not a shutdown
         worker.wait(10)
         body = sidecar.wait_stage("waiting_engine", timeout=20)
         assert body["engine"]["restarts"] == 1
+        status, answer, _ = _post(f"{sidecar.base}/v1/completions", {"prompt": "x", "max_tokens": 1})
+        assert status == 502 and "did not answer" in json.loads(answer)["error"]["message"], answer
         worker = start_worker()
         body = sidecar.wait_ready(timeout=120)
         assert body["warmup"]["prefills"] == {"8": 1, "16": 1, "32": 1}
@@ -502,6 +537,9 @@ def test_against_llama_cpp_server(sidecars: list[SidecarProcess], tmp_path: Path
               f"warm-up {body['warmup']['seconds']}s")
         assert body["engine"]["model"] == "smollm2"
         assert body["warmup"]["prefills"] == {"32": 1, "128": 1}
+        assert_the_sidecar_passes_requests_on(sidecar, f"http://{HOST}:{port}",
+                                              {"prompt": "The capital of France is", "max_tokens": 6,
+                                               "temperature": 0})
         assert sidecar.metric("warmpool_warmup_prefills_total", bucket="128") == 1
         # llama.cpp exports no vLLM KV gauge: the figure is absent (unknown), never 0
         assert not any(name == "warmpool_engine_memory_used_ratio" for name, _ in sidecar.samples())

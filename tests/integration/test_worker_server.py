@@ -465,7 +465,8 @@ LONG_PROMPT = list(range(20, 45))
 @pytest.fixture(scope="module")
 def long_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     """A model with a 4096-token context and no EOS: a completion runs to max_tokens, long enough
-    to hang up in the middle; at most one request may wait for the engine."""
+    to hang up in the middle; at most one request may wait for the engine, and its KV cache has
+    room for one long completion at a time (a second one waits in the queue for its blocks)."""
     from warmpool_dev.testing_models import make_tiny_llama
 
     model = make_tiny_llama(
@@ -473,8 +474,11 @@ def long_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
         max_position_embeddings=4096, with_eos=False,
     )
     log_path = tmp_path_factory.mktemp("logs") / "long-worker.log"
+    # 4 KiB of K/V per position (8 layers x K,V x 2 heads x 32 x fp32); one long completion
+    # reserves its prompt + max_tokens: 252 blocks of 16 positions, of the 300 the cache holds.
+    kv_cache_bytes = 300 * 16 * 4096
     handle = Worker(model, *FAST, "--max-queued-requests", "1", "--max-tokens-limit", str(LONG_MAX_TOKENS),
-                    log_path=log_path)
+                    "--kv-cache-bytes", str(kv_cache_bytes), log_path=log_path)
     try:
         handle.wait_for("ready", lambda: handle.readyz()[0] == 200, timeout=180)
         yield handle
@@ -598,24 +602,51 @@ def test_nan_checkpoint_never_ready_exits_naming_the_model(tmp_path: Path) -> No
     assert "'tiny-nan'" in log and "non-finite logits" in log and "model.layers.1.mlp.down_proj.weight" in log
 
 
-def test_nan_in_a_layer_loaded_later_is_a_5xx_and_unready(tmp_path: Path) -> None:
-    """Paused tier: warm-up loads no decoder layer, so the poisoned one is first used by a request."""
+def test_nan_checkpoint_at_the_paused_tier_never_ready(tmp_path: Path) -> None:
+    """Paused tier: the warm-up runs no prefill, yet a NaN checkpoint must not turn Ready (a rollout
+    under memory pressure would then retire the good pods): a one-token check prefill runs first."""
     from warmpool_dev.testing_models import make_tiny_llama
 
-    model = make_tiny_llama(tmp_path / "tiny-late-nan", layers=4, poison_layers=(3,))
+    model = make_tiny_llama(tmp_path / "tiny-paused-nan", layers=4, poison_layers=(3,))
     # a 1 MiB "capacity" is far below the worker's own usage: paused from the first reading
+    handle = Worker(model, *FAST, "--memory-capacity-bytes", str(1 << 20), log_path=tmp_path / "worker.log")
+    try:
+        seen = _watch_until_exit(handle, 120)
+        assert handle.proc.poll() is not None, "worker did not exit"
+    finally:
+        code = handle.stop()
+    assert code != 0
+    assert all(200 not in pair for pair in seen), seen
+    log = handle.whole_log()
+    assert "warm-up plan at tier paused" in log and "one-token check prefill" in log
+    assert "'tiny-paused-nan'" in log and "non-finite logits" in log and "model.layers.3.mlp.down_proj.weight" in log
+
+
+#: A token whose embedding row holds a NaN: only a prompt holding it meets non-finite logits
+#: (the readiness check's token, the first of "Hello", is another).
+POISON_TOKEN = 100
+
+
+def test_nan_met_by_a_request_later_is_a_5xx_and_unready(tmp_path: Path) -> None:
+    """Logits that turn NaN only for some input pass the check before ready; the request that
+    meets them gets a 500 naming the model, and the worker turns unready for good."""
+    from warmpool_dev.testing_models import make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "tiny-late-nan", layers=4, poison_tokens=(POISON_TOKEN,))
     handle = Worker(model, *FAST, "--memory-capacity-bytes", str(1 << 20), log_path=tmp_path / "worker.log")
     try:
         handle.wait_for("ready", lambda: handle.readyz()[0] == 200, timeout=180)
         body = handle.readyz()[1]
-        assert body["tier"] == "paused" and body["layers_resident"] == 0  # nothing touched the poison yet
+        assert body["tier"] == "paused" and body["layers_resident"] == 4  # the check prefill passed them all
         assert handle.request("GET", "/health")[0] == 200
         status, answer = handle.json("POST", "/v1/completions", {"prompt": "hello", "max_tokens": 3})
+        assert status == 200, answer  # a prompt without the poisoned token is served
+        status, answer = handle.json("POST", "/v1/completions", {"prompt": [5, POISON_TOKEN, 7], "max_tokens": 3})
         assert status == 500, answer
         assert "'tiny-late-nan'" in answer["error"]["message"] and "non-finite" in answer["error"]["message"]
         status, body = handle.readyz()
         assert status == 503 and body["stage"] == "unhealthy"
-        assert "model.layers.3.mlp.down_proj.weight" in body["error"]
+        assert "model.embed_tokens.weight" in body["error"]
         assert handle.request("GET", "/health")[0] == 503
         status, _ = handle.json("POST", "/v1/completions", {"prompt": "again", "max_tokens": 3})
         assert status == 503  # refused up front from now on

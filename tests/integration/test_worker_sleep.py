@@ -1,4 +1,4 @@
-"""Engine sleep on the built-in worker (#15), as a real subprocess with real checkpoints.
+"""Engine sleep on the built-in worker, as a real subprocess with real checkpoints.
 
 The memory a sleep releases is the worker's own measurement (``warmpool_sleep_released_bytes``,
 from the process's VmRSS) cross-checked against /proc from outside; no timing is asserted.
@@ -7,12 +7,15 @@ Every wait is bounded; only 127.0.0.1 is addressed.
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_worker_server import FAST, Worker
+from tests.integration.test_worker_server import FAST, HangUpClient, Worker
 
 pytestmark = pytest.mark.integration
 
@@ -164,3 +167,93 @@ def test_vllm_dev_mode_sleep_api(fp32_worker: Worker) -> None:
 def test_vllm_dev_mode_api_is_off_by_default(fp16_worker: Worker) -> None:
     assert fp16_worker.request("POST", "/sleep?level=1")[0] == 404
     assert fp16_worker.request("GET", "/is_sleeping")[0] == 404
+
+
+# -- sleep never overlaps generation ------------------------------------------------------------
+
+RACE_PROMPT = "Once upon a time"
+RACE_REQUESTS = 6
+
+
+@pytest.fixture(scope="module")
+def race_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    """A model with no EOS and a long context: one streaming completion keeps the engine busy
+    for as long as the test holds it."""
+    from warmpool_dev.testing_models import make_tiny_llama
+
+    tmp = tmp_path_factory.mktemp("race")
+    model = make_tiny_llama(tmp / "model", layers=8, hidden=128, intermediate=512, max_position_embeddings=4096,
+                            with_eos=False)
+    worker = _start(model, tmp, "--max-tokens-limit", "4000")
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+def test_sleep_asked_while_requests_wait_never_runs_one_on_a_sleeping_engine(race_worker: Worker) -> None:
+    """Requests that passed their "asleep?" check while the engine was busy, then a sleep: each
+    request runs awake (before the sleep, or after a wake), never on the sleeping engine.
+
+    Driven through the real handlers: a long streaming completion holds the engine, six more
+    completions and then POST /control/sleep arrive, the long one hangs up.  Whatever order the
+    engine takes them in, the end state is consistent (asleep with no weight resident, or
+    awake), and every completion gets the greedy text it gets alone.
+    """
+    worker = race_worker
+    request = {"prompt": RACE_PROMPT, "max_tokens": 4, "temperature": 0}
+    status, alone = worker.json("POST", "/v1/completions", request)
+    assert status == 200, alone
+    expected = alone["choices"][0]["text"]
+
+    arrived = worker.metrics()[("warmpool_requests_total", ())]
+    holder = HangUpClient(worker.port, {"prompt": list(range(20, 45)), "max_tokens": 4000, "temperature": 0,
+                                        "stream": True})
+    answers: list[tuple[int, object]] = []
+    slept: list[tuple[int, object]] = []
+
+    def complete() -> None:
+        answers.append(worker.json("POST", "/v1/completions", request))
+
+    def sleep() -> None:
+        slept.append(worker.json("POST", "/control/sleep", {"level": 1}, headers=AUTH))
+
+    threads = [threading.Thread(target=complete) for _ in range(RACE_REQUESTS)]
+    try:
+        holder.read_until(b"data: ")  # the engine is generating for it
+        for thread in threads:
+            thread.start()
+        worker.wait_for("the completions' arrival (each checks 'asleep?' first)",
+                        lambda: worker.metrics()[("warmpool_requests_total", ())] >= arrived + 1 + RACE_REQUESTS,
+                        timeout=60)
+        sleeper = threading.Thread(target=sleep)
+        sleeper.start()
+        threads.append(sleeper)
+        # the sleep reaches the engine's side (a thread waiting for its turn) before the holder lets go
+        time.sleep(1.0)
+    finally:
+        holder.hang_up()
+    for thread in threads:
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "a request did not finish within 120 s"
+
+    assert [status for status, _ in answers] == [200] * RACE_REQUESTS, answers
+    assert all(json.dumps(body).count(json.dumps(expected)) for _, body in answers), (expected, answers)
+    assert len(slept) == 1 and slept[0][0] in (200, 409), slept
+    status, ready = worker.readyz()
+    assert status == 200
+    # The invariant the race broke: an engine that says it sleeps holds no weight.
+    if ready["sleep"]["sleeping"]:
+        assert ready["layers_resident"] == 0, ready
+    metrics = worker.metrics()
+    if metrics[("warmpool_sleep_level", ())] > 0:
+        assert metrics[("warmpool_layers_resident", ())] == 0, metrics
+    # and it is back to serving: a completion wakes it if it sleeps, with the same text
+    assert _complete_text(worker, request) == expected
+
+
+def _complete_text(worker: Worker, request: dict[str, object]) -> str:
+    status, body = worker.json("POST", "/v1/completions", request)
+    assert status == 200, body
+    text: str = body["choices"][0]["text"]
+    return text

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from warmpool_operator import builders
-from warmpool_operator.api import parse_spec
-from warmpool_operator.builders import Target
+from warmpool_operator.api.types import parse_spec
+from warmpool_operator.model import Target
+from warmpool_operator.rules import builders
 from warmpool_worker.config import ServeConfig
 from warmpool_worker.engine_api import GraphCapture
 from warmpool_worker.runtime import WorkerRuntime

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 from warmpool_worker.memory import (
+    CGROUP_V1_UNLIMITED,
     ChainProbe,
     ConfiguredCapacityProbe,
     MemoryReading,
     NvmlProbe,
     cgroup_reading,
+    cgroup_v1_reading,
     make_probe,
     meminfo_reading,
     process_tree,
@@ -65,6 +67,36 @@ def test_cgroup_limited(tmp_path: Path) -> None:
 def test_cgroup_unlimited_falls_through(tmp_path: Path) -> None:
     _cgroup(tmp_path, "800\n", "max\n")
     assert cgroup_reading(tmp_path, tmp_path / "none") is None
+
+
+def _cgroup_v1(root: Path, usage: int, limit: int, inactive_file: int = 0) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    (root / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    (root / "memory.stat").write_text(f"cache 5\nrss 1\ntotal_inactive_file {inactive_file}\ntotal_active_file 3\n")
+
+
+def test_cgroup_v1_limited_as_a_container_sees_it(tmp_path: Path) -> None:
+    """Inside a container on a cgroup v1 node: /proc/self/cgroup names the host's path, and the
+    container's own memory cgroup is mounted at the hierarchy's root."""
+    _cgroup_v1(tmp_path, usage=800, limit=1000, inactive_file=100)
+    proc_cgroup = tmp_path / "self-cgroup"
+    proc_cgroup.write_text("12:pids:/kubepods/pod1/c1\n5:memory:/kubepods/pod1/c1\n1:name=systemd:/x\n")
+    assert cgroup_v1_reading(tmp_path, proc_cgroup) == MemoryReading(700, 1000, "cgroup")
+
+
+def test_cgroup_v1_of_a_process_on_the_host(tmp_path: Path) -> None:
+    _cgroup_v1(tmp_path / "kubepods" / "pod1", usage=600, limit=1000)
+    _cgroup_v1(tmp_path, usage=5000, limit=CGROUP_V1_UNLIMITED * 8)  # the root: unlimited
+    proc_cgroup = tmp_path / "self-cgroup"
+    proc_cgroup.write_text("4:memory:/kubepods/pod1\n")
+    assert cgroup_v1_reading(tmp_path, proc_cgroup) == MemoryReading(600, 1000, "cgroup")
+
+
+def test_cgroup_v1_unlimited_falls_through(tmp_path: Path) -> None:
+    _cgroup_v1(tmp_path, usage=800, limit=9223372036854771712)  # v1's "no limit"
+    assert cgroup_v1_reading(tmp_path, tmp_path / "none") is None
+    assert cgroup_v1_reading(tmp_path / "nothing", tmp_path / "none") is None
 
 
 def test_cgroup_absent(tmp_path: Path) -> None:

@@ -114,8 +114,11 @@ def test_the_sidecar_exports_the_engines_figures_under_warmpools_names_and_nothi
 
 def test_the_builtin_worker_observes_tokens_per_request_at_the_contracts_edges() -> None:
     metrics = WorkerMetrics()
-    metrics.request_served(prompt_tokens=1469, generated_tokens=7, busy_seconds=0.25)
-    metrics.request_served(prompt_tokens=20, generated_tokens=0, busy_seconds=-1.0)  # a clock step never subtracts
+    metrics.request_served(prompt_tokens=1469, generated_tokens=7)
+    metrics.request_served(prompt_tokens=20, generated_tokens=0)
+    # engine-busy time comes from the batch's steps, once per step whatever its size
+    metrics.engine_step(0.25, 7)
+    metrics.engine_step(-1.0, 0)  # a clock step never subtracts
     samples = _samples(metrics.render().decode())
     prompt = contract.METRIC_REQUEST_PROMPT_TOKENS
     les = [dict(labels)["le"] for name, labels in samples if name == prompt + "_bucket"]

@@ -521,6 +521,11 @@ class Checkpoint:
                     "its mapped pages can no longer be trusted: replace weights by rename, never "
                     "in place, and restart the worker")
 
+    def descriptors(self) -> dict[Path, int]:
+        """The read-only descriptor of each weight file, held open since validation (the
+        worker takes its read leases on these: `weight_leases`)."""
+        return dict(self._fds)
+
     @property
     def files(self) -> list[Path]:
         return [h.path for h in self.headers]

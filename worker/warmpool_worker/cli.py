@@ -24,15 +24,19 @@ from warmpool_worker.defaults import (
     DEFAULT_ENGINE_METRICS_PATH,
     DEFAULT_GUARD_INTERVAL_S,
     DEFAULT_HOST,
+    DEFAULT_KV_CACHE_BYTES,
     DEFAULT_LOST_AFTER,
+    DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_QUEUED_REQUESTS,
     DEFAULT_MAX_TOKENS_LIMIT,
     DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PREFILL_CHUNK_TOKENS,
     DEFAULT_PROBE_TIMEOUT_S,
     DEFAULT_PROMPTS_PER_BUCKET,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_BACKOFF_S,
+    DEFAULT_SLEEP_DRAIN_TIMEOUT_S,
     DEFAULT_WAKE_TIMEOUT_S,
 )
 
@@ -150,8 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-queued-requests",
         type=int,
         default=DEFAULT_MAX_QUEUED_REQUESTS,
-        help="requests that may wait for the engine; beyond it a request gets 429 + Retry-After",
+        help="requests that may wait for room in the running batch; beyond it a request gets 429 + Retry-After",
     )
+    serve.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                       help="requests the engine runs together at most (continuous batching)")
+    serve.add_argument("--kv-cache-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
+                       help="KV-cache bytes the running batch may hold; a request joins once the blocks for "
+                            "its prompt + max_tokens are free")
+    serve.add_argument("--prefill-chunk-tokens", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS,
+                       help="prompt tokens prefilled per batch step (a long prompt stalls running decodes by "
+                            "one chunk at most)")
     serve.add_argument(
         "--max-tokens-limit",
         type=int,
@@ -160,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--wake-timeout", type=float, default=DEFAULT_WAKE_TIMEOUT_S,
                        help="seconds a completion waits for a sleeping engine to wake (then 503)")
+    serve.add_argument("--sleep-drain-timeout", type=float, default=DEFAULT_SLEEP_DRAIN_TIMEOUT_S,
+                       help="seconds a sleep waits for the running batch to drain (then 409, still awake)")
     serve.add_argument("--vllm-sleep-api", action="store_true",
                        help="also serve vLLM's unauthenticated dev-mode /sleep, /wake_up, /is_sleeping")
     serve.add_argument(
@@ -341,8 +355,11 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         listen=_listen(args),
         guard=_guard(args),
         warmup=_warmup(args),
-        limits=ServingLimits(max_queued_requests=args.max_queued_requests, max_tokens_limit=args.max_tokens_limit),
-        sleep=SleepConfig(wake_timeout_s=args.wake_timeout, vllm_sleep_api=args.vllm_sleep_api),
+        limits=ServingLimits(max_queued_requests=args.max_queued_requests, max_tokens_limit=args.max_tokens_limit,
+                             max_batch_size=args.max_batch_size, kv_cache_bytes=args.kv_cache_bytes,
+                             prefill_chunk_tokens=args.prefill_chunk_tokens),
+        sleep=SleepConfig(wake_timeout_s=args.wake_timeout, vllm_sleep_api=args.vllm_sleep_api,
+                          drain_timeout_s=args.sleep_drain_timeout),
         tracing=_tracing(),
     )
 

@@ -4,15 +4,17 @@
   ``temperature``, ``stream`` (server-sent events ``data: {...}`` then ``data: [DONE]``).
 * ``GET /v1/models``: the one model this worker serves, and whether it is ready.
 
-Engine calls run in threads (torch releases the GIL), so probes and metrics answer while a
-model loads or warms; one lock serialises engine work (generation and warm-up steps).
+Generation runs on the engine's batch (`batch_scheduler`): every request in flight shares
+one running batch, joining and leaving it at token boundaries; the engine works in its own
+thread (torch releases the GIL), so probes and metrics answer while it loads, warms or
+serves; tokenisation runs in a few threads beside it.
 
 Request lifecycle (`config.ServingLimits`): at most ``max_queued_requests`` requests wait for
-the engine, a request beyond that is a 429 with ``Retry-After``; ``max_tokens`` above
+the batch to have room, a request beyond that is a 429 with ``Retry-After``; ``max_tokens`` above
 ``max_tokens_limit`` is a 400 naming the field (what an OpenAI-compatible server answers, so a
 client learns its request was not served as asked, instead of a silently shorter completion).
-A client that disconnects cancels its generation before the next decode step (aiohttp's
-handler cancellation, plus a cancel flag the generating thread checks between steps); that is
+A client that disconnects cancels its generation before the next batch step (aiohttp's
+handler cancellation, plus a cancel flag the batch's thread reads before every step); that is
 counted and logged at INFO, never as a 500.  Logits holding NaN/Inf fail the request with a
 500 and turn the worker unready for good (stage ``unhealthy``, the reason on /readyz).  The
 weights changing under the mapping is a 503 and stage ``failed`` (the runtime then exits for
@@ -34,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from warmpool_worker.batch_scheduler import BatchJob, BatchScheduler, SchedulerStopped
+from warmpool_worker.completion_request import CompletionRequest, parse_completion
 from warmpool_worker.config import ServingLimits
 from warmpool_worker.engine_api import (
     Engine,
@@ -50,11 +54,8 @@ from warmpool.contract import STAGE_FAILED, STAGE_UNHEALTHY
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 16
-MAX_TEMPERATURE = 2.0
-#: Threads for engine work: requests beyond this wait in the executor's queue (the lock
-#: serialises the engine anyway; a few threads let tokenisation overlap).
-ENGINE_THREADS = 4
+#: Threads that tokenise prompts (the engine itself runs on the batch's own thread).
+TOKENIZER_THREADS = 4
 #: Seconds a client told 429 should wait before retrying (HTTP's Retry-After is whole seconds).
 RETRY_AFTER_SECONDS = 1
 REJECT_QUEUE_FULL = "queue_full"
@@ -67,16 +68,28 @@ class _Generation:
     cancel: threading.Event = field(default_factory=threading.Event)
     steps: int = 0  # tokens generated so far (engine thread)
     steps_at_disconnect: int | None = None  # `steps` when the client was seen gone (loop)
-    queued: bool = True  # admitted, not yet holding the engine
+    queued: bool = True  # admitted, not yet in the running batch
+    ran: bool = False  # it joined the batch (the engine worked for it)
+    accounted: bool = False  # its disconnect was counted and logged
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def disconnected(self) -> None:
         if self.steps_at_disconnect is None:
             self.steps_at_disconnect = self.steps
         self.cancel.set()
 
+    def take_disconnect(self) -> tuple[int, int] | None:
+        """(tokens before the disconnect, steps run after it), once: the handler and the batch's
+        end of the request both ask, whichever comes last with the client gone counts it."""
+        with self._lock:
+            if self.steps_at_disconnect is None or self.accounted:
+                return None
+            self.accounted = True
+            return self.steps_at_disconnect, self.steps - self.steps_at_disconnect
+
 
 class RequestQueue:
-    """Requests admitted and waiting for the engine, bounded: over the bound, refuse at once."""
+    """Requests admitted and waiting for the batch, bounded: over the bound, refuse at once."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -91,73 +104,12 @@ class RequestQueue:
             return True
 
     def leave(self, generation: _Generation) -> int:
-        """This request stopped waiting (it got the engine, or ended first); idempotent."""
+        """This request stopped waiting (it joined the batch, or ended first); idempotent."""
         with self._lock:
             if generation.queued:
                 generation.queued = False
                 self.waiting -= 1
             return self.waiting
-
-
-@dataclass(frozen=True)
-class CompletionRequest:
-    prompt_ids: list[int] | None
-    prompt_text: str | None
-    max_tokens: int
-    temperature: float
-    stream: bool
-
-
-def _parse_completion(body: object, model_name: str) -> CompletionRequest:
-    if not isinstance(body, dict):
-        raise BadRequest(400, "request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != model_name:
-        raise BadRequest(
-            404, f"unknown model {model!r}; this worker serves {model_name!r}", "model_not_found", "model"
-        )
-    prompt = body.get("prompt")
-    # OpenAI allows a batch (a list of prompts); accept a batch of one, refuse more clearly
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    prompt_ids: list[int] | None = None
-    prompt_text: str | None = None
-    if isinstance(prompt, str):
-        if not prompt:
-            raise BadRequest(400, "prompt is empty", param="prompt")
-        prompt_text = prompt
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not prompt:
-            raise BadRequest(400, "prompt is empty", param="prompt")
-        if any(t < 0 for t in prompt):
-            raise BadRequest(400, "prompt token ids must be non-negative", param="prompt")
-        prompt_ids = list(prompt)
-    elif isinstance(prompt, list):
-        raise BadRequest(
-            400, "batched prompts are not supported: send one prompt per request", param="prompt"
-        )
-    else:
-        raise BadRequest(400, "prompt must be a string or a list of token ids", param="prompt")
-    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise BadRequest(
-            400, f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens"
-        )
-    temperature = body.get("temperature", 1.0)
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, int | float)
-        or not 0 <= temperature <= MAX_TEMPERATURE
-    ):
-        raise BadRequest(
-            400,
-            f"temperature must be a number within 0..{MAX_TEMPERATURE:g}, got {temperature!r}",
-            param="temperature",
-        )
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest(400, "stream must be true or false", param="stream")
-    return CompletionRequest(prompt_ids, prompt_text, max_tokens, float(temperature), stream)
 
 
 _DONE = object()
@@ -170,18 +122,18 @@ class CompletionsApi:
         self,
         status: WorkerStatus,
         metrics: WorkerMetrics,
-        engine_lock: threading.Lock,
+        scheduler: BatchScheduler,
         limits: ServingLimits,
         wake: Callable[[Engine], Awaitable[None]] | None = None,
     ) -> None:
         self.status = status
         self.metrics = metrics
-        self.engine_lock = engine_lock
+        self.scheduler = scheduler
         self.limits = limits
         #: Wakes a sleeping engine and waits (bounded) before a completion uses it.
         self.wake = wake
         self.queue = RequestQueue(limits.max_queued_requests)
-        self.executor = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="engine")
+        self.executor = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
 
     def mount(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -197,6 +149,10 @@ class CompletionsApi:
             raise BadRequest(503, f"model not loaded yet (stage {self.status.stage})", "unavailable")
         if self.status.unhealthy:
             raise BadRequest(503, f"worker unhealthy: {self.status.error}", "unavailable")
+        if self.status.stage == STAGE_FAILED:
+            raise BadRequest(503, f"worker failed, restarting: {self.status.error}", "unavailable")
+        if not self.scheduler.attached:
+            raise BadRequest(503, f"model not loaded yet (stage {self.status.stage})", "unavailable")
         return engine
 
     async def models(self, _request: web.Request) -> web.Response:
@@ -232,19 +188,21 @@ class CompletionsApi:
         except UnicodeDecodeError:
             raise BadRequest(400, "malformed JSON body: not UTF-8") from None
         engine = self._engine()
-        parsed = _parse_completion(body, engine.model_name)
+        parsed = parse_completion(body, engine.model_name)
         generation = self._admit()
-        producer: asyncio.Future[None] | None = None
+        ended: asyncio.Event | None = None
         ident = f"cmpl-{uuid.uuid4().hex[:24]}"
         try:
             if self.wake is not None:  # a sleeping engine wakes first; TTFT includes the wake
                 await self.wake(engine)
             prompt_ids = await self._prompt_ids(engine, parsed)
             steps: asyncio.Queue[object] = asyncio.Queue()
-            loop = asyncio.get_running_loop()
-            producer = loop.run_in_executor(
-                self.executor, self._produce, engine, prompt_ids, parsed, steps, loop, generation
-            )
+            job_ended = asyncio.Event()
+            try:
+                self.scheduler.submit(self._job(ident, prompt_ids, parsed, steps, generation, job_ended))
+            except RequestError as error:
+                raise BadRequest(400, str(error)) from None
+            ended = job_ended
             first = await steps.get()
             if isinstance(first, BaseException):
                 raise _answer_for(first)
@@ -259,20 +217,23 @@ class CompletionsApi:
             raise
         finally:
             generation.cancel.set()  # whatever ended the handler, the engine stops at the next step
-            if producer is None:
+            if ended is None:
                 self.metrics.set_queued(self.queue.leave(generation))
-            else:
+            else:  # the batch lets go of it before the next step: wait for that (a second
+                # cancellation may cut the wait short; the batch's end of the request counts it then)
                 with contextlib.suppress(Exception):
-                    await producer
-            if generation.steps_at_disconnect is not None:
-                after = generation.steps - generation.steps_at_disconnect
-                self.metrics.request_cancelled(after)
-                log.info(
-                    "%s: client disconnected after %d token(s); generation stopped %d step(s) later",
-                    ident,
-                    generation.steps_at_disconnect,
-                    after,
-                )
+                    await ended.wait()
+            if ended is None or ended.is_set():
+                self._count_disconnect(ident, generation)
+
+    def _count_disconnect(self, ident: str, generation: _Generation) -> None:
+        counted = generation.take_disconnect()
+        if counted is None:
+            return
+        before, after = counted
+        self.metrics.request_cancelled(after)
+        log.info("%s: client disconnected after %d token(s); generation stopped %d step(s) later",
+                 ident, before, after)
 
     def _admit(self) -> _Generation:
         """A place in the bounded queue of requests waiting for the engine, or a 429."""
@@ -326,59 +287,50 @@ class CompletionsApi:
         self.metrics.set_ready(False)
         log.error("%s; the worker is unready from now on (a restart re-runs the warm-up check)", error)
 
-    def _produce(
+    def _job(
         self,
-        engine: Engine,
+        ident: str,
         prompt_ids: Sequence[int],
         parsed: CompletionRequest,
         steps: asyncio.Queue[object],
-        loop: asyncio.AbstractEventLoop,
         generation: _Generation,
-    ) -> None:
-        """Generate under the engine lock, handing each step to the event loop.
+        ended: asyncio.Event,
+    ) -> BatchJob:
+        """The request as the batch runs it: its callbacks (on the batch's thread) hand each
+        step to the event loop, and account for the request once it ends."""
+        loop = asyncio.get_running_loop()
 
-        The cancel flag is read before every step is asked for, so a client gone while a
-        step runs costs that one step and no more (and a request that never got the engine
-        costs none).
-        """
+        def to_loop(callback: Callable[..., object], *args: object) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(callback, *args)
 
-        def put(item: object) -> None:
-            loop.call_soon_threadsafe(steps.put_nowait, item)
+        def admitted() -> None:
+            generation.ran = True
+            self.metrics.set_queued(self.queue.leave(generation))
 
-        try:
-            with self.engine_lock:
-                self.metrics.set_queued(self.queue.leave(generation))
-                if generation.cancel.is_set():
-                    return
-                busy_from = time.monotonic()
-                generator = engine.generate(prompt_ids, parsed.max_tokens, parsed.temperature)
-                try:
-                    for step in generator:
-                        generation.steps += 1
-                        self.metrics.token_generated()
-                        put(step)
-                        if generation.cancel.is_set() or step.finished:
-                            break
-                finally:
-                    close = getattr(generator, "close", None)
-                    if close is not None:
-                        close()
-                    # what the engine did for this request, failed or cut short included
-                    self.metrics.request_served(len(prompt_ids), generation.steps, time.monotonic() - busy_from)
-        except BaseException as error:  # delivered to the handler, which answers for it
+        def step(item: GenerationStep) -> None:
+            generation.steps += 1
+            self.metrics.token_generated()
+            to_loop(steps.put_nowait, item)
+
+        def end(error: BaseException | None) -> None:
+            self.metrics.set_queued(self.queue.leave(generation))
+            if generation.ran:  # what the engine did for this request, failed or cut short included
+                self.metrics.request_served(len(prompt_ids), generation.steps)
             if isinstance(error, NonFiniteLogitsError):
                 self._mark_unhealthy(error)
-            if isinstance(error, WeightsChangedError):
+            elif isinstance(error, WeightsChangedError):
                 # The files under the mapping changed in place: unready now; the runtime sees
                 # STAGE_FAILED and exits non-zero for a restart (which maps the new files).
                 log.error("weights changed under the live worker, turning unready: %s", error)
                 self.status.stage = STAGE_FAILED
                 self.status.error = str(error)
-            put(error)
-            return
-        finally:
-            self.metrics.set_queued(self.queue.leave(generation))
-        put(_DONE)
+            to_loop(steps.put_nowait, _DONE if error is None else error)
+            to_loop(ended.set)
+            self._count_disconnect(ident, generation)
+
+        return BatchJob(list(prompt_ids), parsed.max_tokens, parsed.temperature, generation.cancel,
+                        admitted, step, end)
 
     @staticmethod
     def _chunk(ident: str, created: int, model: str, text: str, finish: str | None) -> dict[str, Any]:
@@ -476,7 +428,7 @@ def _answer_for(error: BaseException) -> BaseException:
     while the worker cannot serve, a 500 naming the model for non-finite logits."""
     if isinstance(error, RequestError):
         return BadRequest(400, str(error))
-    if isinstance(error, WeightsChangedError):
+    if isinstance(error, WeightsChangedError | SchedulerStopped):
         return BadRequest(503, str(error), "unavailable")
     if isinstance(error, NonFiniteLogitsError):
         return BadRequest(500, f"{error}; the worker is now unready", "non_finite_logits")

@@ -26,15 +26,19 @@ from warmpool_worker.defaults import (
     DEFAULT_ENGINE_METRICS_PATH,
     DEFAULT_GUARD_INTERVAL_S,
     DEFAULT_HOST,
+    DEFAULT_KV_CACHE_BYTES,
     DEFAULT_LOST_AFTER,
+    DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_QUEUED_REQUESTS,
     DEFAULT_MAX_TOKENS_LIMIT,
     DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PREFILL_CHUNK_TOKENS,
     DEFAULT_PROBE_TIMEOUT_S,
     DEFAULT_PROMPTS_PER_BUCKET,
     DEFAULT_REQUEST_TIMEOUT_S,
     DEFAULT_RETRIES,
     DEFAULT_RETRY_BACKOFF_S,
+    DEFAULT_SLEEP_DRAIN_TIMEOUT_S,
     DEFAULT_WAKE_TIMEOUT_S,
 )
 from warmpool_worker.device import valid_device
@@ -173,29 +177,39 @@ class WarmupConfig:
 
 @dataclass(frozen=True)
 class ServingLimits:
-    """Bounds of the request path (`--max-queued-requests`, `--max-tokens-limit`)."""
+    """Bounds of the request path and of the engine's running batch (`--max-queued-requests`,
+    `--max-tokens-limit`, `--max-batch-size`, `--kv-cache-bytes`, `--prefill-chunk-tokens`)."""
 
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         _positive_int(self.max_queued_requests, "--max-queued-requests")
         _positive_int(self.max_tokens_limit, "--max-tokens-limit")
+        _positive_int(self.max_batch_size, "--max-batch-size")
+        _positive_int(self.kv_cache_bytes, "--kv-cache-bytes")
+        _positive_int(self.prefill_chunk_tokens, "--prefill-chunk-tokens")
 
 
 @dataclass(frozen=True)
 class SleepConfig:
-    """Engine sleep (#15): how long a completion waits for a sleeping engine to wake
+    """Engine sleep: how long a completion waits for a sleeping engine to wake
     (`--wake-timeout`), and whether vLLM's unauthenticated dev-mode sleep API is served too
     (`--vllm-sleep-api`, off by default: it is what VLLM_SERVER_DEV_MODE=1 turns on in vLLM,
     for standing in as a vLLM engine behind the sidecar)."""
 
     wake_timeout_s: float = DEFAULT_WAKE_TIMEOUT_S
     vllm_sleep_api: bool = False
+    #: How long a sleep waits for the running batch to drain before it is refused (409).
+    drain_timeout_s: float = DEFAULT_SLEEP_DRAIN_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if isinstance(self.wake_timeout_s, bool) or not self.wake_timeout_s > 0:
             raise ConfigError("--wake-timeout", f"must be a positive number of seconds, got {self.wake_timeout_s!r}")
+        _non_negative_seconds(self.drain_timeout_s, "--sleep-drain-timeout")
 
 
 def _check_device(device: str) -> None:

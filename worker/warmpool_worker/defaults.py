@@ -35,3 +35,18 @@ DEFAULT_PROBE_TIMEOUT_S = 2.0
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
 DEFAULT_RETRIES = 3
 DEFAULT_RETRY_BACKOFF_S = 0.5
+
+# -- serve: the batch the built-in engine runs -------------------------------------------
+#: Bytes of KV cache the running batch may hold (blocks reserved for each admitted request's
+#: prompt and max_tokens): what bounds how many requests run at once, with --max-batch-size.
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+#: Requests the engine runs in one batch at most (the rest wait in the bounded queue).
+DEFAULT_MAX_BATCH_SIZE = 16
+#: Prompt tokens one batch step may prefill: a long prompt delays the decodes beside it by at
+#: most one chunk per step.
+DEFAULT_PREFILL_CHUNK_TOKENS = 64
+#: The prompt of the check prefill before ready when the warm-up ran none (a NaN checkpoint
+#: must never turn Ready, even at the paused tier); its first token only.
+READINESS_CHECK_PROMPT = "Hello"
+#: Seconds a sleep waits for the batch to drain before it is refused.
+DEFAULT_SLEEP_DRAIN_TIMEOUT_S = 60.0

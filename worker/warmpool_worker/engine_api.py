@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 #: progress callback: (layers resident, layers total, index of the layer just loaded)
 LayerProgress = Callable[[int, int, int], None]
@@ -123,6 +123,44 @@ class KVCacheStats(Protocol):
         """Token slots (rows x positions) allocated now for live generations; grows with the
         tokens generated, never sized up front for ``max_tokens``."""
         ...
+
+
+@dataclass(frozen=True)
+class KVBlockStats:
+    """The KV blocks the batch shares: all of them, those holding K/V now (used), those
+    promised to admitted requests (reserved, >= used), and those a new request may still
+    reserve (free = total - reserved)."""
+
+    total: int
+    used: int
+    reserved: int
+    free: int
+    block_tokens: int
+
+
+@runtime_checkable
+class BatchingEngine(Protocol):
+    """An engine that runs many generations in one batch, joining and leaving at token
+    boundaries (the built-in engine).  One thread drives it (`batch_scheduler`): it opens a
+    sequence per request, reserves its KV blocks, steps the running ones together and closes
+    each when it ends.  A sequence is opaque here; the engine's own type carries its state."""
+
+    def open_sequence(self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0) -> Any:
+        """A sequence ready to join the batch (nothing computed, nothing reserved); RequestError
+        if the engine cannot serve it.  It has ``blocks_needed``, ``finished`` and ``lease``
+        (``try_reserve(blocks) -> bool``)."""
+        ...
+
+    def step(self, sequences: Sequence[Any]) -> Sequence[Any]:
+        """Advance these sequences by one step together: an outcome per sequence that took
+        part (``sequence``, ``step``: a GenerationStep or None mid-prefill, ``error``)."""
+        ...
+
+    def close_sequence(self, sequence: Any) -> None:
+        """Give back its KV blocks; idempotent."""
+        ...
+
+    def kv_blocks(self) -> KVBlockStats: ...
 
 
 @runtime_checkable

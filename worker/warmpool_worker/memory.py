@@ -6,8 +6,11 @@ Chain, first that answers wins (each reading names its source):
    which is what a co-located pod's warm-up competes with.
 2. ``torch_cuda``: ``torch.cuda.mem_get_info`` (free/total), only when torch is already
    imported and CUDA is available (we never import torch just to probe).
-3. ``cgroup``: cgroup v2 ``memory.current`` minus inactive file pages (the kubelet's
-   "working set") over ``memory.max``; ``max`` means unlimited, so fall through.
+3. ``cgroup``: the container's cgroup, v2 ``memory.current`` (v1 ``memory.usage_in_bytes``)
+   minus inactive file pages (the kubelet's "working set") over ``memory.max`` (v1
+   ``memory.limit_in_bytes``); unlimited (v2 ``max``, v1 a page-rounded maximum) falls through.
+   Without v1, a container with a memory limit on a cgroup v1 node would judge its tier by
+   the whole host's memory (meminfo), not by its own limit.
 4. ``meminfo``: ``/proc/meminfo`` MemTotal - MemAvailable over MemTotal.
 
 On a CPU device the GPU probes are skipped (host memory *is* the accelerator then).
@@ -142,6 +145,51 @@ def cgroup_reading(
     return None
 
 
+# -- cgroup v1 ----------------------------------------------------------------------------
+#: cgroup v1 says "no limit" with the largest page-aligned int64 (2**63 rounded down to a page);
+#: anything at or above a pebibyte is taken for unlimited.
+CGROUP_V1_UNLIMITED = 1 << 50
+
+
+def _own_cgroup_v1_dirs(root: Path, proc_cgroup: Path) -> list[Path]:
+    """This process's v1 memory cgroup (then the hierarchy's mount root: inside a container runc
+    mounts the container's own cgroup there)."""
+    dirs: list[Path] = []
+    try:
+        for line in proc_cgroup.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(",") and path.strip("/"):
+                dirs.append(root / path.strip().lstrip("/"))
+    except (OSError, ValueError):
+        pass
+    dirs.append(root)
+    return dirs
+
+
+def cgroup_v1_reading(
+    root: Path = Path("/sys/fs/cgroup/memory"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> MemoryReading | None:
+    for directory in _own_cgroup_v1_dirs(root, proc_cgroup):
+        try:
+            limit = int((directory / "memory.limit_in_bytes").read_text().strip())
+            usage = int((directory / "memory.usage_in_bytes").read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit >= CGROUP_V1_UNLIMITED:
+            return None  # unlimited: a ratio would be meaningless, let /proc/meminfo answer
+        inactive_file = 0
+        try:
+            for line in (directory / "memory.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "total_inactive_file":
+                    inactive_file = int(value)
+                    break
+        except (OSError, ValueError):
+            pass
+        return _valid(max(0, usage - inactive_file), limit, "cgroup")
+    return None
+
+
 # -- /proc/meminfo ------------------------------------------------------------------------
 def meminfo_reading(path: Path = Path("/proc/meminfo")) -> MemoryReading | None:
     try:
@@ -272,5 +320,6 @@ def make_probe(
         steps.append(NvmlProbe(nvml_index).read)
         steps.append(lambda: torch_cuda_reading(index))
     steps.append(cgroup_reading)
+    steps.append(cgroup_v1_reading)
     steps.append(meminfo_reading)
     return ChainProbe(steps)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +49,11 @@ from warmpool.contract import (
     METRIC_ENGINE_RESTARTS,
     METRIC_ENGINE_UP,
     METRIC_GENERATED_TOKENS,
+    METRIC_GENERATION_TOKENS_PER_SECOND,
+    METRIC_KV_BLOCKS_FREE,
+    METRIC_KV_BLOCKS_RESERVED,
+    METRIC_KV_BLOCKS_TOTAL,
+    METRIC_KV_BLOCKS_USED,
     METRIC_KV_CACHE_TOKENS,
     METRIC_KV_PREFIX_SAVE_ERRORS,
     METRIC_LAYER_HEAT,
@@ -71,6 +78,7 @@ from warmpool.contract import (
     METRIC_REQUESTS_IN_FLIGHT,
     METRIC_REQUESTS_QUEUED,
     METRIC_REQUESTS_REJECTED,
+    METRIC_REQUESTS_RUNNING,
     METRIC_REQUESTS_TOTAL,
     METRIC_SLEEP_CAPABLE,
     METRIC_SLEEP_LEVEL,
@@ -88,10 +96,12 @@ from warmpool.contract import (
     METRIC_WARMUP_TIER,
     PHASES,
     TOKEN_LENGTH_EDGES,
+    TOKENS_PER_SECOND_WINDOW,
     Tier,
 )
 
 if TYPE_CHECKING:
+    from warmpool_worker.engine_api import KVBlockStats
     from warmpool_worker.guard import GuardState
     from warmpool_worker.prefetch import PrefetchReport
 
@@ -251,6 +261,24 @@ class WorkerMetrics:
         self.engine_busy = Counter(
             METRIC_ENGINE_BUSY_SECONDS, "Seconds the engine spent generating for served requests", registry=r
         )
+        self.requests_running = Gauge(
+            METRIC_REQUESTS_RUNNING, "Requests in the engine's running batch", registry=r
+        )
+        self.kv_blocks_total = Gauge(METRIC_KV_BLOCKS_TOTAL, "KV-cache blocks the batch shares", registry=r)
+        self.kv_blocks_used = Gauge(METRIC_KV_BLOCKS_USED, "KV-cache blocks holding K/V now", registry=r)
+        self.kv_blocks_reserved = Gauge(
+            METRIC_KV_BLOCKS_RESERVED, "KV-cache blocks reserved for running requests' prompt + max_tokens",
+            registry=r,
+        )
+        self.kv_blocks_free = Gauge(
+            METRIC_KV_BLOCKS_FREE, "KV-cache blocks a new request can still reserve", registry=r
+        )
+        self.tokens_per_second = Gauge(
+            METRIC_GENERATION_TOKENS_PER_SECOND,
+            f"Tokens generated per second over the last {TOKENS_PER_SECOND_WINDOW:g} s", registry=r,
+        )
+        self._token_times = _TokenWindow(TOKENS_PER_SECOND_WINDOW)
+        self.tokens_per_second.set_function(self._token_times.rate)
         self.ready.set(0)
         self.directive_active.set(0)
         self.sleep_level.set(0)
@@ -340,11 +368,25 @@ class WorkerMetrics:
     def request_done(self) -> None:
         self.requests_in_flight.dec()
 
-    def request_served(self, prompt_tokens: int, generated_tokens: int, busy_seconds: float) -> None:
+    def request_served(self, prompt_tokens: int, generated_tokens: int) -> None:
         """One request the engine worked on (cancelled ones too: they used the engine)."""
         self.request_prompt_tokens.observe(prompt_tokens)
         self.request_generated_tokens.observe(generated_tokens)
-        self.engine_busy.inc(max(0.0, busy_seconds))
+
+    # -- the running batch (`batch_scheduler.BatchObserver`) ---------------------------------
+    def set_batch(self, running: int, waiting: int) -> None:
+        self.requests_running.set(running)
+
+    def engine_step(self, seconds: float, tokens: int) -> None:
+        """One batch step: its wall time is engine-busy time, once, whatever the batch size."""
+        self.engine_busy.inc(max(0.0, seconds))
+        self._token_times.add(tokens)
+
+    def set_kv_blocks(self, stats: KVBlockStats) -> None:
+        self.kv_blocks_total.set(stats.total)
+        self.kv_blocks_used.set(stats.used)
+        self.kv_blocks_reserved.set(stats.reserved)
+        self.kv_blocks_free.set(stats.free)
 
     def set_queued(self, waiting: int) -> None:
         self.requests_queued.set(waiting)
@@ -387,6 +429,31 @@ class WorkerMetrics:
         return generate_latest(self.registry)
 
 
+class _TokenWindow:
+    """Tokens counted per step over a sliding window of wall time: the tokens/s gauge."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._steps: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+
+    def _trim(self, now: float) -> None:
+        while self._steps and self._steps[0][0] < now - self.window_s:
+            self._steps.popleft()
+
+    def add(self, tokens: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._steps.append((now, tokens))
+            self._trim(now)
+
+    def rate(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            self._trim(now)
+            return sum(tokens for _, tokens in self._steps) / self.window_s
+
+
 class SidecarMetrics(WorkerMetrics):
     """The worker's metrics (same names) plus the external engine's and the prefetch's figures."""
 
@@ -421,6 +488,10 @@ class SidecarMetrics(WorkerMetrics):
         #: operator never puts it to sleep).
         self.engine_signals = EngineSignalsCollector()
         self._replace_series(self.engine_signals)
+        # The built-in engine's batch figures: the sidecar has no such batch to report (absent, not 0).
+        for builtin_only in (self.requests_running, self.kv_blocks_total, self.kv_blocks_used,
+                             self.kv_blocks_reserved, self.kv_blocks_free, self.tokens_per_second):
+            self.registry.unregister(builtin_only)
 
     def _replace_series(self, collector: EngineSignalsCollector) -> None:
         """Unregister every inherited metric whose name ``collector`` owns, then register it."""

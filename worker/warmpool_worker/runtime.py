@@ -10,10 +10,18 @@ truth throughout):
 3. size torch's thread pool to the pod's CPU, then map the weights (``load_engine``: headers
    validated, nothing read yet) -> ``weights_mapped``;
 4. load layers in heat order per the tier's plan, logging each -> ``first_layer_ready``;
-5. warm up per the tier (prefill + short decode per bucket) -> ``warmup_done``;
+5. warm up per the tier (prefill + short decode per bucket) -> ``warmup_done``; when the tier
+   ran no prefill (paused), a one-token check prefill instead: a model whose logits are
+   NaN/Inf never turns Ready, whatever the tier (the check passes every layer, so it loads
+   them all: what the first request would have done);
 6. capture CUDA graphs of the decode step, after a full warm-up only;
 7. ``/readyz`` turns 200 -> ``ready``.  Afterwards, if the tier relaxes, the warm-up is
    topped up to the deeper plan in the background (never undone when it tightens).
+
+Requests are served by the engine's batch (`batch_scheduler`) as soon as the weights are
+mapped; warm-up steps, sleep and wake take the engine gate (`engine_gate`) between its steps.
+The weight files are leased once mapped (`weight_leases`): a file opened for writing or
+truncated in place turns the worker unready and makes it exit for a restart, never SIGBUS.
 
 Steps 3-7 are `WorkerRuntime.startup`, in a thread.  A load failure is logged, ``/readyz``
 never turns 200, and the process exits non-zero; so does a failure after ready that no retry
@@ -25,16 +33,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from warmpool_worker.batch_scheduler import BatchScheduler, BatchSettings
 from warmpool_worker.config import ServeConfig
 from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.cpu_threads import choose_threads
+from warmpool_worker.defaults import READINESS_CHECK_PROMPT
 from warmpool_worker.device import resolve_device
-from warmpool_worker.engine_api import Engine, GraphCapture, ModelLoadError, NonFiniteLogitsError, Sleepable
+from warmpool_worker.engine_api import (
+    BatchingEngine,
+    Engine,
+    GraphCapture,
+    ModelLoadError,
+    NonFiniteLogitsError,
+    Sleepable,
+)
+from warmpool_worker.engine_gate import AwakeOnly, EngineAsleep, EngineGate
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import cancel_tasks, start_site, stop_on_signals
 from warmpool_worker.memory import make_probe
@@ -50,6 +68,7 @@ from warmpool_worker.warmup import (
     load_prompts,
     plan_for_tier,
 )
+from warmpool_worker.weight_leases import WeightLeases
 from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import STAGE_FAILED, STAGE_LOADING, STAGE_READY, STAGE_WARMING, Tier
@@ -64,7 +83,12 @@ class WorkerRuntime:
         self.device = device
         self.metrics = WorkerMetrics()
         self.status = WorkerStatus(model_name=config.served_name)
-        self.engine_lock = threading.Lock()
+        self.engine_gate = EngineGate()
+        limits = config.limits
+        self.scheduler = BatchScheduler(
+            self.engine_gate, BatchSettings(limits.max_batch_size, config.sleep.drain_timeout_s), self.metrics)
+        self.leases = WeightLeases()
+        self.scheduler.weights_check = self.leases.check
         guard = config.guard
         probe = make_probe(device, guard.memory_capacity_bytes, guard.memory_account_pids)
         self.guard = TierGuard(probe, guard.thresholds, on_update=self.metrics.publish_guard)
@@ -125,14 +149,14 @@ class WorkerRuntime:
                 step,
                 self.prompts,
                 self.status.progress,
-                engine_lock=self.engine_lock,
+                engine_lock=AwakeOnly(self.engine_gate, engine),
                 on_layer=self._on_layer,
                 on_prefill=self._on_prefill,
                 should_stop=self._stricter_than(plan, deadline),
                 kv_dir=self.config.kv_prefix_dir,
                 on_kv_save_error=self.metrics.kv_prefix_save_failed,
             )
-        except WarmupStopped as stopped:
+        except (WarmupStopped, EngineAsleep) as stopped:
             log.warning("warm-up at tier %s cut short: %s", plan.tier.value, stopped)
             return False
         finally:
@@ -150,7 +174,8 @@ class WorkerRuntime:
         if self.recorder is not None:
             self.recorder.imports_done(time.time())
         engine: Engine = load_engine(config.model, self.device, config.dtype, config.model_name,
-                                     partial_cache=config.partial_cache)
+                                     partial_cache=config.partial_cache, kv_cache_bytes=config.limits.kv_cache_bytes,
+                                     chunk_tokens=config.limits.prefill_chunk_tokens)
         mapped_at = time.time()
         self.metrics.mark_phase("weights_mapped", mapped_at)
         if self.recorder is not None:
@@ -165,7 +190,10 @@ class WorkerRuntime:
             time.monotonic() - started,
         )
         self.status.model_name = engine.model_name
+        self._lease_weights(engine)
         self.status.engine = engine
+        if isinstance(engine, BatchingEngine):
+            self.scheduler.attach(engine)
         self.metrics.set_model(engine.model_digest, engine.num_layers)
         self.status.stage = STAGE_LOADING
         self.metrics.set_layers(engine.layers_resident(), engine.num_layers)
@@ -188,6 +216,7 @@ class WorkerRuntime:
             if time.monotonic() > deadline:
                 log.warning("warm-up timeout (%.0fs) reached: ready with what is warm", config.warmup.timeout_s)
                 break
+        self._check_prefill(engine)
         self._capture_graphs(engine)
         if self.status.unhealthy:  # a request met NaN/Inf logits while the warm-up ran
             raise NonFiniteLogitsError(self.status.error or f"model {engine.model_name!r}: non-finite logits")
@@ -207,6 +236,44 @@ class WorkerRuntime:
             self.status.progress.describe(),
             time.time() - self.metrics.process_start,
         )
+
+    def _check_prefill(self, engine: Engine) -> None:
+        """No warm-up prefill ran (the paused tier, or a deadline before any): one token through
+        every layer anyway, so non-finite logits fail the start instead of the first request."""
+        progress = self.status.progress
+        if any(progress.prefills.values()) or progress.kv_loaded:
+            return
+        log.info("no warm-up prefill at tier %s: a one-token check prefill before ready (it loads every layer)",
+                 self.guard.state.effective.value)
+        with self.engine_gate:
+            engine.prefill(engine.encode(READINESS_CHECK_PROMPT)[:1] or [0])
+        self._refresh_engine_metrics()
+
+    def _lease_weights(self, engine: Engine) -> None:
+        """Read leases on the weight files (`weight_leases`); where refused, say what that leaves."""
+        checkpoint = getattr(engine, "checkpoint", None)
+        if checkpoint is None or not hasattr(checkpoint, "descriptors"):
+            return
+        if getattr(checkpoint, "fill", None) is not None:
+            log.info("weights are a node cache's partial view still filling: no read leases (its writer holds them)")
+            return
+        refused = self.leases.take(checkpoint.descriptors())
+        for path, why in refused:
+            log.warning("no read lease on %s (%s): a change in place to a layer already loaded would end the "
+                        "process with SIGBUS instead of a clean exit", path, why)
+
+    def weights_changing(self) -> None:
+        """SIGIO: a leased weight file is being opened for writing or truncated.  Unready now,
+        every request fails at the next batch step (the scheduler checks the leases), and the
+        process exits for a restart; the change itself waits for that exit."""
+        if not self.leases.held:
+            return
+        reason = self.leases.lease_broken()
+        if self.status.stage != STAGE_FAILED:
+            log.error("%s", reason)
+            self.status.stage = STAGE_FAILED
+            self.status.error = reason
+        self._exit_if_failed()
 
     def _capture_graphs(self, engine: Engine) -> None:
         """CUDA graphs of the decode step, only after a FULL warm-up: graphs hold memory, so a
@@ -297,8 +364,8 @@ async def serve_worker(config: ServeConfig) -> int:
     runtime = WorkerRuntime(config, device)
     listen = config.listen
     control = ControlEndpoint(runtime.guard, listen.control_token_file, runtime.traces)
-    sleep = SleepController(runtime.status, runtime.metrics, runtime.engine_lock, config.sleep.wake_timeout_s)
-    server = WorkerServer(runtime.status, runtime.metrics, runtime.guard, runtime.engine_lock, control, config.limits,
+    sleep = SleepController(runtime.status, runtime.metrics, runtime.scheduler, config.sleep.wake_timeout_s)
+    server = WorkerServer(runtime.status, runtime.metrics, runtime.guard, runtime.scheduler, control, config.limits,
                           sleep, config.sleep.vllm_sleep_api, runtime.traces)
     started = await start_site(server.app(), listen.host, listen.port, log)
     if started is None:
@@ -308,6 +375,8 @@ async def serve_worker(config: ServeConfig) -> int:
         "listening on %s (model %s, device %s)", sockets or f"{listen.host}:{listen.port}", config.model, device
     )
     stop_on_signals(runtime.stop)
+    # Before any lease is taken: SIGIO's default action would end the process.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGIO, runtime.weights_changing)
 
     guard_task = asyncio.create_task(runtime.guard.run(runtime.stop, config.guard.interval_s))
     await asyncio.to_thread(runtime.guard.wait_first_tick, 10.0)
@@ -334,8 +403,10 @@ async def serve_worker(config: ServeConfig) -> int:
         else:
             log.info("stop requested during start-up")
             startup.cancel()  # the thread finishes its current step; we exit without waiting
+            exit_code = runtime.exit_code  # non-zero when the stop was a failure (weights changing)
     finally:
         runtime.stop.set()
+        await asyncio.to_thread(runtime.scheduler.stop)
         await cancel_tasks((guard_task, background))
         await runner.cleanup()
         if runtime.traces is not None:

@@ -15,15 +15,15 @@ Errors are JSON (`http_app.json_errors`); the server goes on serving after any o
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from warmpool_worker.batch_scheduler import BatchScheduler
 from warmpool_worker.completions import CompletionsApi
 from warmpool_worker.config import ServingLimits
 from warmpool_worker.control import ControlEndpoint
-from warmpool_worker.engine_api import KVCacheStats
+from warmpool_worker.engine_api import BatchingEngine, KVCacheStats
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import error_response, json_errors
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
@@ -45,7 +45,7 @@ class WorkerServer:
         status: WorkerStatus,
         metrics: WorkerMetrics,
         guard: TierGuard,
-        engine_lock: threading.Lock,
+        scheduler: BatchScheduler,
         control: ControlEndpoint,
         limits: ServingLimits,
         sleep: SleepController | None = None,
@@ -59,7 +59,7 @@ class WorkerServer:
         self.control = control
         self.sleep = sleep
         self.sleep_endpoint = None if sleep is None else SleepEndpoint(sleep, control, vllm_sleep_api)
-        self.api = CompletionsApi(status, metrics, engine_lock, limits,
+        self.api = CompletionsApi(status, metrics, scheduler, limits,
                                   wake=None if sleep is None else sleep.wake_for_request)
 
     def app(self) -> web.Application:
@@ -129,4 +129,6 @@ class WorkerServer:
             self.metrics.set_layers(engine.layers_resident(), engine.num_layers)
             if isinstance(engine, KVCacheStats):
                 self.metrics.set_kv_cache_tokens(engine.kv_cache_tokens())
+            if isinstance(engine, BatchingEngine):
+                self.metrics.set_kv_blocks(engine.kv_blocks())
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

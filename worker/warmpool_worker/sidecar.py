@@ -50,6 +50,7 @@ from warmpool_worker.http_app import cancel_tasks, json_errors, start_site, stop
 from warmpool_worker.memory import MemoryProbe, MemoryReading, make_probe
 from warmpool_worker.metrics import CONTENT_TYPE, ENGINE_KV_SOURCE, SidecarMetrics
 from warmpool_worker.sidecar_prefetch import WeightPrefetch
+from warmpool_worker.sidecar_proxy import EngineProxy
 from warmpool_worker.sidecar_sleep import EngineSleep
 from warmpool_worker.warmup import (
     WarmupPlan,
@@ -237,6 +238,7 @@ class Sidecar:
         app.router.add_get(PATH_METRICS, self.metrics_handler)
         self.control.mount(app)
         self.sleep.mount(app)
+        EngineProxy(self.config.engine_url).mount(app)
         return app
 
     async def livez(self, _request: web.Request) -> web.Response:

@@ -1,4 +1,4 @@
-"""The sidecar's sleep API (#15): the built-in worker's ``/control/sleep``, ``/control/wake`` and
+"""The sidecar's sleep API: the built-in worker's ``/control/sleep``, ``/control/wake`` and
 ``GET /control/sleep`` (same token), translated to the external engine's own API.
 
 How the sidecar knows the engine's API: the flag ``--engine-sleep-api``:

@@ -1,11 +1,15 @@
-"""Engine sleep on the built-in worker (#15): ``POST /control/sleep``, ``POST /control/wake``,
+"""Engine sleep on the built-in worker: ``POST /control/sleep``, ``POST /control/wake``,
 ``GET /control/sleep``, authenticated like ``/control/tier``; optionally vLLM's dev-mode
 ``POST /sleep?level=N``, ``POST /wake_up``, ``GET /is_sleeping`` (unauthenticated, as in vLLM).
 
-Sleep and wake run under the engine lock, in a thread, so they never overlap a generation or
-a warm-up step.  While asleep the worker stays Ready (/readyz 200, its ``sleep`` field says so):
-a completion that finds the engine asleep wakes it and waits, at most ``--wake-timeout``
-seconds (then 503), and its time to first token includes the wake.
+Sleep and generation never overlap: both are decided under the engine gate (`engine_gate`),
+the batch's admission included.  A sleep waits for the running batch to drain and for no
+request to wait (at most ``--sleep-drain-timeout`` seconds), then sleeps under the gate; if
+the batch does not drain in time it is refused (409) saying what still ran, and the engine
+stays awake.  Wake runs under the gate too.  While asleep the worker stays Ready (/readyz 200,
+its ``sleep`` field says so): a completion that finds the engine asleep wakes it and waits, at
+most ``--wake-timeout`` seconds (then 503), and its time to first token includes the wake; a
+request that reaches the batch after a sleep slipped in wakes the engine before it runs.
 
 The memory a sleep released is measured, not assumed: the process's resident set (VmRSS,
 file-backed pages included, since level 2 unmaps the weight files) on CPU, the caching
@@ -17,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from warmpool_worker.batch_scheduler import BatchScheduler, SleepRefused
 from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.engine_api import Engine, Sleepable
 from warmpool_worker.http_app import BadRequest
@@ -80,14 +84,17 @@ async def requested_level(request: web.Request) -> int:
 
 
 class SleepController:
-    """Puts the engine to sleep and wakes it, under the engine lock; the metrics follow."""
+    """Puts the engine to sleep (once the batch drained) and wakes it, under the engine gate;
+    the metrics follow."""
 
-    def __init__(self, status: WorkerStatus, metrics: WorkerMetrics, engine_lock: threading.Lock,
+    def __init__(self, status: WorkerStatus, metrics: WorkerMetrics, scheduler: BatchScheduler,
                  wake_timeout_s: float) -> None:
         self.status = status
         self.metrics = metrics
-        self.engine_lock = engine_lock
+        self.scheduler = scheduler
+        self.gate = scheduler.gate
         self.wake_timeout_s = wake_timeout_s
+        scheduler.waker = self.wake_for_batch
         self.released_bytes: int | None = None
         self.last_wake_seconds: float | None = None
         self._wake_task: asyncio.Future[None] | None = None
@@ -111,7 +118,7 @@ class SleepController:
                 "last_wake_seconds": self.last_wake_seconds}
 
     def _sleep_blocking(self, engine: Sleepable, level: int) -> None:
-        with self.engine_lock:
+        def go_to_sleep() -> None:  # under the gate, the batch drained
             if engine.sleep_level is not None:
                 return
             device = self.status.engine.device if self.status.engine is not None else "cpu"
@@ -123,8 +130,23 @@ class SleepController:
             self.metrics.slept(level, released)
             log.info("engine asleep at level %d: released %.1f MiB", level, released / 2**20)
 
+        if engine.sleep_level is not None:
+            return
+        try:
+            self.scheduler.sleep_when_idle(go_to_sleep)
+        except SleepRefused as refused:
+            log.info("%s", refused)
+            raise BadRequest(409, str(refused), "conflict", headers={"Retry-After": "1"}) from None
+
+    def wake_for_batch(self) -> None:
+        """The batch found the engine asleep with a request at the head of its queue (a sleep
+        won the gate after that request's own wake check): wake it now, on its behalf."""
+        engine = self.status.engine
+        if isinstance(engine, Sleepable):
+            self._wake_blocking(engine, on_request=True)
+
     def _wake_blocking(self, engine: Sleepable, on_request: bool) -> None:
-        with self.engine_lock:
+        with self.gate:
             if engine.sleep_level is None:
                 return
             started = time.perf_counter()

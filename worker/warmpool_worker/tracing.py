@@ -248,6 +248,11 @@ class WorkerTracing:
         self.provider.shutdown()
 
 
+#: Spans kept as plain values until the SDK has started; past this many, more are dropped (so a
+#: worker whose SDK is slow to start never grows without bound).
+MAX_PENDING_SPANS = 1000
+
+
 class TraceSink:
     """What the runtime, the server and the control endpoint call (tracing on only).
 
@@ -262,14 +267,25 @@ class TraceSink:
         self.recorder: ColdStartRecorder | None = None
         self._tracing: WorkerTracing | None = None
         self._pending: list[Callable[[WorkerTracing], None]] = []
+        #: the SDK could not start: spans are dropped from then on, none kept
+        self._failed = False
+        self.dropped = 0
         self._lock = threading.Lock()
         self.thread: threading.Thread | None = None
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
 
     def _submit(self, emit: Callable[[WorkerTracing], None]) -> None:
         with self._lock:
             tracing = self._tracing
             if tracing is None:
-                self._pending.append(emit)
+                if self._failed or len(self._pending) >= MAX_PENDING_SPANS:
+                    self.dropped += 1
+                else:
+                    self._pending.append(emit)
                 return
         try:
             emit(tracing)
@@ -282,6 +298,14 @@ class TraceSink:
         def run() -> None:
             try:
                 tracing = WorkerTracing(self.config, self.device)
+            except Exception:  # tracing must never take the worker down
+                log.exception("could not start tracing: no spans will be sent")
+                with self._lock:
+                    self._failed = True
+                    self.dropped += len(self._pending)
+                    self._pending = []
+                return
+            try:
                 tracing.digest = digest
                 tracing.emit_cold_start(recorder, ready_at)
                 with self._lock:

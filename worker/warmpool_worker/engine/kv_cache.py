@@ -1,5 +1,19 @@
-"""KV caches of generations in flight: whole blocks that grow with the tokens generated,
-and a count of the slots held now (what `kv_cache_tokens()` reports)."""
+"""KV caches of generations in flight, and the block budget the batch shares.
+
+A generation's K/V live in a `KVCache` of its own, whose capacity is always a whole number of
+blocks of `KV_BLOCK_TOKENS` positions and grows with the tokens generated (never sized up
+front for max_tokens), by at least a quarter each time so the copies stay amortised O(1)
+per token.  Every block held comes out of one `KVBlockPool`, bounded by bytes
+(``--kv-cache-bytes``): a request is admitted to the batch only when the blocks for its
+prompt plus its max_tokens can be *reserved*, so no request ever stops half-way for memory;
+blocks are *used* (allocated) only as its tokens come.
+
+Why one contiguous cache per sequence rather than a paged pool with a block table: on CPU,
+attention over pages needs a gather (a copy of every page a sequence holds, per layer, per
+step) before SDPA can read them, which triples the KV memory traffic of a decode step; a
+contiguous cache is read in place.  The blocks are the unit of allocation and of the budget,
+which is what admission needs.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +22,20 @@ import threading
 import torch
 from warmpool_worker.engine_api import RequestError
 
-#: KV caches of live generations are allocated in whole blocks of this many positions and
-#: grow as tokens are generated (never sized up front for max_tokens), by at least a quarter
-#: each time so the copies stay amortised O(1) per token.
-KV_BLOCK_TOKENS = 64
+#: Positions per KV block: the unit of allocation and of the batch's budget.
+KV_BLOCK_TOKENS = 16
+
+
+def blocks_for(positions: int) -> int:
+    """Blocks that hold this many positions."""
+    return -(-max(0, positions) // KV_BLOCK_TOKENS)
 
 
 def kv_capacity(needed: int, current: int, limit: int) -> int:
     """Positions to allocate for `needed`: whole blocks, at least a quarter more than `current`
-    (amortised growth), never past `limit` (prompt + the completion's budget)."""
-    target = max(needed, current + current // 4)
-    return min(limit, -(-target // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS)
+    (amortised growth), never more blocks than `limit` (prompt + the completion's budget) needs."""
+    target = min(max(needed, current + current // 4), max(needed, limit))
+    return blocks_for(target) * KV_BLOCK_TOKENS
 
 
 class KVCache:
@@ -47,15 +64,19 @@ class KVCache:
         """Token slots held: rows x positions."""
         return self.keys[0].shape[0] * self.capacity
 
+    @property
+    def blocks(self) -> int:
+        return self.keys[0].shape[0] * blocks_for(self.capacity)
+
     def ensure(self, needed: int, limit: int) -> int:
-        """Grow (by copying into larger zeroed tensors) to hold `needed` positions; slots added.
+        """Grow (by copying into larger zeroed tensors) to hold `needed` positions; blocks added.
 
         Zeroed, not empty: a padded batch row attends over the whole capacity under a mask,
         and 0 x NaN from uninitialised memory would poison it.
         """
         if needed <= self.capacity:
             return 0
-        before = self.slots
+        before = self.blocks
         size = kv_capacity(needed, self.capacity, limit)
         if size < needed:
             raise RequestError(f"the KV cache cannot grow to {needed} positions (limit {limit})")
@@ -68,49 +89,89 @@ class KVCache:
 
         self.keys = [grown(k) for k in self.keys]
         self.values = [grown(v) for v in self.values]
-        return self.slots - before
+        return self.blocks - before
 
 
-class LiveKVSlots:
-    """Token slots held by the KV caches of generations in flight (CUDA graphs' static
-    caches, sized once at capture, are not counted).  Each generation adds what it
-    allocates or grows and takes it all back when it ends, however it ends."""
+class KVBlockPool:
+    """The KV blocks the batch shares: `total` of them, *reserved* by admitted generations
+    (admission), *used* as their caches are allocated and grow (used <= reserved per lease).
+    Thread-safe: the scheduler reserves, the engine allocates, the metrics read."""
 
-    def __init__(self) -> None:
-        self._slots = 0
+    def __init__(self, total_blocks: int, block_bytes: int) -> None:
+        if total_blocks < 1:
+            raise ValueError(f"a KV block pool needs at least one block, got {total_blocks}")
+        self.total = total_blocks
+        self.block_bytes = block_bytes
+        self._reserved = 0
+        self._used = 0
         self._lock = threading.Lock()
 
     @property
-    def slots(self) -> int:
-        return self._slots
+    def reserved(self) -> int:
+        return self._reserved
 
-    def add(self, slots: int) -> None:
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def free(self) -> int:
+        """Blocks a new generation can still reserve."""
+        return max(0, self.total - self._reserved)
+
+    def try_reserve(self, blocks: int) -> bool:
         with self._lock:
-            self._slots += slots
+            if self._reserved + blocks > self.total:
+                return False
+            self._reserved += blocks
+            return True
+
+    def force_reserve(self, blocks: int) -> None:
+        """Reserve past the bound: a warm-up step or a direct engine call, outside admission
+        (the batch is held while it runs, so it borrows at most one generation's blocks)."""
+        with self._lock:
+            self._reserved += blocks
+
+    def _change(self, reserved: int, used: int) -> None:
+        with self._lock:
+            self._reserved += reserved
+            self._used += used
 
     def lease(self) -> KVLease:
         return KVLease(self)
 
 
 class KVLease:
-    """The slots one generation holds: counted as they are allocated or grown, all given
-    back by `release` (in the generation's `finally`)."""
+    """The blocks one generation holds: reserved once, used as its cache is allocated or
+    grown, all given back by `release` (in the generation's `finally`, however it ends)."""
 
-    def __init__(self, live: LiveKVSlots) -> None:
-        self._live = live
-        self._held = 0
+    def __init__(self, pool: KVBlockPool) -> None:
+        self._pool = pool
+        self.reserved = 0
+        self.used = 0
 
-    def _add(self, slots: int) -> None:
-        self._held += slots
-        self._live.add(slots)
+    def try_reserve(self, blocks: int) -> bool:
+        if not self._pool.try_reserve(blocks):
+            return False
+        self.reserved += blocks
+        return True
+
+    def force_reserve(self, blocks: int) -> None:
+        self._pool.force_reserve(blocks)
+        self.reserved += blocks
+
+    def _use(self, blocks: int) -> None:
+        self.used += blocks
+        self._pool._change(0, blocks)
 
     def hold(self, cache: KVCache) -> KVCache:
-        self._add(cache.slots)
+        self._use(cache.blocks)
         return cache
 
     def grow(self, cache: KVCache, needed: int, limit: int) -> None:
-        self._add(cache.ensure(needed, limit))
+        self._use(cache.ensure(needed, limit))
 
     def release(self) -> None:
-        self._live.add(-self._held)
-        self._held = 0
+        self._pool._change(-self.reserved, -self.used)
+        self.reserved = 0
+        self.used = 0

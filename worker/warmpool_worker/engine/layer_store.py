@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from warmpool_worker.checkpoint import Checkpoint
+from warmpool_worker.engine.linear import LINEAR_KEYS, can_pack, dense, pack
 from warmpool_worker.engine.mapped_pages import fault_in, read_ahead
 from warmpool_worker.engine.pinned_stager import PinnedStager
 from warmpool_worker.engine_api import LayerProgress, ModelLoadError, WeightsChangedError
@@ -51,6 +52,7 @@ class LayerStore:
         self.table: WeightTable = weight_table(checkpoint.config)
         self.device = device
         self.dtype = dtype
+        self._pack = can_pack(dtype, device)
         self._core: Weights | None = None
         self._layers: list[Weights | None] = [None] * self.table.num_layers
         self._lock = threading.RLock()
@@ -73,8 +75,9 @@ class LayerStore:
     def is_layer_resident(self, index: int) -> bool:
         return self._layers[index] is not None
 
-    def materialise(self, tensor: torch.Tensor) -> torch.Tensor:
-        """One checkpoint tensor (a CPU view of the mapping) as the compute tensor on the device."""
+    def materialise(self, tensor: torch.Tensor, linear: bool = False) -> torch.Tensor:
+        """One checkpoint tensor (a CPU view of the mapping) as the compute tensor on the device;
+        `linear`: a matrix of a linear layer, packed when converted (`engine.linear`)."""
         if self.device.type == "cuda":
             if self._stager is None:
                 self._stager = PinnedStager(self.device)
@@ -87,10 +90,11 @@ class LayerStore:
             # every page now, sequentially, instead of a fault per page in the first request.
             fault_in(tensor)
             return tensor
-        # CPU, another dtype: convert in one pass into a preallocated tensor.
+        # CPU, another dtype: convert in one pass into a preallocated tensor (a linear layer's
+        # matrix then packed for oneDNN: the copy it replaces is freed).
         out = torch.empty(tensor.shape, dtype=self.dtype)
         out.copy_(tensor)
-        return out
+        return pack(out) if linear and self._pack else out
 
     def _load_named(self, parts: Sequence[tuple[str, str]], what: str) -> Weights:
         tensors = self.checkpoint.tensors
@@ -117,7 +121,7 @@ class LayerStore:
                     read_ahead(source)
             for name, source in sources:
                 try:
-                    tensor = self.materialise(source)
+                    tensor = self.materialise(source, linear=keys[name] in LINEAR_KEYS)
                 except WeightsChangedError as error:
                     raise WeightsChangedError(f"{tensors[name].file}: tensor {name!r}: {error}") from None
                 out[keys[name]] = tensor
@@ -135,7 +139,9 @@ class LayerStore:
             if self._core is None:
                 loaded = self._load_named(self.table.core_names(), "the core (embeddings, norm, head)")
                 if self.table.tied_head:
-                    loaded["head"] = loaded["embed"]
+                    embed = loaded["embed"]
+                    converted = not _stored_as(self.checkpoint, "model.embed_tokens.weight", self.dtype)
+                    loaded["head"] = pack(embed) if self._pack and converted else embed
                 self._core = loaded
             return self._core
 
@@ -180,7 +186,8 @@ class LayerStore:
         """The checkpoint name of the first resident weight holding NaN/Inf (an error path only)."""
         with torch.inference_mode():
             for name, tensor in self.resident():
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                values = dense(tensor)
+                if values.is_floating_point() and not bool(torch.isfinite(values).all()):
                     return name
         return None
 
@@ -234,6 +241,15 @@ class LayerStore:
             else:
                 self.load_layers(order)
             self._slept_layers = None
+
+
+_STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _stored_as(checkpoint: Checkpoint, name: str, dtype: torch.dtype) -> bool:
+    """Whether the file holds this tensor in `dtype` (then on CPU it is served zero copy, and a
+    packed copy would double what it holds)."""
+    return _STORED_DTYPES.get(checkpoint.tensors[name].dtype) == dtype
 
 
 def _trim_heap() -> None:

@@ -11,13 +11,22 @@ from typing import Any
 
 import torch
 from warmpool_worker.checkpoint import Checkpoint, read_generation_eos
+from warmpool_worker.defaults import DEFAULT_KV_CACHE_BYTES
+from warmpool_worker.engine.batch import DEFAULT_CHUNK_TOKENS, BatchRunner, SequenceState, StepOutcome
 from warmpool_worker.engine.decoding import check_generation, check_prompt, sample, text_increment
 from warmpool_worker.engine.graphs import DEFAULT_BATCH_BUCKETS, DecodeGraph, DecodeGraphs, bucket_for
-from warmpool_worker.engine.kv_cache import KVCache, LiveKVSlots, kv_capacity
+from warmpool_worker.engine.kv_cache import KV_BLOCK_TOKENS, KVBlockPool, KVCache, blocks_for, kv_capacity
 from warmpool_worker.engine.layer_store import LayerStore, Weights
 from warmpool_worker.engine.maths import Model, decode_step, forward
 from warmpool_worker.engine.prefix_kv import PrefixKVStore
-from warmpool_worker.engine_api import GenerationStep, LayerProgress, NonFiniteLogitsError, RequestError
+from warmpool_worker.engine_api import (
+    GenerationStep,
+    KVBlockStats,
+    LayerProgress,
+    ModelLoadError,
+    NonFiniteLogitsError,
+    RequestError,
+)
 from warmpool_worker.layer_heat import DEFAULT_HEAT_HALF_LIFE_S, LayerHeat
 
 #: The wake check's prompt: short, so the check costs one small prefill.
@@ -37,6 +46,8 @@ class LlamaEngine:
         heat_half_life_s: float = DEFAULT_HEAT_HALF_LIFE_S,
         clock: Callable[[], float] = time.monotonic,
         graph_max_len: int = 2048,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ) -> None:
         self.checkpoint = checkpoint
         self.config = cfg = checkpoint.config
@@ -53,11 +64,26 @@ class LlamaEngine:
         self.prefix_kv = PrefixKVStore(cfg, self.dtype, self._device, lambda: self.model_digest)
         self.graph_max_len = min(graph_max_len, cfg.max_position_embeddings)
         self.graphs = DecodeGraphs(self._device, self.graph_max_len)
-        self._kv_live = LiveKVSlots()
         self._sample_generator = torch.Generator(device="cpu")
         self._sample_generator.seed()
+        self.kv_pool = KVBlockPool(self._kv_blocks_within(kv_cache_bytes), self._kv_block_bytes())
+        self.batch = BatchRunner(self._model, self.weights.core, self._layer_in_use, self.kv_pool, self._new_cache,
+                                 self.prefix_kv, self.decode, lambda: self.eos_token_ids, self._explain_non_finite,
+                                 self._sample_generator, chunk_tokens)
         self._sleep_level: int | None = None
         self._graphs_before_sleep: list[int] = []
+
+    def _kv_block_bytes(self) -> int:
+        cfg = self.config
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * KV_BLOCK_TOKENS * element
+
+    def _kv_blocks_within(self, kv_cache_bytes: int) -> int:
+        blocks = kv_cache_bytes // self._kv_block_bytes()
+        if blocks < 1:
+            raise ModelLoadError(f"--kv-cache-bytes {kv_cache_bytes} holds no KV block of this model "
+                                 f"({self._kv_block_bytes()} bytes for {KV_BLOCK_TOKENS} positions)")
+        return int(blocks)
 
     # ---- identity ------------------------------------------------------------------------
     @property
@@ -158,18 +184,25 @@ class LlamaEngine:
 
         One reduction over [B, V] per step (the sampler syncs on the same values anyway).
         """
-        if bool(torch.isfinite(logits).all()):
-            return
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogitsError(self._explain_non_finite(where))
+
+    def _explain_non_finite(self, where: str) -> str:
+        """The message of a NonFiniteLogitsError: the model, where, and the weight to blame."""
         culprit = self.weights.first_non_finite()
         cause = (f"weight {culprit} holds NaN/Inf" if culprit is not None
                  else f"no resident weight holds NaN/Inf: activations overflowed in {self.dtype}")
-        raise NonFiniteLogitsError(f"model {self.model_name!r} produced non-finite logits (NaN/Inf) {where}: {cause}")
+        return f"model {self.model_name!r} produced non-finite logits (NaN/Inf) {where}: {cause}"
 
     # ---- generation ----------------------------------------------------------------------
     def kv_cache_tokens(self) -> int:
         """Token slots allocated now for the KV caches of generations in flight (CUDA graphs'
         static caches, sized once at capture, are not counted)."""
-        return self._kv_live.slots
+        return self.kv_pool.used * KV_BLOCK_TOKENS
+
+    def kv_blocks(self) -> KVBlockStats:
+        pool = self.kv_pool
+        return KVBlockStats(pool.total, pool.used, pool.reserved, pool.free, KV_BLOCK_TOKENS)
 
     def seed_sampling(self, seed: int) -> None:
         """Make sampling (temperature > 0) repeatable from here on."""
@@ -187,26 +220,43 @@ class LlamaEngine:
         self.heat.touch_all()  # the graph skips Python, so count the heat here
         return logits
 
+    # ---- continuous batching (`engine_api.BatchingEngine`; the scheduler drives it) ---------
+    def open_sequence(self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0
+                      ) -> SequenceState:
+        return self.batch.open(token_ids, max_new_tokens, temperature)
+
+    def step(self, sequences: Sequence[SequenceState]) -> list[StepOutcome]:
+        return self.batch.step(sequences)
+
+    def close_sequence(self, sequence: SequenceState) -> None:
+        self.batch.close(sequence)
+
     def generate(self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
                  ) -> Iterator[GenerationStep]:
-        ids = self._check_prompt(token_ids)
-        check_generation(max_new_tokens, temperature)
-        if len(ids) >= self.max_context:
-            raise RequestError(f"the prompt is {len(ids)} tokens: no room left in the context of "
-                               f"{self.max_context} for a completion")
-        budget = min(max_new_tokens, self.max_context - len(ids))
-        return self._generate(ids, budget, temperature)
+        """One generation on its own: a batch of one (the same steps as served), or the
+        single-row CUDA graph when one is captured."""
+        sequence = self.batch.open(token_ids, max_new_tokens, temperature)
+        graph = self._take_graph(1, sequence.limit)
+        if graph is not None:
+            return self._generate_graphed(sequence, graph)
+        return self._generate_alone(sequence)
 
-    def _generate(self, ids: list[int], budget: int, temperature: float) -> Iterator[GenerationStep]:
-        limit = len(ids) + budget
-        graph = self._take_graph(1, limit)
-        lease = self._kv_live.lease()
+    def _generate_alone(self, sequence: SequenceState) -> Iterator[GenerationStep]:
+        try:
+            while not sequence.finished:
+                for outcome in self.batch.step([sequence]):
+                    if outcome.error is not None:
+                        raise outcome.error
+                    if outcome.step is not None:
+                        yield outcome.step
+        finally:
+            self.batch.close(sequence)
+
+    def _generate_graphed(self, sequence: SequenceState, graph: DecodeGraph) -> Iterator[GenerationStep]:
+        ids, budget, temperature = sequence.ids, sequence.budget, sequence.temperature
         try:
             with torch.inference_mode():
-                # a graph's static cache, or one sized for the prompt that grows as tokens come
-                cache = graph.cache if graph is not None else lease.hold(
-                    self._new_cache(1, kv_capacity(len(ids), 0, limit)))
-                logits = self._prefill_into(ids, cache)
+                logits = self._prefill_into(ids, graph.cache)  # the graph's static cache
             self._check_finite(logits, f"at the prefill of a {len(ids)}-token prompt")
             generated: list[int] = []
             emitted = ""
@@ -224,17 +274,11 @@ class LlamaEngine:
                     return
                 yield GenerationStep(token, text, False)
                 with torch.inference_mode():
-                    if graph is not None:
-                        logits = self._replay(graph, [token], [position])
-                    else:
-                        lease.grow(cache, position + 1, limit)
-                        logits = self._forward(self._tensor([[token]]), position, cache)
+                    logits = self._replay(graph, [token], [position])
                 self._check_finite(logits, f"at decode step {len(generated)}")
                 position += 1
         finally:
-            lease.release()
-            if graph is not None:
-                graph.lock.release()
+            graph.lock.release()
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                        buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> list[list[int]]:
@@ -253,7 +297,9 @@ class LlamaEngine:
         budget = min(max_new_tokens, self.max_context - longest)
         limit = longest + budget
         graph = self._take_graph(bucket, limit)
-        lease = self._kv_live.lease()
+        lease = self.kv_pool.lease()
+        if graph is None:
+            lease.force_reserve(bucket * blocks_for(limit))
         try:
             with torch.inference_mode():
                 cache = graph.cache if graph is not None else lease.hold(
@@ -313,7 +359,7 @@ class LlamaEngine:
     def sleep(self, level: int) -> None:
         """Free memory until `wake`: prefix KV and CUDA graphs (with their static KV caches)
         always, then the weights as `LayerStore.release` says for `level`.  The caller holds
-        the engine lock, so no generation (and no live KV cache) is in flight."""
+        the engine gate with the batch drained, so no generation (and no live KV cache) is in flight."""
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
         if self._sleep_level is not None:

@@ -10,13 +10,14 @@ and the only writes are into the KV cache passed in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from warmpool_worker.checkpoint import LlamaConfig
 from warmpool_worker.engine.kv_cache import KVCache
+from warmpool_worker.engine.linear import linear
 
 Weights = Mapping[str, torch.Tensor]
 LayerWeights = Callable[[int], Weights]
@@ -87,29 +88,47 @@ def rope(model: Model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def qkv(config: LlamaConfig, w: Weights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, t, _ = x.shape
-    q = F.linear(x, w["wq"], w.get("bq")).view(b, t, config.num_attention_heads, config.head_dim).transpose(1, 2)
-    k = F.linear(x, w["wk"], w.get("bk")).view(b, t, config.num_key_value_heads, config.head_dim).transpose(1, 2)
-    v = F.linear(x, w["wv"], w.get("bv")).view(b, t, config.num_key_value_heads, config.head_dim).transpose(1, 2)
+    q = linear(x, w["wq"], w.get("bq")).view(b, t, config.num_attention_heads, config.head_dim).transpose(1, 2)
+    k = linear(x, w["wk"], w.get("bk")).view(b, t, config.num_key_value_heads, config.head_dim).transpose(1, 2)
+    v = linear(x, w["wv"], w.get("bv")).view(b, t, config.num_key_value_heads, config.head_dim).transpose(1, 2)
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
     return q, k, v
 
 
-def attend(config: LlamaConfig, w: Weights, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-           mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-    b, _, t, _ = q.shape
-    out = F.scaled_dot_product_attention(
+def attention(config: LlamaConfig, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+              mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """SDPA of q [B, H, T, D] over keys/values [B, KVH, S, D]: [B, H, T, D]."""
+    return F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, is_causal=causal, scale=config.head_dim**-0.5,
         enable_gqa=config.num_attention_heads > config.num_key_value_heads,
     )
+
+
+def attend(config: LlamaConfig, w: Weights, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+           mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    b, _, t, _ = q.shape
+    out = attention(config, q, keys, values, mask, causal)
     out = out.transpose(1, 2).reshape(b, t, config.num_attention_heads * config.head_dim)
-    return F.linear(out, w["wo"], w.get("bo"))
+    return linear(out, w["wo"], w.get("bo"))
+
+
+def chunk_mask(start: int, length: int, device: torch.device) -> tuple[torch.Tensor | None, bool]:
+    """(mask, is_causal) for `length` new positions after `start` cached ones: causal from the
+    first position (SDPA's own flag), shifted by `start` after a cached prefix, none for one token."""
+    if length > 1 and start == 0:
+        return None, True
+    if length > 1:
+        mask = (torch.arange(start + length, device=device)[None, :]
+                <= torch.arange(start, start + length, device=device)[:, None])
+        return mask, False
+    return None, False
 
 
 def mlp(w: Weights, x: torch.Tensor) -> torch.Tensor:
-    gate = F.linear(x, w["w_gate"], w.get("b_gate"))
-    up = F.linear(x, w["w_up"], w.get("b_up"))
-    return F.linear(F.silu(gate) * up, w["w_down"], w.get("b_down"))
+    gate = linear(x, w["w_gate"], w.get("b_gate"))
+    up = linear(x, w["w_up"], w.get("b_up"))
+    return linear(F.silu(gate) * up, w["w_down"], w.get("b_down"))
 
 
 def forward(model: Model, core: Weights, layer: LayerWeights, token_ids: torch.Tensor, start: int,
@@ -123,11 +142,7 @@ def forward(model: Model, core: Weights, layer: LayerWeights, token_ids: torch.T
     positions = torch.arange(start, start + t, device=device).expand(b, t)
     cos, sin = rope(model, positions)
     x = F.embedding(token_ids, core["embed"])
-    mask: torch.Tensor | None = None
-    causal = t > 1 and start == 0
-    if t > 1 and start > 0:  # a chunk after a cached prefix: causal, shifted by `start`
-        mask = (torch.arange(start + t, device=device)[None, :]
-                <= torch.arange(start, start + t, device=device)[:, None])
+    mask, causal = chunk_mask(start, t, device)
     for index in range(cfg.num_hidden_layers):
         w = layer(index)
         h = rms_norm(x, w["ln1"], cfg.rms_norm_eps)
@@ -139,7 +154,7 @@ def forward(model: Model, core: Weights, layer: LayerWeights, token_ids: torch.T
         x = x + attend(cfg, w, q, keys, values, mask, causal)
         x = x + mlp(w, rms_norm(x, w["ln2"], cfg.rms_norm_eps))
     x = rms_norm(x if all_logits else x[:, -1:], core["norm"], cfg.rms_norm_eps)
-    logits = F.linear(x, core["head"])
+    logits = linear(x, core["head"])
     return logits if all_logits else logits[:, -1]
 
 
@@ -164,4 +179,57 @@ def decode_step(model: Model, core: Weights, layer: LayerWeights, tokens: torch.
         cache.values[index].scatter_(2, scatter_index, v)
         x = x + attend(cfg, w, q, cache.keys[index], cache.values[index], mask, False)
         x = x + mlp(w, rms_norm(x, w["ln2"], cfg.rms_norm_eps))
-    return F.linear(rms_norm(x[:, -1], core["norm"], cfg.rms_norm_eps), core["head"])
+    return linear(rms_norm(x[:, -1], core["norm"], cfg.rms_norm_eps), core["head"])
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Positions start..start+len(tokens) of one sequence, its K/V written into its own cache
+    (batch dim 1); `logits`: whether the step needs the logits of its last position."""
+
+    tokens: Sequence[int]
+    start: int
+    cache: KVCache
+    logits: bool
+
+
+def forward_segments(model: Model, core: Weights, layer: LayerWeights, segments: Sequence[Segment]) -> torch.Tensor:
+    """One step of a batch whose sequences stand at different positions (prefill chunks and
+    single decode tokens mixed): logits [S, V] for the segments that ask for them, in order.
+
+    Every token of every segment goes through the projections and the MLP as one matrix (the
+    weights are read once per step, whatever the batch), attention runs per segment over its
+    own cache.  A single segment computes exactly what `forward` does for it.
+    """
+    cfg, device = model.config, model.device
+    lengths = [len(s.tokens) for s in segments]
+    flat = torch.tensor([t for s in segments for t in s.tokens], dtype=torch.long, device=device)[None]
+    positions = torch.cat([torch.arange(s.start, s.start + n, device=device)
+                           for s, n in zip(segments, lengths, strict=True)])[None]
+    cos, sin = rope(model, positions)
+    x = F.embedding(flat, core["embed"])
+    masks = [chunk_mask(s.start, n, device) for s, n in zip(segments, lengths, strict=True)]
+    total = flat.shape[1]
+    for index in range(cfg.num_hidden_layers):
+        w = layer(index)
+        h = rms_norm(x, w["ln1"], cfg.rms_norm_eps)
+        q, k, v = qkv(cfg, w, h, cos, sin)
+        outs: list[torch.Tensor] = []
+        offset = 0
+        for segment, n, (mask, causal) in zip(segments, lengths, masks, strict=True):
+            start, end = segment.start, segment.start + n
+            keys, values = segment.cache.keys[index], segment.cache.values[index]
+            keys[:, :, start:end] = k[:, :, offset : offset + n]
+            values[:, :, start:end] = v[:, :, offset : offset + n]
+            outs.append(attention(cfg, q[:, :, offset : offset + n], keys[:, :, :end], values[:, :, :end],
+                                  mask, causal))
+            offset += n
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        out = out.transpose(1, 2).reshape(1, total, cfg.num_attention_heads * cfg.head_dim)
+        x = x + linear(out, w["wo"], w.get("bo"))
+        x = x + mlp(w, rms_norm(x, w["ln2"], cfg.rms_norm_eps))
+    ends = [sum(lengths[: i + 1]) - 1 for i, s in enumerate(segments) if s.logits]
+    if not ends:
+        return torch.empty((0, cfg.vocab_size), dtype=x.dtype, device=device)
+    last = x[0, ends] if len(ends) > 1 else x[0, ends[0] :][:1]
+    return linear(rms_norm(last, core["norm"], cfg.rms_norm_eps), core["head"])

@@ -1,0 +1,201 @@
+"""One step of a running batch: sequences join and leave at token boundaries.
+
+A `SequenceState` is one generation: its prompt, its budget, its own KV cache (blocks from
+the engine's shared pool, `kv_cache`), how far its prefill got and what it generated.  A
+`BatchRunner.step` advances every sequence it is given by one step, in one forward pass
+(`maths.forward_segments`):
+
+* a sequence still in its prefill feeds its next *chunk* of prompt tokens.  Chunks end at
+  multiples of ``chunk_tokens`` counted from the prompt's start, whatever else is in the
+  batch, so a request is cut the same way served alone or among others; the chunks of one
+  step together stay within ``chunk_tokens`` (the first always goes), so a long prompt
+  delays the decodes beside it by one chunk per step, never by its whole length;
+* a decoding sequence feeds its last token and gets the next one.
+
+Logits are computed only for the rows that sample (a decode, or the last chunk of a
+prompt), each row is checked finite on its own (a sequence whose logits hold NaN/Inf fails
+with `NonFiniteLogitsError`; the others go on), and sampling is per row with each
+sequence's own temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from warmpool_worker.engine.decoding import check_generation, check_prompt, sample, text_increment
+from warmpool_worker.engine.kv_cache import KVBlockPool, KVCache, KVLease, blocks_for, kv_capacity
+from warmpool_worker.engine.maths import LayerWeights, Model, Segment, Weights, forward_segments
+from warmpool_worker.engine.prefix_kv import PrefixKVStore
+from warmpool_worker.engine_api import GenerationStep, NonFiniteLogitsError, RequestError
+
+#: Prompt tokens one step may prefill (and where a prompt's chunks end): a decode beside a
+#: long prompt waits at most this many tokens' compute per step.
+DEFAULT_CHUNK_TOKENS = 64
+
+
+@dataclass(eq=False)
+class SequenceState:
+    """One generation in (or waiting for) the batch; the engine thread alone changes it."""
+
+    ids: list[int]
+    budget: int  # tokens it may generate (max_tokens, clamped to the context)
+    temperature: float
+    lease: KVLease
+    cache: KVCache | None = None
+    filled: int = 0  # positions whose K/V are in the cache
+    generated: list[int] = field(default_factory=list)
+    emitted: str = ""
+    finished: bool = False
+
+    @property
+    def limit(self) -> int:
+        return len(self.ids) + self.budget
+
+    @property
+    def blocks_needed(self) -> int:
+        """Blocks to reserve before it may run: its prompt and its whole budget."""
+        return blocks_for(self.limit)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.filled < len(self.ids)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step did for one sequence: a token (`step`), nothing yet (a prefill chunk
+    that was not the last), or an `error` that ended it."""
+
+    sequence: SequenceState
+    step: GenerationStep | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Planned:
+    sequence: SequenceState
+    segment: Segment
+
+
+class BatchRunner:
+    """Runs steps of a batch on the engine's weights; the engine owns one (`LlamaEngine.batch`)."""
+
+    def __init__(self, model: Model, core: Callable[[], Weights], layer: LayerWeights, pool: KVBlockPool,
+                 new_cache: Callable[[int, int], KVCache], prefix_kv: PrefixKVStore,
+                 decode: Callable[[Sequence[int]], str], eos_token_ids: Callable[[], frozenset[int]],
+                 explain_non_finite: Callable[[str], str], generator: torch.Generator,
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> None:
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        self._model = model
+        self._core = core
+        self._layer = layer
+        self.pool = pool
+        self._new_cache = new_cache
+        self._prefix_kv = prefix_kv
+        self._decode = decode
+        self._eos = eos_token_ids
+        self._explain = explain_non_finite
+        self._generator = generator
+        self.chunk_tokens = chunk_tokens
+
+    def open(self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0) -> SequenceState:
+        """A sequence ready to run (checked; no KV yet, nothing reserved); RequestError if it cannot."""
+        cfg = self._model.config
+        ids = check_prompt(token_ids, cfg.max_position_embeddings, cfg.vocab_size)
+        check_generation(max_new_tokens, temperature)
+        if len(ids) >= cfg.max_position_embeddings:
+            raise RequestError(f"the prompt is {len(ids)} tokens: no room left in the context of "
+                               f"{cfg.max_position_embeddings} for a completion")
+        budget = min(max_new_tokens, cfg.max_position_embeddings - len(ids))
+        return SequenceState(ids, budget, temperature, self.pool.lease())
+
+    def close(self, sequence: SequenceState) -> None:
+        """Give back its KV blocks (reserved and used); idempotent."""
+        sequence.finished = True
+        sequence.cache = None
+        sequence.lease.release()
+
+    # ---- one step ------------------------------------------------------------------------
+    def _chunk_end(self, sequence: SequenceState) -> int:
+        step = self.chunk_tokens
+        return min(len(sequence.ids), (sequence.filled // step + 1) * step)
+
+    def _plan(self, sequences: Sequence[SequenceState]) -> list[_Planned]:
+        planned: list[_Planned] = []
+        prefill_left = self.chunk_tokens
+        prefilled_any = False
+        for sequence in sequences:
+            if sequence.finished:
+                continue
+            if sequence.cache is None:
+                self._start(sequence)
+            if sequence.prefilling:
+                end = self._chunk_end(sequence)
+                size = end - sequence.filled
+                if prefilled_any and size > prefill_left:
+                    continue  # its chunk waits for the next step
+                prefilled_any = True
+                prefill_left -= size
+                tokens: Sequence[int] = sequence.ids[sequence.filled : end]
+                wants = end == len(sequence.ids)
+            else:
+                tokens, wants = [sequence.generated[-1]], True
+            assert sequence.cache is not None
+            sequence.lease.grow(sequence.cache, sequence.filled + len(tokens), sequence.limit)
+            planned.append(_Planned(sequence, Segment(tokens, sequence.filled, sequence.cache, wants)))
+        return planned
+
+    def _start(self, sequence: SequenceState) -> None:
+        """Its first cache (sized for the prompt, in whole blocks), seeded from a stored warm prefix."""
+        if sequence.lease.reserved == 0:  # outside the scheduler's admission (warm-up, direct calls)
+            sequence.lease.force_reserve(sequence.blocks_needed)
+        capacity = kv_capacity(len(sequence.ids), 0, sequence.limit)
+        sequence.cache = sequence.lease.hold(self._new_cache(1, capacity))
+        sequence.filled = self._prefix_kv.seed(sequence.ids, sequence.cache)
+
+    def step(self, sequences: Sequence[SequenceState]) -> list[StepOutcome]:
+        """Advance these sequences by one step (module docstring); finished ones are skipped.
+
+        Raises what the forward pass raises (a weight that cannot be loaded): that ends every
+        sequence of the step, which the caller closes.
+        """
+        planned = self._plan(sequences)
+        if not planned:
+            return []
+        with torch.inference_mode():
+            logits = forward_segments(self._model, self._core(), self._layer, [p.segment for p in planned])
+        outcomes: list[StepOutcome] = []
+        row = 0
+        finite = torch.isfinite(logits).all(dim=-1).tolist() if logits.shape[0] else []
+        for item in planned:
+            sequence, segment = item.sequence, item.segment
+            sequence.filled = segment.start + len(segment.tokens)
+            if not segment.logits:
+                outcomes.append(StepOutcome(sequence))
+                continue
+            row_logits = logits[row : row + 1]
+            ok = finite[row]
+            row += 1
+            if not ok:
+                where = (f"at the prefill of a {len(sequence.ids)}-token prompt" if not sequence.generated
+                         else f"at decode step {len(sequence.generated)}")
+                outcomes.append(StepOutcome(sequence, error=NonFiniteLogitsError(self._explain(where))))
+                continue
+            outcomes.append(StepOutcome(sequence, self._next_token(sequence, row_logits)))
+        return outcomes
+
+    def _next_token(self, sequence: SequenceState, logits: torch.Tensor) -> GenerationStep:
+        token = sample(logits, sequence.temperature, self._generator)[0]
+        sequence.generated.append(token)
+        if token in self._eos():
+            sequence.finished = True
+            return GenerationStep(token, "", True, "stop")
+        final = len(sequence.generated) >= sequence.budget
+        text, sequence.emitted = text_increment(self._decode, sequence.generated, sequence.emitted, final)
+        if final:
+            sequence.finished = True
+            return GenerationStep(token, text, True, "length")
+        return GenerationStep(token, text, False)
