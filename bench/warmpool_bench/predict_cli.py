@@ -47,7 +47,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def add_predict_parser(commands: Any, results: Path) -> None:
-    from warmpool_operator.predict.forecaster import CANDIDATES
+    from warmpool_operator.rules.forecast.forecaster import CANDIDATES
 
     p = commands.add_parser("predict", help="no pre-warm vs reactive vs predictive scaling, replayed over a trace",
                             description="Offline replay of a request trace through a queueing model of the pool.")
@@ -118,7 +118,8 @@ def add_live_arguments(p: Any) -> None:
     live.add_argument("--policies", default=",".join(POLICIES), help="live policies: " + ",".join(POLICIES))
     live.add_argument("--size", choices=("small", "tiny"), default=None,
                       help="model: small (SmolLM2-135M, `warmpool model fetch`) or tiny (random weights)")
-    live.add_argument("--kubeconfig", type=Path, default=None, help="an existing local cluster (default: start one)")
+    live.add_argument("--cluster", default=None,
+                      help="a running local real-node cluster to use, by name (default: start one of the run's own)")
     live.add_argument("--work-dir", type=Path, default=None, help="bench artefacts (operator log)")
 
 
@@ -210,7 +211,7 @@ def run_live_command(args: argparse.Namespace) -> int:
                                 policies=policies, size=value("size"), min_warm=max(1, args.min_warm),
                                 max_replicas=value("max_replicas"), fixed_replicas=value("fixed_replicas"),
                                 prime_s=value("prime_seconds"), max_wall_s=value("max_wall"),
-                                kubeconfig=args.kubeconfig, **extra)
+                                cluster=args.cluster, **extra)
         result, chart = run_live(settings)
     except (TraceError, ValueError) as error:  # SegmentError is a ValueError
         print(f"warmpool bench predict --live: {error}", file=sys.stderr)

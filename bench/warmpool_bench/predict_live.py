@@ -2,7 +2,7 @@
 
 The live half of issue #16's benchmark (the offline half is :mod:`.predict`).  The segment
 (:mod:`.predict_live_segment`: thinned, time-compressed, prompts and generation capped) is played by a
-loopback load generator (:mod:`.predict_live_load`) against the pods of one WarmModel per policy, run
+load generator (:mod:`.predict_live_load`) against the pods of one WarmModel per policy, run
 **one after another** (side by side, three pools would share the two CPU cores this was built on, and
 each would measure the others):
 
@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmpool_operator.predict.decision import PredictiveSpec
-from warmpool_operator.predict.forecaster import Forecaster
-from warmpool_operator.predictor import forecaster_config
+from warmpool_operator.control.forecasting import forecaster_config
+from warmpool_operator.rules.forecast.decision import PredictiveSpec
+from warmpool_operator.rules.forecast.forecaster import Forecaster
 
 from warmpool.contract import API_GROUP, API_VERSION
 from warmpool.paths import cache_root
@@ -75,7 +75,8 @@ class LiveSettings:
     dtype: str = "bfloat16"
     threads: int = 1
     warm_timeout_s: float = 300.0
-    kubeconfig: Path | None = None
+    #: a running local real-node cluster to use (default: the run starts one of its own)
+    cluster: str | None = None
     work_dir: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")) / "warmpool-bench-live")
     cache_root: Path = field(default_factory=cache_root)
     load: LoadLimits = field(default_factory=LoadLimits)
@@ -134,9 +135,9 @@ def run_live(s: LiveSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     chart: dict[str, Any] = {"duration_s": segment.duration_s, "step_s": s.step_s,
                              "arrivals": [r.t for r in segment.requests], "policies": {}}
-    cluster = LiveCluster(s.kubeconfig, s.work_dir / "live", s.step_s, [model.model_dir])
+    cluster = LiveCluster(s.cluster, s.work_dir / "live", s.step_s)
     try:
-        cluster.start()
+        model_dir = cluster.start([model.model_dir])[model.model_dir]
         for policy in s.policies:
             left = s.max_wall_s - (time.time() - started)
             needed = segment.duration_s + s.load.drain_s + s.prime_s + OVERHEAD_S
@@ -144,7 +145,7 @@ def run_live(s: LiveSettings) -> tuple[dict[str, Any], dict[str, Any]]:
                 result["skipped"][policy] = f"wall-clock bound: {left:.0f}s left of --max-wall, ~{needed:.0f}s needed"
                 _log(f"{policy}: skipped ({result['skipped'][policy]})")
                 continue
-            figures, timeline = run_policy(cluster, policy, segment, model.model_dir, prompt_ids, s)
+            figures, timeline = run_policy(cluster, policy, segment, model_dir, prompt_ids, s)
             result["policies"][policy] = figures
             chart["policies"][policy] = timeline
     finally:

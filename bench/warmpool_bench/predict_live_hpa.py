@@ -1,7 +1,7 @@
 """The Kubernetes HPA's algorithm, run by the live replay itself (the local cluster has no metrics adapter).
 
-Every ``sample_s`` it scrapes each live pod's ``/metrics`` on its loopback IP (parsed by the operator's
-own :func:`~warmpool_operator.scrape.parse_metrics`) and adds each pod's counter deltas to pool totals
+Every ``sample_s`` it scrapes each live pod's ``/metrics`` on its pod IP (parsed by the operator's
+own :func:`~warmpool_operator.io.worker_metrics.parse_metrics`) and adds each pod's counter deltas to pool totals
 (a pod's first sample is only its baseline, as in the operator).  Every ``sync_s`` (15 s) it decides as
 :class:`~.predict_policies.Reactive` does offline, with the same :class:`~.predict_policies.HpaSettings`:
 
@@ -30,10 +30,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmpool_operator.scrape import parse_metrics
+from warmpool_operator.io.worker_metrics import parse_metrics
 
 from warmpool.contract import API_GROUP, API_VERSION, DEFAULT_WORKER_PORT, PATH_METRICS, PLURAL
-from warmpool_bench.predict_live_load import check_loopback
+from warmpool_bench.dialable import check_dialable
 from warmpool_bench.predict_live_pool import PoolWatch
 from warmpool_bench.predict_policies import HpaSettings
 
@@ -147,7 +147,7 @@ class EmulatedHpa:
 
 
 def _metrics(ip: str) -> str | None:
-    conn = http.client.HTTPConnection(check_loopback(ip), DEFAULT_WORKER_PORT, timeout=2.0)
+    conn = http.client.HTTPConnection(check_dialable(ip), DEFAULT_WORKER_PORT, timeout=2.0)
     try:
         conn.request("GET", PATH_METRICS)
         response = conn.getresponse()

@@ -1,5 +1,5 @@
-"""The live replay's load generator: streamed completions at the segment's arrival times, to pod IPs on
-loopback only, spread over the warm pods the way a least-requests load balancer does.
+"""The live replay's load generator: streamed completions at the segment's arrival times, to the warm
+pods only (on the local node's bridge), spread over them the way a least-requests load balancer does.
 
 The offline model (:mod:`.predict_sim`) has pods that serve one request at a time (the worker generates
 behind one engine lock) and one FCFS queue for the pool.  Here each request is sent **at its arrival**
@@ -21,7 +21,7 @@ they served, and neither the HPA nor the forecaster ever saw the demand.)
 * **Bounded**: at most ``max_in_flight`` requests sent and unanswered (more wait in the generator), at most
   ``max_queue`` waiting there (more are dropped and counted), each request at most ``request_timeout_s``,
   the whole run at most the segment plus ``drain_s``; the dispatch loop wakes at most every 50 ms.  Every
-  address dialled is checked to be in 127.0.0.0/8 first.
+  address dialled is checked first: loopback, or a pod on the local cluster's node bridge.
 """
 
 from __future__ import annotations
@@ -37,20 +37,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from warmpool.contract import DEFAULT_WORKER_PORT
+from warmpool_bench.dialable import NotDialable, check_dialable
 from warmpool_bench.predict_trace import TraceRequest
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 TICK_S = 0.05
-
-
-class NotLoopback(RuntimeError):
-    """An address outside 127.0.0.0/8 was about to be dialled."""
-
-
-def check_loopback(ip: str) -> str:
-    if ipaddress.ip_address(ip) not in LOOPBACK:
-        raise NotLoopback(f"refusing to dial {ip}: the live replay talks to loopback (127.0.0.0/8) only")
-    return ip
 
 
 @dataclass
@@ -75,7 +66,7 @@ class Outcome:
 
     @property
     def prefill_s(self) -> float | None:
-        """Sent to first chunk: the pod's prefill (plus the loopback round trip)."""
+        """Sent to first chunk: the pod's prefill (plus the round trip to the pod)."""
         return None if self.first_token_at is None or self.sent_at is None else self.first_token_at - self.sent_at
 
     @property
@@ -95,7 +86,7 @@ def stream_completion(ip: str, body: dict[str, object], timeout_s: float,
                       on_first: Callable[[], None]) -> int:
     """POST a streamed completion to ``ip``; calls ``on_first`` at the first data chunk; returns the
     data chunks read (``[DONE]`` excluded).  Raises on anything but a 200 and a finished stream."""
-    conn = http.client.HTTPConnection(check_loopback(ip), DEFAULT_WORKER_PORT, timeout=timeout_s)
+    conn = http.client.HTTPConnection(check_dialable(ip), DEFAULT_WORKER_PORT, timeout=timeout_s)
     deadline = time.monotonic() + timeout_s
     try:
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -129,7 +120,7 @@ def stream_completion(ip: str, body: dict[str, object], timeout_s: float,
 @dataclass
 class LoadGenerator:
     """Replays ``requests`` (times from the start) against the warm pods ``warm_pods()`` returns
-    (name -> loopback IP)."""
+    (name -> pod IP)."""
 
     requests: Sequence[TraceRequest]
     prompt_ids: Sequence[int]  # the longest prompt; each request sends its first ``prompt`` ids
@@ -192,7 +183,7 @@ class LoadGenerator:
         try:
             outcome.chunks = stream_completion(ip, body, self.limits.request_timeout_s, first)
             outcome.done_at = time.monotonic() - t0
-        except NotLoopback:
+        except NotDialable:
             raise
         except Exception as error:  # a pod scaled away mid-request, a timeout: counted, not fatal
             outcome.error = f"{type(error).__name__}: {str(error)[:200]}"

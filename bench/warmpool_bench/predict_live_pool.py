@@ -3,7 +3,8 @@ pod-seconds) and its ``status.forecast`` (for the chart), polled through the API
 
 * **Pods** are listed every :data:`POD_POLL_S`; a pod counts from the first list that shows it (within
   0.5 s of the ReplicaSet creating it, shortly after the scale decision) until it is terminating or
-  gone.  A pod that is not warm yet has its worker's ``/readyz`` polled on its pod IP (loopback only):
+  gone.  A pod that is not warm yet has its worker's ``/readyz`` polled on its pod IP
+  (the local node's pods only):
   warm from the first 200.  Its cold start is first seen -> first 200.
 * **The WarmModel** is read every :data:`STATUS_POLL_S`: ``spec.pool.replicas`` (what the emulated HPA
   wrote), ``status.replicas`` and ``status.forecast``.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmpool.contract import API_GROUP, API_VERSION, DEFAULT_WORKER_PORT, LABEL_MODEL, PATH_READYZ, PLURAL
-from warmpool_bench.predict_live_load import NotLoopback, check_loopback
+from warmpool_bench.dialable import NotDialable, check_dialable
 
 POD_POLL_S = 0.5
 STATUS_POLL_S = 2.0
@@ -74,7 +75,7 @@ class PoolWatch:
             self._thread.join(timeout=API_TIMEOUT_S * 3)
 
     def warm_pods(self) -> dict[str, str]:
-        """name -> loopback IP of each pod warm and not terminating, as of the last poll."""
+        """name -> pod IP of each pod warm and not terminating, as of the last poll."""
         with self._lock:
             return {p.name: p.ip for p in self.pods.values()
                     if p.warm_at is not None and p.ended_at is None and p.ip is not None}
@@ -106,8 +107,8 @@ class PoolWatch:
                 life = self.pods.setdefault(name, PodLife(name, now))
                 if pod.status.pod_ip and life.ip is None:
                     try:
-                        life.ip = check_loopback(pod.status.pod_ip)
-                    except NotLoopback as error:  # never dialled: the pod stays out of the warm set
+                        life.ip = check_dialable(pod.status.pod_ip)
+                    except NotDialable as error:  # never dialled: the pod stays out of the warm set
                         self.errors.append(str(error))
                         del self.errors[:-20]
             for life in self.pods.values():
@@ -138,7 +139,7 @@ class PoolWatch:
 
 def _readyz(ip: str) -> bool:
     """The worker's /readyz on its pod IP (http.client: no proxy from the environment is ever used)."""
-    conn = http.client.HTTPConnection(check_loopback(ip), DEFAULT_WORKER_PORT, timeout=1.0)
+    conn = http.client.HTTPConnection(check_dialable(ip), DEFAULT_WORKER_PORT, timeout=1.0)
     try:
         conn.request("GET", PATH_READYZ)
         return conn.getresponse().status == 200

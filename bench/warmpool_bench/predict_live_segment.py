@@ -13,9 +13,9 @@ same way for every policy, and the report says how:
 
 The steps before the window (:func:`seed_history`) are what the operator would have recorded had it
 watched the trace from its start: one step per ``step_s`` of compressed time, its count and its peak
-(the busiest :data:`~warmpool_operator.predict.history.PEAK_SUBSTEP_S` of compressed time, scaled to
-the step, as the operator's :class:`~warmpool_operator.demand.StepAccumulator` measures it), in the
-operator's own format and limits (:func:`warmpool_operator.predictor.limits_for`).
+(the busiest :data:`~warmpool_operator.rules.forecast.history.PEAK_SUBSTEP_S` of compressed time, scaled to
+the step, as the operator's :class:`~warmpool_operator.rules.forecast.steps.StepAccumulator` measures it), in the
+operator's own format and limits (:func:`warmpool_operator.control.forecasting.limits_for`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warmpool_operator.predict.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
-from warmpool_operator.predict.lengths import histogram
-from warmpool_operator.predictor import limits_for
+from warmpool_operator.control.forecasting import limits_for
+from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
+from warmpool_operator.rules.forecast.lengths import histogram
 
 from warmpool_bench.predict_trace import Trace, TraceError, TraceRequest
 

@@ -12,10 +12,10 @@
   ``max(100 %, 4 pods)`` per sync (the HPA's default behaviour); below its minReplicas (the
   predictive floor) it goes to minReplicas at once, as the HPA controller does.
 - :class:`Predictive` (``predictive:<forecaster>``): the same HPA, with the operator's
-  predictive floor under it (:mod:`warmpool_operator.predict`): every step it records the
+  predictive floor under it (:mod:`warmpool_operator.rules.forecast`): every step it records the
   step just closed (its count, and its peak: the busiest 10 s, scaled to the step), forecasts
   the steps one lead time ahead (their peak, unless the forecaster is set to the count) and sets the HPA's floor to
-  :func:`~warmpool_operator.predict.decision.decide`'s count.  It never lowers what the
+  :func:`~warmpool_operator.rules.forecast.decision.decide`'s count.  It never lowers what the
   HPA decides.
 
 Every controller sees only what the operator would: arrivals so far, and the capacity the
@@ -30,10 +30,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from warmpool_operator.predict.decision import DecisionInputs, PredictiveSpec, decide, horizons
-from warmpool_operator.predict.forecaster import Forecaster, Prediction
-from warmpool_operator.predict.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
-from warmpool_operator.predict.lengths import histogram
+from warmpool_operator.rules.forecast.decision import DecisionInputs, PredictiveSpec, decide, horizons
+from warmpool_operator.rules.forecast.forecaster import Forecaster, Prediction
+from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
+from warmpool_operator.rules.forecast.lengths import histogram
 
 from warmpool_bench.predict_sim import Simulation
 from warmpool_bench.predict_trace import TraceRequest

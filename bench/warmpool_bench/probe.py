@@ -47,9 +47,20 @@ def _inject_eager(engine: Any, state: dict[str, Any]) -> None:
     the very same model code, and must not pay an extra copy the real eager loaders would
     not make (the tensors are already private memory), only the dtype cast if one is due.
     """
+    from warmpool_worker.engine.linear import can_pack, pack
+
     dtype = engine.dtype
+    packs = can_pack(dtype, engine.weights.device)
+
+    def materialise(tensor: Any, linear: bool = False) -> Any:
+        if tensor.dtype == dtype:
+            return tensor
+        # converted as the engine converts: a linear layer's matrix packed for oneDNN
+        converted = tensor.to(dtype)
+        return pack(converted) if linear and packs else converted
+
     engine.checkpoint.get_tensor = state.__getitem__
-    engine.weights.materialise = lambda tensor: tensor if tensor.dtype == dtype else tensor.to(dtype)
+    engine.weights.materialise = materialise
 
 
 def _engine_requests(engine: Any, prompt: list[int], steady: int) -> tuple[float, float, list[float]]:

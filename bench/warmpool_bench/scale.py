@@ -1,7 +1,7 @@
 """`warmpool bench scale`: the operator with N WarmModels on the local control plane.
 
 Each WarmModel asks for one worker pod, pinned by a nodeSelector to fake nodes of our own
-(``bench-kwok-*``) that kwok manages but the devcluster's local kubelet does not serve: kwok
+(``bench-kwok-*``) that kwok manages, in a cluster of kwok nodes only (no real node): kwok
 binds the pods and gives them loopback IPs, nothing runs in them, so their metrics
 endpoints are absent (a scrape is refused at once, and the pod is Unknown, never 0 % used).
 ``minWarm: 0`` makes a WarmModel Ready once reconciled, which is what is timed: the
@@ -58,7 +58,7 @@ def warmmodel_manifest(name: str, namespace: str) -> dict[str, Any]:
 
 
 def bench_nodes() -> list[dict[str, Any]]:
-    """kwok-managed Nodes outside the local kubelet's prefix: pods bind and get an IP, nothing runs."""
+    """kwok-managed Nodes of the benchmark's own: pods bind and get an IP, nothing runs."""
     from warmpool_devcluster.kwok import node_manifests
 
     nodes = node_manifests(BENCH_NODES)
@@ -334,13 +334,14 @@ def floor_manifests(count: int, namespace: str) -> str:
     builders (one Secret, ConfigMap, Service, PDB and Deployment each), as one YAML stream."""
     import secrets
 
-    from warmpool_operator import builders
-    from warmpool_operator.api import parse_spec
+    from warmpool_operator.api.types import parse_spec
+    from warmpool_operator.model import Target
+    from warmpool_operator.rules import builders
 
     docs: list[str] = []
     for i in range(count):
         manifest = warmmodel_manifest(f"wm-{i:04d}", namespace)
-        target = builders.Target(name=manifest["metadata"]["name"], namespace=namespace,
+        target = Target(name=manifest["metadata"]["name"], namespace=namespace,
                                  spec=parse_spec(manifest["spec"]))
         for child in (builders.build_control_secret(target, secrets.token_urlsafe(32)),
                       builders.build_configmap(target), builders.build_service(target), builders.build_pdb(target),
@@ -423,7 +424,7 @@ def targets(point: dict[str, Any], growth_table: dict[str, dict[str, float | Non
 
 
 def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeconfig: Path | None) -> dict[str, Any]:
-    from warmpool_devcluster.testing import start_or_attach
+    from warmpool_devcluster.testing import start_or_attach_simulated
 
     from warmpool_bench.coldstart import machine_info
 
@@ -436,8 +437,8 @@ def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeco
     }
     work = Path(os.environ.get("TMPDIR", "/tmp")) / "warmpool-bench" / "scale"
     work.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("WARMPOOL_TEST_CLUSTER", f"bench-scale-{os.getpid()}")  # our own cluster's name
-    cluster = start_or_attach(str(kubeconfig) if kubeconfig else None)
+    # Simulated (kwok) nodes: the operator's work at 1,000 WarmModels, not a real node's pod starts.
+    cluster = start_or_attach_simulated(str(kubeconfig) if kubeconfig else None, f"bench-scale-{os.getpid()}")
     try:
         crd = Path(__file__).resolve().parents[2] / "crds" / "warmmodels.warmpool.dev.yaml"
         cluster.kubectl("apply", "-f", str(crd))

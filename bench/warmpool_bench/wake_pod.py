@@ -1,29 +1,25 @@
 """The ``new_pod`` variant of `warmpool bench wake`: a WarmModel scaled from zero pods to one.
 
-The local control plane (started here, or ``--kubeconfig`` an existing one whose pods get
-loopback IPs), the WarmModel CRD from ``crds/``, and the operator from this checkout as a
-local subprocess (``warmpool operator -n NS``, scraping only 127.0.0.0/8).  One WarmModel per
-model, ``replicas: 0``, with the same worker flags as the other variants.  A run:
+The local real-node cluster with the checkout's images, the CRD and the operator as a local
+subprocess (:mod:`.bench_cluster`; ``--cluster`` names a running one).  One WarmModel per model,
+``replicas: 0``, with the same worker flags as the other variants.  A run:
 
 1. the decision: the scale subresource patched to 1 (what ``kubectl scale``, an HPA or the
    operator's own scale-up writes); the clock starts just before it;
-2. the pod appears, is bound and gets its loopback IP (polled through the API, 0.1 s);
+2. the pod appears, is bound and gets its IP on the node's bridge (polled through the API, 0.1 s);
 3. its worker answers ``/readyz`` 200 on the pod IP (polled, 0.05 s), and the first completion
    is sent there straight away: the end is when it is answered.  This is the fastest a client
    could reach the pod; one behind a Service also waits for the kubelet's readiness probe,
    recorded as ``kubelet_ready_s``;
 4. untimed: steady completions, then scaled back to 0 and waited until the pod is gone.
 
-Only loopback is ever dialled: a pod IP outside 127.0.0.0/8 fails the run.
+Only the node's pods are ever dialled (:mod:`.dialable`): any other address fails the run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.error
@@ -34,19 +30,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmpool.contract import API_GROUP, API_VERSION, DEFAULT_WORKER_PORT, LABEL_MODEL, PATH_READYZ, PLURAL
+from warmpool_bench.bench_cluster import BenchCluster
 from warmpool_bench.coldstart import BenchModel
+from warmpool_bench.dialable import check_dialable
 from warmpool_bench.stats import median, ratio
 
 if TYPE_CHECKING:
     from warmpool_bench.wake_settings import WakeSettings
 
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "warmmodels.warmpool.dev.yaml"
 POD_POLL_S = 0.1
 READYZ_POLL_S = 0.05
 #: Bounds on the untimed parts (setup, scale-down) of one run.
 SETTLE_TIMEOUT_S = 180.0
-LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 def _log(message: str) -> None:
@@ -57,8 +52,10 @@ def warmmodel_name(model: BenchModel) -> str:
     return f"wake-{model.name}"
 
 
-def warmmodel_manifest(model: BenchModel, namespace: str, settings: WakeSettings) -> dict[str, Any]:
-    """Zero pods of this model, with the worker flags every other variant runs with."""
+def warmmodel_manifest(model: BenchModel, namespace: str, settings: WakeSettings,
+                       model_dir: Path | None = None) -> dict[str, Any]:
+    """Zero pods of this model (mounted from ``model_dir``, where the node's pods read it), with the
+    worker flags every other variant runs with."""
     args = ["--device=cpu", f"--dtype={settings.dtype}", f"--prompts-per-bucket={settings.prompts_per_bucket}",
             f"--decode-tokens={settings.decode_tokens}"]
     if settings.threads is not None:
@@ -68,7 +65,7 @@ def warmmodel_manifest(model: BenchModel, namespace: str, settings: WakeSettings
         "kind": "WarmModel",
         "metadata": {"name": warmmodel_name(model), "namespace": namespace},
         "spec": {
-            "model": {"hostPath": {"path": str(model.model_dir)}, "revision": "r1"},
+            "model": {"hostPath": {"path": str(model_dir or model.model_dir)}, "revision": "r1"},
             "pool": {"replicas": 0, "minWarm": 0, "maxReplicas": 1},
             "warmup": {"buckets": list(settings.buckets), "timeoutSeconds": int(max(1, settings.timeout_s))},
             "pod": {"workerArgs": args},
@@ -77,10 +74,8 @@ def warmmodel_manifest(model: BenchModel, namespace: str, settings: WakeSettings
 
 
 def _http(url: str, body: object | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
-    """GET, or a JSON POST; status 0 when nothing answers yet.  Loopback only."""
-    host = urllib.parse.urlparse(url).hostname or ""
-    if ipaddress.ip_address(host) not in LOOPBACK:
-        raise RuntimeError(f"refusing to dial {host}: the bench talks to loopback only")
+    """GET, or a JSON POST; status 0 when nothing answers yet.  The node's pods only."""
+    check_dialable(urllib.parse.urlparse(url).hostname or "")
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
@@ -101,54 +96,30 @@ class NewPods:
 
     def __init__(self, settings: WakeSettings, work: Path) -> None:
         self.settings = settings
-        self.work = work
-        self.namespace = f"bench-wake-{os.getpid()}"
-        self.cluster: Any = None
-        self.operator: subprocess.Popen[bytes] | None = None
-        self.core: Any = None
-        self.custom: Any = None
+        self.bench = BenchCluster(settings.cluster, work, f"bench-wake-{os.getpid()}")
+        self.namespace = self.bench.namespace
+        self.published: dict[Path, Path] = {}
         self.applied: set[str] = set()
 
-    def start(self, model_dirs: Sequence[Path]) -> None:
-        from kubernetes import client, config
-        from warmpool_devcluster.testing import start_or_attach
+    @property
+    def core(self) -> Any:
+        return self.bench.core
 
-        self.work.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("WARMPOOL_TEST_CLUSTER", f"bench-wake-{os.getpid()}")  # our own cluster's name
-        kubeconfig = self.settings.kubeconfig
-        self.cluster = start_or_attach(str(kubeconfig) if kubeconfig else None)
-        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=warmpool-bench",
-                             "-f", str(CRD))
-        self.cluster.kubectl("wait", "--for=condition=Established", "crd/warmmodels.warmpool.dev", "--timeout=60s")
-        self.cluster.kubectl("create", "namespace", self.namespace)
-        # The client's Python package is untyped where it matters here: its objects are handled as Any.
-        api: Any = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))  # type: ignore[no-untyped-call]
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        log = (self.work / "operator.log").open("ab")
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "warmpool", "operator", "--namespace", self.namespace,
-             "--scrape-network", "127.0.0.0/8", "--metrics-port", "0", "--liveness-port", "0", "--bind", "127.0.0.1",
-             *(f"--allowed-host-path={d}" for d in model_dirs)],
-            env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},
-            stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+    def start(self, model_dirs: Sequence[Path]) -> None:
+        self.published = self.bench.start(model_dirs)
 
     def _ensure(self, model: BenchModel) -> str:
         """The model's WarmModel at zero pods, reconciled (its Deployment exists); its name."""
         name = warmmodel_name(model)
         if name in self.applied:
             return name
-        self.custom.create_namespaced_custom_object(API_GROUP, API_VERSION, self.namespace, PLURAL,
-                                                    warmmodel_manifest(model, self.namespace, self.settings))
-        from kubernetes import client
-
-        apps: Any = client.AppsV1Api(self.core.api_client)
+        self.bench.create(warmmodel_manifest(model, self.namespace, self.settings,
+                                             self.published.get(model.model_dir)))
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self.operator is not None and self.operator.poll() is not None:
-                raise RuntimeError(f"the operator exited {self.operator.returncode}: {self.operator_log()}")
-            found = apps.list_namespaced_deployment(self.namespace, label_selector=f"{LABEL_MODEL}={name}").items
+            self.bench.check_operator()
+            found = self.bench.apps.list_namespaced_deployment(self.namespace,
+                                                               label_selector=f"{LABEL_MODEL}={name}").items
             if found:
                 self.applied.add(name)
                 return name
@@ -156,15 +127,14 @@ class NewPods:
         raise RuntimeError(f"WarmModel {name}: no Deployment after {SETTLE_TIMEOUT_S:g}s: {self.operator_log()}")
 
     def operator_log(self) -> str:
-        path = self.work / "operator.log"
-        return path.read_text(errors="replace")[-1500:] if path.exists() else ""
+        return self.bench.operator_log()
 
     def _pods(self, name: str) -> list[Any]:
         items = self.core.list_namespaced_pod(self.namespace, label_selector=f"{LABEL_MODEL}={name}").items
         return [p for p in items if p.metadata.deletion_timestamp is None]
 
     def _scale(self, name: str, replicas: int) -> None:
-        self.custom.patch_namespaced_custom_object_scale(API_GROUP, API_VERSION, self.namespace, PLURAL, name,
+        self.bench.custom.patch_namespaced_custom_object_scale(API_GROUP, API_VERSION, self.namespace, PLURAL, name,
                                                          {"spec": {"replicas": replicas}})
 
     def measure(self, model: BenchModel, prompt: list[int]) -> dict[str, Any]:
@@ -230,28 +200,4 @@ class NewPods:
         raise RuntimeError(f"WarmModel {name}: pods still there {SETTLE_TIMEOUT_S:g}s after scaling to 0")
 
     def stop(self) -> None:
-        """Delete the WarmModels while the operator runs (it holds their finalizers), then the rest."""
-        try:
-            if self.custom is not None:
-                for name in sorted(self.applied):
-                    with contextlib.suppress(Exception):
-                        self.custom.delete_namespaced_custom_object(API_GROUP, API_VERSION, self.namespace,
-                                                                    PLURAL, name)
-                deadline = time.monotonic() + 60
-                while self.applied and time.monotonic() < deadline:
-                    left = self.custom.list_namespaced_custom_object(API_GROUP, API_VERSION, self.namespace,
-                                                                     PLURAL)["items"]
-                    if not left:
-                        break
-                    time.sleep(0.5)
-        finally:
-            if self.operator is not None and self.operator.poll() is None:
-                self.operator.terminate()
-                try:
-                    self.operator.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    self.operator.kill()
-                    self.operator.wait(timeout=30)
-            if self.cluster is not None:
-                self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
-                self.cluster.close()
+        self.bench.stop()

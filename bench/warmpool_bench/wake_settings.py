@@ -33,7 +33,8 @@ class WakeSettings:
     timeout_s: float = 600.0
     threads: int | None = 1
     variants: tuple[str, ...] = VARIANTS
-    kubeconfig: Path | None = None
+    #: a running local real-node cluster to use (default: the run starts one of its own)
+    cluster: str | None = None
     work_dir: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")) / "warmpool-bench")
 
     def coldstart(self, dtype: str | None = None) -> Settings:

@@ -36,17 +36,17 @@ def _trace(path: Path) -> None:
 
 
 def _run(cluster: ClusterHandle | None, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, MPLBACKEND="Agg", WARMPOOL_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, MPLBACKEND="Agg")  # the suite's cache: where the session cluster's state is
     env.pop("POD_IP", None)
-    where = ["--kubeconfig", str(cluster.kubeconfig)] if cluster is not None else []
+    where = ["--cluster", cluster.name] if cluster is not None and cluster.name is not None else []
     command = [sys.executable, "-m", "warmpool", "bench", "predict", "--live", "--quick", *where,
                "--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "results"), "--name", "smoke", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_live_replay_quick(cluster: ClusterHandle, tmp_path: Path) -> None:
-    if cluster.work_dir is None:
-        pytest.skip("the live replay dials pod IPs, which are loopback only on the local cluster")
+    if cluster.name is None:
+        pytest.skip("the live replay runs pods on the local cluster's real node")
     _trace(tmp_path / "trace.csv")
     # Minutes 4-6 (idle, then the burst), 20 s of replay; minutes 0-3 seed the predictive pool's history.
     proc = _run(cluster, tmp_path, "--trace", str(tmp_path / "trace.csv"), "--segment-start", "4",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from warmpool_bench.predict_live_segment import SegmentError, SegmentSpec, cut, per_bin, seed_history
 from warmpool_bench.predict_trace import Trace, TraceRequest
-from warmpool_operator.predict.history import dumps, loads_or_empty
-from warmpool_operator.predictor import limits_for
+from warmpool_operator.control.forecasting import limits_for
+from warmpool_operator.rules.forecast.history import dumps, loads_or_empty
 
 
 def _trace() -> Trace:

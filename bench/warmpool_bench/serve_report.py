@@ -1,0 +1,170 @@
+"""`warmpool bench serve`'s figures (pure), its targets judged, its Markdown and its chart.
+
+Per server and concurrency level, from the requests' token timestamps:
+
+* ``throughput_tok_s``: output tokens / wall time of the level (first send -> last token);
+* ``steady_tok_s``: output tokens / time, counted only while every client was active (from
+  the last client's first send to the first client's last token): the batch at full width;
+* TTFT (send -> first token) and TPOT (mean gap between the following tokens), p50 and p95.
+
+Targets (never asserted anywhere; met or missed is reported): at 12 concurrent, steady decode
+throughput >= 4x a single request's (the level-1 figure), and TTFT p95 <= 3x the level-1 TTFT
+p50.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from warmpool_bench.serve_load import RequestTiming
+from warmpool_bench.stats import median, percentile, ratio
+
+TARGET_CONCURRENCY = 12
+TARGET_THROUGHPUT_RATIO = 4.0
+TARGET_TTFT_RATIO = 3.0
+
+
+def level_figures(timings: Sequence[RequestTiming], wall_s: float, concurrency: int) -> dict[str, Any]:
+    done = [t for t in timings if t.error is None and t.token_times]
+    tokens = sum(t.tokens for t in done)
+    firsts: dict[int, float] = {}
+    lasts: dict[int, float] = {}
+    for t in done:
+        firsts[t.client] = min(firsts.get(t.client, t.sent), t.sent)
+        lasts[t.client] = max(lasts.get(t.client, t.token_times[-1]), t.token_times[-1])
+    steady: float | None = None
+    if len(firsts) == concurrency:
+        start, end = max(firsts.values()), min(lasts.values())
+        if end > start:
+            inside = sum(1 for t in done for at in t.token_times if start <= at <= end)
+            steady = inside / (end - start)
+    ttft = [t.ttft_s for t in done]
+    tpot = [t.tpot_s for t in done]
+    return {
+        "concurrency": concurrency,
+        "requests": len(timings),
+        "errors": [t.error for t in timings if t.error is not None][:5],
+        "error_count": sum(1 for t in timings if t.error is not None),
+        "output_tokens": tokens,
+        "wall_s": wall_s,
+        "throughput_tok_s": ratio(float(tokens), wall_s),
+        "steady_tok_s": steady,
+        "ttft_p50_s": median(ttft),
+        "ttft_p95_s": percentile(ttft, 95),
+        "tpot_p50_s": median(tpot),
+        "tpot_p95_s": percentile(tpot, 95),
+    }
+
+
+def same_text(levels: Mapping[int, Sequence[RequestTiming]]) -> dict[str, int]:
+    """Greedy texts at every level against the level-1 text of the same prompt."""
+    alone = {t.prompt: t.text for t in levels.get(1, []) if t.error is None}
+    compared = equal = 0
+    for level, timings in levels.items():
+        if level == 1:
+            continue
+        for t in timings:
+            if t.error is None and t.prompt in alone:
+                compared += 1
+                equal += t.text == alone[t.prompt]
+    return {"compared": compared, "equal": equal}
+
+
+def judge(levels: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The targets at TARGET_CONCURRENCY against level 1, for one server's levels (keys: str(c))."""
+    alone, wide = levels.get("1"), levels.get(str(TARGET_CONCURRENCY))
+    if alone is None or wide is None:
+        return {"throughput": None, "ttft": None}
+    single = alone["steady_tok_s"] or alone["throughput_tok_s"]
+    throughput = ratio(wide["steady_tok_s"] or wide["throughput_tok_s"], single)
+    ttft = ratio(wide["ttft_p95_s"], alone["ttft_p50_s"])
+    return {
+        "throughput_ratio": throughput,
+        "throughput_met": None if throughput is None else throughput >= TARGET_THROUGHPUT_RATIO,
+        "ttft_p95_ratio": ttft,
+        "ttft_met": None if ttft is None else ttft <= TARGET_TTFT_RATIO,
+    }
+
+
+def _f(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _met(value: bool | None) -> str:
+    return "-" if value is None else ("**met**" if value else "**missed**")
+
+
+def render_serve(result: Mapping[str, Any]) -> str:
+    settings = result["settings"]
+    lines = [
+        "# warmpool bench serve",
+        "",
+        f"`{Path(result['model_dir']).name}` on CPU, {settings['threads']} threads per server, prompts of about "
+        f"{settings['prompt_tokens']} tokens, max_tokens {settings['max_tokens']}, greedy, streamed; "
+        f"{settings['requests_per_client']} requests per client (closed loop, client starts staggered by "
+        "one request's length / concurrency). Commit `" + str(result["commit"])[:12] + "`, load average "
+        f"{_f(result['load_average_start'][0])} at start, {_f(result['load_average_end'][0])} at the end "
+        f"(1-minute), {result['cpus']} CPUs, wall {_f(result['wall_s'], 0)} s.",
+        "",
+    ]
+    for name, server in result["servers"].items():
+        lines += [f"## {name}", "", server["what"], ""]
+        if "error" in server:
+            lines += [f"Failed: {server['error']}", ""]
+            continue
+        lines += ["| concurrency | requests | tokens | throughput tok/s | steady tok/s | x single | "
+                  "TTFT p50 s | TTFT p95 s | TPOT p50 s | TPOT p95 s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        single = server["levels"].get("1", {})
+        base = single.get("steady_tok_s") or single.get("throughput_tok_s")
+        for level in server["levels"].values():
+            lines.append(
+                f"| {level['concurrency']} | {level['requests']} | {level['output_tokens']} | "
+                f"{_f(level['throughput_tok_s'], 1)} | {_f(level['steady_tok_s'], 1)} | "
+                f"{_f(ratio(level['steady_tok_s'] or level['throughput_tok_s'], base))} | "
+                f"{_f(level['ttft_p50_s'], 3)} | {_f(level['ttft_p95_s'], 3)} | {_f(level['tpot_p50_s'], 3)} | "
+                f"{_f(level['tpot_p95_s'], 3)} |")
+        verdict = server["targets"]
+        lines += ["", f"At {TARGET_CONCURRENCY} concurrent: steady throughput {_f(verdict.get('throughput_ratio'))}x "
+                  f"a single request's (target >= {TARGET_THROUGHPUT_RATIO:g}x: "
+                  f"{_met(verdict.get('throughput_met'))}); "
+                  f"TTFT p95 {_f(verdict.get('ttft_p95_ratio'))}x TTFT alone (target <= {TARGET_TTFT_RATIO:g}x: "
+                  f"{_met(verdict.get('ttft_met'))}).", ""]
+        if server.get("same_text"):
+            same = server["same_text"]
+            lines += [f"Greedy text equal to the same prompt served alone: {same['equal']}/{same['compared']}.", ""]
+        if server.get("utilisation"):
+            lines += ["Engine busy (batch steps' wall time) / level wall time: " + ", ".join(
+                f"{c}: {_f(u)}" for c, u in server["utilisation"].items()) + ".", ""]
+    lines += [result.get("notes", ""), ""]
+    return "\n".join(lines)
+
+
+def plot_serve(result: Mapping[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, server in result["servers"].items():
+        levels = list(server.get("levels", {}).values())
+        if not levels:
+            continue
+        xs = [level["concurrency"] for level in levels]
+        left.plot(xs, [level["steady_tok_s"] or level["throughput_tok_s"] or 0 for level in levels], "o-", label=name)
+        right.plot(xs, [level["ttft_p95_s"] or 0 for level in levels], "o-", label=f"{name} TTFT p95")
+    left.set(xlabel="concurrent requests", ylabel="output tokens/s (steady)", title="throughput")
+    right.set(xlabel="concurrent requests", ylabel="seconds", title="time to first token, p95")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -1,0 +1,135 @@
+"""The servers `warmpool bench serve` measures, each a real subprocess on loopback.
+
+* ``warmpool``: ``warmpool worker serve`` on the SmolLM2 safetensors (continuous batching);
+* ``llama_cpp``: llama-cpp-python's packaged OpenAI server (``python -m llama_cpp.server``, the
+  ``engine-test`` extra) on the GGUF the same model ships as.  That server runs one completion
+  at a time: every request waits for one lock around the model (``llama_cpp/server/app.py``),
+  so it has exactly **one** slot; ``--interrupt_requests False`` makes a new request wait for
+  it instead of cutting the running one short (its default).
+
+Both get the same torch/ggml thread count.  Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+HOST = "127.0.0.1"
+#: The packaged llama.cpp server's parallel slots (see the module docstring).
+LLAMA_CPP_SLOTS = 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Server:
+    name: str
+    model: str  # the name its /v1/completions wants
+    base_url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log: IO[bytes]
+    slots: int | None  # parallel requests it runs (None: bounded by its batch, see the settings)
+
+    def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def wait_ready(self, path: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}): {self.tail()}")
+            try:
+                if self.get(path)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s:g}s: {self.tail()}")
+
+    def tail(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[-2000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def _env(threads: int) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.pop("POD_IP", None)
+    return env
+
+
+def start_warmpool(model_dir: Path, work: Path, threads: int, max_batch: int, timeout_s: float) -> Server:
+    port = free_port()
+    log_path = work / "warmpool-worker.log"
+    log = log_path.open("wb")
+    command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model_dir), "--host", HOST,
+               "--port", str(port), "--device", "cpu", "--dtype", "float32", "--threads", str(threads),
+               "--max-batch-size", str(max_batch), "--max-queued-requests", "256",
+               "--buckets", "32,128", "--prompts-per-bucket", "1"]
+    proc = subprocess.Popen(command, env=_env(threads), stdout=log, stderr=subprocess.STDOUT)
+    server = Server("warmpool", model_dir.name, f"http://{HOST}:{port}", proc, log_path, log, None)
+    server.wait_ready("/readyz", timeout_s)
+    return server
+
+
+def start_llama_cpp(gguf: Path, work: Path, threads: int, context: int, timeout_s: float) -> Server:
+    port = free_port()
+    log_path = work / "llama-cpp-server.log"
+    log = log_path.open("wb")
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", HOST, "--port", str(port),
+               "--n_ctx", str(context), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+               "--interrupt_requests", "False", "--model_alias", "smollm2"]
+    proc = subprocess.Popen(command, env=_env(threads), stdout=log, stderr=subprocess.STDOUT)
+    server = Server("llama_cpp", "smollm2", f"http://{HOST}:{port}", proc, log_path, log, LLAMA_CPP_SLOTS)
+    server.wait_ready("/v1/models", timeout_s)
+    return server
+
+
+def worker_figures(server: Server) -> dict[str, float]:
+    """The warmpool worker's own counters (generated tokens, busy seconds), for utilisation."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, payload = server.get("/metrics")
+    if status != 200:
+        return {}
+    wanted = {"warmpool_generated_tokens_total", "warmpool_engine_busy_seconds_total", "warmpool_kv_blocks_total"}
+    return {sample.name: sample.value for family in text_string_to_metric_families(payload.decode())
+            for sample in family.samples if sample.name in wanted}
+
+
+def describe_gguf(gguf: Path) -> dict[str, object]:
+    """What llama.cpp runs: the file and its weights' quantisation (from its name)."""
+    return {"path": str(gguf), "bytes": gguf.stat().st_size, "quantisation": gguf.stem.rsplit(".", 1)[-1]}
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, indent=2)
