@@ -1,4 +1,4 @@
-"""Names the node agent and the operator derive alike from a revision or a source (#18).
+"""Names the node agent and the operator derive alike from a revision or a source.
 
 The constants they are made of live in :mod:`warmpool.contract`; these two functions are the
 one place that turns a digest or a source block into them.

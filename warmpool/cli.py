@@ -13,13 +13,15 @@ import sys
 
 #: subcommand -> (module with a `main(argv) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "cluster": ("warmpool_devcluster.cli", "local control plane: build | up | down | status | kubeconfig"),
+    "cluster": ("warmpool_devcluster.cli", "local cluster: build | host-packages | up | down | status | kubeconfig"),
+    "images": ("warmpool_devcluster.images_cli", "the project's images, built here: build | load | list"),
     "worker": ("warmpool_worker.cli", "run a worker: serve (built-in engine) | sidecar (external engine)"),
-    "operator": ("warmpool_operator.cli", "run the operator (kopf)"),
-    "node-agent": ("warmpool_nodecache.agent_cli", "fill this node's model cache from object stores (#18)"),
+    "operator": ("warmpool_operator.app.cli", "run the operator (kopf)"),
+    "node-agent": ("warmpool_nodecache.agent_cli", "fill this node's model cache from object stores"),
     "model": ("warmpool_dev.model_fetch", "fetch: the small real test model (SmolLM2-135M) as safetensors | "
               "push: a model directory to an S3 store, with its manifest"),
-    "bench": ("warmpool_bench.cli", "benchmarks: coldstart | scale"),
+    "bench": ("warmpool_bench.cli", "benchmarks: coldstart | scale | predict | wake | cache | tracing-imports | "
+              "serve; render: a results file again as Markdown"),
     "demo": ("warmpool_dev.demo", "the main job end to end on a local cluster"),
 }
 

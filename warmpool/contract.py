@@ -36,7 +36,7 @@ CONDITION_PROGRESSING = "Progressing"  # a rollout or scale is under way
 CONDITION_DEGRADED = "Degraded"  # something is wrong that retrying will not fix (bad spec, ...)
 CONDITION_WARMUP_GATED = "WarmupGated"  # some pods run a truncated or paused warm-up
 CONDITION_TYPES = (CONDITION_READY, CONDITION_PROGRESSING, CONDITION_DEGRADED, CONDITION_WARMUP_GATED)
-#: Written only with spec.pool.predictive.enabled (#16): True while demand prediction sizes the
+#: Written only with spec.pool.predictive.enabled: True while demand prediction sizes the
 #: pool; False (the pool scales reactively) with the reason why not, e.g. request metrics missing.
 CONDITION_PREDICTIVE = "Predictive"
 
@@ -59,11 +59,15 @@ MAX_WARMMODEL_NAME_LENGTH = 48
 DEFAULT_WORKER_IMAGE = "ghcr.io/warmpool/worker:0.1.0"
 #: Default seconds between scrapes of a WarmModel's worker pods.
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 10.0
-#: Defaults of spec.pool.sleep (#15): pods kept awake, and the level a pod sleeps at.
+#: Defaults of spec.pool.sleep: pods kept awake, and the level a pod sleeps at.
 DEFAULT_SLEEP_MIN_AWAKE = 1
 DEFAULT_SLEEP_LEVEL = 1
 #: Longest spec.pool.sleep.afterIdleSeconds accepted (a week).
 MAX_SLEEP_AFTER_IDLE_SECONDS = 7 * 24 * 3600
+#: Defaults of spec.pool.predictive: the lead time planned for until one is measured, and the most
+#: pods prediction adds above the reactive count.
+DEFAULT_PREDICTIVE_HORIZON_SECONDS = 300
+DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS = 4
 
 # --------------------------------------------------------------------------- 3. tiers and thresholds
 
@@ -103,7 +107,7 @@ MAX_DIRECTIVE_TTL_SECONDS = 3600.0
 #: Suffixes of a WarmModel's children ("<name><suffix>"); the Deployment, Service and PDB take the bare name.
 CONFIGMAP_SUFFIX = "-warmup"
 CONTROL_SECRET_SUFFIX = "-control"
-#: The ConfigMap persisting a WarmModel's request history (operator/warmpool_operator/predict/store.py).
+#: The ConfigMap persisting a WarmModel's request history (operator/warmpool_operator/io/history_store.py).
 HISTORY_CONFIGMAP_SUFFIX = "-history"
 #: Key of the control-token Secret holding the bearer token of POST /control/tier.
 CONTROL_SECRET_KEY = "token"
@@ -125,7 +129,7 @@ COMPONENT_WORKER = "worker"
 COMPONENT_HISTORY = "history"
 MANAGED_BY = "warmpool-operator"
 
-#: On worker pods (#15): "true" while the pod takes the Service's traffic.  The pod template sets
+#: On worker pods: "true" while the pod takes the Service's traffic.  The pod template sets
 #: it true (so with the operator down every Ready pod serves); the operator sets it false before
 #: a pod sleeps and true again once it is awake.  Never part of the Deployment's selector.
 LABEL_AWAKE = f"{API_GROUP}/awake"
@@ -138,6 +142,10 @@ ANNOTATION_REVISION = f"{API_GROUP}/revision"
 ANNOTATION_POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: Pod-template annotation: hash of what is baked into the pods besides the spec (prompts).
 ANNOTATION_CONFIG_HASH = f"{API_GROUP}/config-hash"
+#: Pod-template annotation of an http/s3 source's pods: the digest (sha256:<hex>) of the node-cache
+#: revision they mount.  The node agent never evicts a revision a pod on its node names here
+#: (an older revision's pods during a rollout included), so it needs no view of their processes.
+ANNOTATION_CACHE_REVISION = f"{API_GROUP}/cache-revision"
 #: Annotation on each child: hash of the desired object, so reconcile compares one string.
 ANNOTATION_SPEC_HASH = f"{API_GROUP}/spec-hash"
 
@@ -150,7 +158,7 @@ PATH_CONTROL_TIER = "/control/tier"
 #: The health path vLLM, SGLang, TGI and llama.cpp answer: the built-in worker answers it too
 #: (200 only when warm, like /readyz), so tools that probe /health work unchanged.
 PATH_HEALTH = "/health"
-#: Sleep (#15): POST puts the engine to sleep ({"level": 1|2}), GET reports the state; POST
+#: Sleep: POST puts the engine to sleep ({"level": 1|2}), GET reports the state; POST
 #: /control/wake takes the memory back.  Authenticated like /control/tier.
 PATH_CONTROL_SLEEP = "/control/sleep"
 PATH_CONTROL_WAKE = "/control/wake"
@@ -162,6 +170,8 @@ PATH_VLLM_SLEEP = "/sleep"
 PATH_VLLM_WAKE_UP = "/wake_up"
 PATH_VLLM_IS_SLEEPING = "/is_sleeping"
 DEFAULT_WORKER_PORT = 8080
+#: The worker container's port name, which its Service targets and the chart's NetworkPolicy opens.
+WORKER_PORT_NAME = "http"
 DEFAULT_ENGINE_PORT = 8000  # vLLM's and SGLang's usual port; TGI users set 80 or 3000
 DEFAULT_ENGINE_HEALTH_PATH = "/health"
 DEFAULT_OPERATOR_METRICS_PORT = 9090
@@ -274,7 +284,7 @@ METRIC_READY = "warmpool_ready"  # 1 when warm and serving
 #: Tokens generated for served requests (warm-up excluded).
 METRIC_GENERATED_TOKENS = "warmpool_generated_tokens_total"
 #: Completions received (counted on arrival, whatever their outcome): the operator's idle signal
-#: (#15, a pod whose count has not moved for spec.pool.sleep.afterIdleSeconds is idle).
+#: (a pod whose count has not moved for spec.pool.sleep.afterIdleSeconds is idle).
 METRIC_REQUESTS_TOTAL = "warmpool_requests_total"
 #: Completions received and not yet answered (the operator drains these before a sleep).
 METRIC_REQUESTS_IN_FLIGHT = "warmpool_requests_in_flight"
@@ -284,7 +294,8 @@ METRIC_REQUESTS_QUEUED = "warmpool_requests_queued"
 #: operator's learned warm-up buckets read the prompt one.
 METRIC_REQUEST_PROMPT_TOKENS = "warmpool_request_prompt_tokens"
 METRIC_REQUEST_GENERATED_TOKENS = "warmpool_request_generated_tokens"
-#: Seconds the engine spent generating for served requests.  Tokens/s is a rate the reader
+#: Seconds the engine spent generating for served requests (the built-in engine: wall time of
+#: its batch steps, so concurrent requests are not counted twice).  Tokens/s is a rate the reader
 #: takes: rate(generated_tokens_total) is the throughput served, and rate(generated_tokens_total)
 #: / rate(engine_busy_seconds_total) the throughput while busy, a pod's measured capacity.
 METRIC_ENGINE_BUSY_SECONDS = "warmpool_engine_busy_seconds_total"
@@ -296,11 +307,23 @@ METRIC_REQUESTS_CANCELLED = "warmpool_requests_cancelled_total"
 METRIC_TOKENS_AFTER_DISCONNECT = "warmpool_tokens_after_disconnect_total"
 #: KV-cache token slots allocated for the requests in flight (grows with generated tokens).
 METRIC_KV_CACHE_TOKENS = "warmpool_kv_cache_tokens"
+#: Capacity of the built-in engine's continuous batching: requests in the running batch (the
+#: waiting ones are METRIC_REQUESTS_QUEUED), and its KV-cache blocks: all of them, those holding
+#: K/V now (used), those promised to running requests for their prompt + max_tokens (reserved),
+#: and those a new request can still reserve (free = total - reserved).
+METRIC_REQUESTS_RUNNING = "warmpool_requests_running"
+METRIC_KV_BLOCKS_TOTAL = "warmpool_kv_blocks_total"
+METRIC_KV_BLOCKS_USED = "warmpool_kv_blocks_used"
+METRIC_KV_BLOCKS_RESERVED = "warmpool_kv_blocks_reserved"
+METRIC_KV_BLOCKS_FREE = "warmpool_kv_blocks_free"
+#: Tokens generated per second over the last TOKENS_PER_SECOND_WINDOW seconds (all requests).
+METRIC_GENERATION_TOKENS_PER_SECOND = "warmpool_generation_tokens_per_second"
+TOKENS_PER_SECOND_WINDOW = 10.0
 #: Warm-prefix KV files that could not be saved (ENOSPC, read-only, ...), by errno name.
 METRIC_KV_PREFIX_SAVE_ERRORS = "warmpool_kv_prefix_save_errors_total"  # label: reason
 #: Requests (and warm-up prefills) whose logits held NaN/Inf.
 METRIC_NON_FINITE_LOGITS = "warmpool_non_finite_logits_total"
-#: Sleep (#15): the level slept at (0 when awake); sleeps and wakes done; wake seconds; the
+#: Sleep: the level slept at (0 when awake); sleeps and wakes done; wake seconds; the
 #: memory the last sleep released (measured: process RSS on CPU, the allocator on CUDA);
 #: completions that found the worker asleep and woke it.
 METRIC_SLEEP_LEVEL = "warmpool_sleep_level"
@@ -438,7 +461,7 @@ DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 S3_SECRET_ACCESS_KEY_ID_KEY = "AWS_ACCESS_KEY_ID"
 S3_SECRET_SECRET_ACCESS_KEY_KEY = "AWS_SECRET_ACCESS_KEY"
 
-# --- The node agent and the operator, about object-store model sources (#18) ----------------
+# --- The node agent and the operator, about object-store model sources ----------------
 #: Where worker pods of an http/s3 source see the node cache's published revisions (the
 #: cache's ``revisions/`` directory, read-only); the model is ``<this>/<digest hex>``.
 CACHE_REVISIONS_MOUNT_PATH = "/warmpool/cache-revisions"

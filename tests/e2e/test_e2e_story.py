@@ -1,13 +1,15 @@
 """The main story, as `make demo` tells it: the real small model goes warm and serves.
 
 The builtin-engine example (SmolLM2-135M-Instruct) is applied as a user would, the
-operator brings its pool to Ready with warmReplicas == minWarm, a completion through a
-warm pod answers, and the cold start is told in figures: the phase table (first-request
-TTFT beside steady-state TTFT) and the PNG waterfall, both from warmpool_dev.timeline.
+operator brings its pool to Ready with warmReplicas == minWarm on the real node (the worker
+image's container), a completion through the WarmModel's Service (its ClusterIP, kube-proxy)
+gives the engine's greedy text, and the cold start is told in figures: the phase table
+(first-request TTFT beside steady-state TTFT) and the PNG waterfall, both from warmpool_dev.timeline.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import yaml
 from warmpool_dev import demo
 from warmpool_dev.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
 
-from tests.support.e2e import World
+from tests.support.e2e import World, http
 from warmpool import contract
 
 STEADY_REQUESTS = 5
@@ -27,8 +29,9 @@ STEADY_REQUESTS = 5
 @pytest.mark.timeout(720)
 def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_path: Path, repo_root: Path) -> None:
     from warmpool_dev.model_fetch import ensure_model
+    from warmpool_devcluster.node_files import publish
 
-    model_dir = ensure_model()  # cached after the first fetch (`make model`)
+    model_dir = publish(ensure_model(), "smollm2-135m-instruct")  # cached after the first fetch (`make model`)
     body = yaml.safe_load(demo._manifest(model_dir, demo.find_checkout(repo_root)))  # the demo's own manifest
     body["metadata"].pop("namespace", None)
     # One pod: the story is the same as the example's two, at half the CPU of a CI runner.
@@ -64,6 +67,13 @@ def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_
     answer = world.complete(pod, served, demo.PROMPT, max_tokens=16, timeout=120)
     print(f"completion from the warm pod: {answer!r}")
     assert answer.strip(), "the real model answered with nothing"
+    # Through the Service, as clients reach the pool: the same greedy text the engine gave.
+    service = world.get("service", name)
+    via_service = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+    code, text = http(via_service + "/v1/completions", {"model": served, "prompt": demo.PROMPT, "max_tokens": 16,
+                                                         "temperature": 0}, timeout=120)
+    assert code == 200, text
+    assert json.loads(text)["choices"][0]["text"] == answer, "the Service's answer differs from the engine's"
 
     table = phase_table([line])
     print("cold start (seconds since the worker process started):\n" + table)

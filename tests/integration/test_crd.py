@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator import api
+from warmpool_operator.api import types as api
 
 from tests.support.e2e import install_crd
 from warmpool import contract

@@ -13,25 +13,26 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from warmpool_dev.model_fetch import default_model_dir
+from warmpool_devcluster.node_network import on_a_node_bridge
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import GiB, Operator, World, ballast, http, metric, rss
+from tests.support.e2e import GiB, Operator, World, ballast, charge_to_container, http, metric, readable_by_pods, rss
 from warmpool import contract
 
 # --------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model(pod_dir: Callable[[str], Path]) -> Path:
     from warmpool_dev.testing_models import make_tiny_llama
 
-    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", layers=4)
+    return readable_by_pods(make_tiny_llama(pod_dir("tiny") / "model", layers=4))
 
 
 @pytest.fixture()
@@ -70,7 +71,7 @@ def warmmodel(name: str, model: Path, **spec: Any) -> dict[str, Any]:
 
 def pod_url(pod: dict[str, Any], path: str, port: int = contract.DEFAULT_WORKER_PORT) -> str:
     ip = pod["status"]["podIP"]
-    assert ip.startswith("127."), f"tests only talk to loopback, got pod IP {ip}"
+    assert on_a_node_bridge(ip), f"tests only talk to loopback and the local node's pods, got pod IP {ip}"
     return f"http://{ip}:{port}{path}"
 
 
@@ -122,16 +123,18 @@ def test_tiny_pool_goes_ready_and_serves(env: World, tiny_model: Path) -> None:
 
 @pytest.mark.integration
 def test_memory_pressure_moves_tiers_with_hysteresis(env: World, tiny_model: Path, tmp_path: Path) -> None:
-    # A ballast process whose real resident memory the worker counts against a configured
-    # capacity (--memory-account-pid): the test moves the level across 70/90 % for real.
+    # A ballast process charged to the worker container's memory cgroup: the worker reads that
+    # cgroup against the container's memory limit, so the test moves the level across 70/90 % for
+    # real, as another process of the container would.
     target = tmp_path / "ballast-bytes"
     capacity = 2 * GiB
     with ballast(target, lifetime_s=600) as hog:
-        env.apply(warmmodel("gated", tiny_model, pod={"workerArgs": [
-            "--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2", "--guard-interval=0.2",
-            f"--memory-capacity-bytes={capacity}", f"--memory-account-pid={hog.pid}"]}))
+        env.apply(warmmodel("gated", tiny_model, pod={
+            "workerArgs": ["--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2", "--guard-interval=0.2"],
+            "resources": {"limits": {"memory": str(capacity)}}}))
         env.wait_ready("gated", warm=1, timeout=120)
         pod = env.pods("gated")[0]
+        charge_to_container(hog.pid, env.worker_pid(pod))
         metrics_url = pod_url(pod, contract.PATH_METRICS)
 
         def level() -> float:
@@ -283,7 +286,10 @@ SMOLLM2 = default_model_dir()
 @pytest.mark.skipif(not (SMOLLM2 / "model.safetensors").exists(), reason="run `warmpool model fetch` first")
 def test_small_real_model_goes_ready_and_answers(env: World) -> None:
     started = time.monotonic()
-    env.apply(warmmodel("smollm2", SMOLLM2, warmup={"buckets": [32], "timeoutSeconds": 300}))
+    from warmpool_devcluster.node_files import publish
+
+    model = publish(SMOLLM2, SMOLLM2.name)  # where the node's pods can read it
+    env.apply(warmmodel("smollm2", model, warmup={"buckets": [32], "timeoutSeconds": 300}))
     wm = env.wait_ready("smollm2", warm=1, timeout=300)
     print(f"smollm2: apply -> Ready in {time.monotonic() - started:.1f}s; status {wm['status'].get('coldStart')}")
     assert wm["status"]["warmReplicas"] == wm["spec"]["pool"]["minWarm"] == 1

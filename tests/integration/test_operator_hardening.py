@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -162,14 +161,19 @@ def test_a_pod_that_only_carries_our_labels_is_never_scraped_nor_sent_the_token(
     script.write_text(IMPOSTOR)
     requests = tmp_path / "impostor-requests.jsonl"
     requests.touch()
+    # The worker's own image (already on the node, so nothing is pulled) runs the impostor; the
+    # test's directory is mounted at the same path so that what it records is read here.
     world.kubectl("apply", "-f", "-", input=yaml.safe_dump({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "impostor", "labels": template["metadata"]["labels"]},
-        "spec": {"restartPolicy": "Never", "containers": [{
-            "name": contract.WORKER_CONTAINER, "image": "impostor",
-            "command": [sys.executable, str(script), str(requests), metrics_body, contract.CONTROL_TOKEN_HEADER,
-                        str(contract.DEFAULT_WORKER_PORT)],
-            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]}}))
+        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [{
+            "name": contract.WORKER_CONTAINER, "image": template["spec"]["containers"][0]["image"],
+            "imagePullPolicy": "IfNotPresent", "securityContext": {"runAsUser": 0},
+            "command": ["/opt/warmpool/bin/python", str(script), str(requests), metrics_body,
+                        contract.CONTROL_TOKEN_HEADER, str(contract.DEFAULT_WORKER_PORT)],
+            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+            "volumeMounts": [{"name": "work", "mountPath": str(tmp_path)}]}],
+            "volumes": [{"name": "work", "hostPath": {"path": str(tmp_path), "type": "Directory"}}]}}))
     world.wait(lambda: Path(str(requests) + ".listening").exists(), 60, "the impostor listening on its pod IP")
     world.wait(lambda: world.get("pod", "impostor")["status"].get("phase") == "Running", 30, "impostor Running")
 
@@ -224,7 +228,9 @@ def test_hand_edits_of_children_are_undone(make_world: MakeWorld, tiny_model: Pa
         c = container(dep)
         return c["image"], c["args"], c["ports"], dep["spec"]["replicas"]
 
-    edits = [{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "evil:latest"},
+    # Another image the node already has (the operator's): a tag no node has would be pulled.
+    other_image = world.cluster.images.get("operator", "evil:latest")
+    edits = [{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": other_image},
              {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--debug-backdoor"},
              {"op": "replace", "path": "/spec/template/spec/containers/0/ports/0/containerPort", "value": 9999},
              {"op": "replace", "path": "/spec/replicas", "value": 2}]

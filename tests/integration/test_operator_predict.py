@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator.predict.buckets import MIN_PROMPTS
-from warmpool_operator.predict.history import loads
-from warmpool_operator.predict.lengths import round_up
-from warmpool_operator.predict.store import history_configmap_name
+from warmpool_operator.io.history_store import history_configmap_name
+from warmpool_operator.rules.forecast.buckets import MIN_PROMPTS
+from warmpool_operator.rules.forecast.history import loads
+from warmpool_operator.rules.forecast.lengths import round_up
 
-from tests.support.e2e import Operator, World, delete_warmmodels, http, metric, pod_ready, warmmodel
+from tests.support.e2e import Operator, World, delete_warmmodels, http, metric, pod_ready, readable_by_pods, warmmodel
 from warmpool import contract
 
 pytestmark = pytest.mark.integration
@@ -47,13 +47,13 @@ MakeWorld = Callable[..., World]
 
 
 @pytest.fixture(scope="module")
-def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def slow_model(pod_dir: Callable[[str], Path]) -> Path:
     """~70 MB of float32 weights: each completion takes long enough on a CPU that one pod's
     capacity is a rate this test's loopback client can go well past."""
     from warmpool_dev.testing_models import make_tiny_llama
 
-    return make_tiny_llama(tmp_path_factory.mktemp("slow") / "model", layers=4, hidden=512, heads=8, kv_heads=4,
-                           intermediate=2048, vocab_size=512, max_position_embeddings=256)
+    return readable_by_pods(make_tiny_llama(pod_dir("slow") / "model", layers=4, hidden=512, heads=8, kv_heads=4,
+                                            intermediate=2048, vocab_size=512, max_position_embeddings=256))
 
 
 @pytest.fixture()
@@ -227,8 +227,15 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
     assert block["buckets"] == [length] and block["observed"] >= MIN_PROMPTS, block
     stored = world.get("configmap", f"ramp{contract.CONFIGMAP_SUFFIX}")["data"]
     assert json.loads(stored[contract.CONFIGMAP_KEY_LEARNED_BUCKETS])["buckets"] == [length]
-    before = {p["metadata"]["name"] for p in world.pods("ramp")}
-    world.kubectl("delete", "pod", pod["metadata"]["name"], "--wait=false")
+    # The ramp's extra pod goes once the forecast recedes: wait for the pool of one, or the scale-down
+    # may take the replacement of the pod deleted below (the newest), leaving only an older pod.
+    def one_pod() -> list[dict[str, Any]] | None:
+        found = world.pods("ramp")
+        return found if len(found) == 1 and replicas(world, "ramp") == 1 else None
+
+    (only,) = world.wait(one_pod, 180, "the pool back to one pod after the ramp")
+    before = {only["metadata"]["name"]}
+    world.kubectl("delete", "pod", only["metadata"]["name"], "--wait=false")
 
     def new_warm_pod() -> dict[str, Any] | None:
         return next((p for p in world.pods("ramp") if p["metadata"]["name"] not in before and pod_ready(p)), None)

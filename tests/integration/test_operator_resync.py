@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes_asyncio import config
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator import resync
-from warmpool_operator.cache import Cache
-from warmpool_operator.kube import CONFIGMAPS, Kube
-from warmpool_operator.registry import Registry
+from warmpool_operator.control import resync
+from warmpool_operator.control.registry import Registry
+from warmpool_operator.io.kube import CONFIGMAPS, Kube
+from warmpool_operator.io.watch_cache import Cache
 
 from tests.support.e2e import warmmodel
 from warmpool import contract
@@ -109,7 +109,7 @@ def test_a_resync_hides_what_went_pokes_its_warmmodel_and_stops_a_deleted_one(
     async def scenario(kube: Kube) -> tuple[Registry, dict[str, Recorder], Cache, list[Obj]]:
         child = await kube.create(_configmap(namespace, "kept-config", owner=bodies["kept"]))
         sibling = await kube.create(_configmap(namespace, "kept-other", owner=bodies["kept"]))
-        registry = Registry(kube=kube, session=None, scheduler=None)  # type: ignore[arg-type]
+        registry = Registry(kube=kube, workers=None, scheduler=None)  # type: ignore[arg-type]
         cache = _cache([child, sibling])
         registry.cache = Cache(children=cache.children, replicasets=cache.replicasets, pods=cache.pods,
                                gone=registry.gone)

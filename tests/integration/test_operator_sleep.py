@@ -1,5 +1,5 @@
-"""The operator puts idle pods to sleep and wakes them (#15), on the real local control plane with
-real worker processes (the local kubelet runs them): idle sleep down to minAwake with the memory
+"""The operator puts idle pods to sleep and wakes them, on the real local control plane with
+real workers in containers on the local cluster's real node: idle sleep down to minAwake with the memory
 measured, a request to a sleeping pod answered with the same greedy text, `kubectl scale` waking
 a sleeping pod before any new pod is Ready, the operator killed while pods sleep, two WarmModels
 under memory pressure on one node, and the upgrade of a pool made before the awake label.
@@ -13,14 +13,24 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
-from tests.support.e2e import Operator, World, delete_warmmodels, http, metric, pod_ready, rss, warmmodel
+from tests.support.e2e import (
+    Operator,
+    World,
+    delete_warmmodels,
+    http,
+    metric,
+    pod_ready,
+    readable_by_pods,
+    rss,
+    warmmodel,
+)
 from warmpool import contract
 
 pytestmark = pytest.mark.integration
@@ -33,14 +43,14 @@ PROMPT = "the quick brown fox"
 
 
 @pytest.fixture(scope="module")
-def sleepy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sleepy_model(pod_dir: Callable[[str], Path]) -> Path:
     """~60 MB of float16 weights served in float32 (converted copies): what a level-1 sleep frees
     stands well above the interpreter's noise."""
     from warmpool_dev.testing_models import make_tiny_llama
 
-    return make_tiny_llama(tmp_path_factory.mktemp("sleepy") / "model", layers=4, hidden=512, heads=8,
-                           kv_heads=4, intermediate=2048, vocab_size=512, dtype="float16",
-                           max_position_embeddings=256)
+    return readable_by_pods(make_tiny_llama(pod_dir("sleepy") / "model", layers=4, hidden=512, heads=8,
+                                            kv_heads=4, intermediate=2048, vocab_size=512, dtype="float16",
+                                            max_position_embeddings=256))
 
 
 @pytest.fixture()
@@ -196,8 +206,10 @@ def test_operator_killed_while_pods_sleep_they_serve_and_wake_on_requests(
 
 def _first_node(world: World) -> str:
     nodes = json.loads(world.cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    ready = [n for n in nodes if (n["metadata"].get("labels") or {}).get("kubernetes.io/hostname")]
-    assert ready, "no node carries kubernetes.io/hostname"
+    # Untainted only: the test session's kwok node is tainted (nothing runs there).
+    ready = [n for n in nodes if (n["metadata"].get("labels") or {}).get("kubernetes.io/hostname")
+             and not (n.get("spec") or {}).get("taints")]
+    assert ready, "no untainted node carries kubernetes.io/hostname"
     return str(ready[0]["metadata"]["labels"]["kubernetes.io/hostname"])
 
 

@@ -19,10 +19,10 @@ import pytest
 from kubernetes_asyncio import config
 from warmpool_bench.predict_trace import load_trace, repeat
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator.kube import Kube
-from warmpool_operator.predict.history import History, HistoryLimits, StepObservation, dumps
-from warmpool_operator.predict.lengths import histogram
-from warmpool_operator.predict.store import HistoryStore, StoreSettings, history_configmap_name
+from warmpool_operator.io.history_store import HistoryStore, StoreSettings, history_configmap_name
+from warmpool_operator.io.kube import Kube
+from warmpool_operator.rules.forecast.history import History, HistoryLimits, StepObservation, dumps
+from warmpool_operator.rules.forecast.lengths import histogram
 
 from tests.support.e2e import warmmodel
 from warmpool import contract

@@ -1,7 +1,7 @@
 """The dashboard's, the alerts' and the runbooks' PromQL, run against a real Prometheus.
 
 One live pool for the module: the chart installed into the local cluster (the operator runs
-as a pod through the local kubelet), a WarmModel of a tiny real model gone warm with demand
+as a pod on the local cluster's real node), a WarmModel of a tiny real model gone warm with demand
 prediction in shadow mode (``spec.pool.predictive.enabled: false``: it forecasts and reports
 without acting, on a short history step), completions served until the operator has measured a
 pod's capacity, and a real Prometheus 3 (built from the Go module proxy) discovering the
@@ -26,8 +26,10 @@ from typing import Any
 import pytest
 import yaml
 from warmpool_devcluster import build, prometheus, prometheus_config
+from warmpool_devcluster.chart_values import local_values
+from warmpool_devcluster.node_network import on_a_node_bridge
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator import status as st
+from warmpool_operator.rules.forecast import report as forecast_report
 
 from tests.support import promql
 from tests.support.e2e import http, model_root, tiny_model, warmmodel
@@ -139,10 +141,12 @@ def live_pool(cluster: ClusterHandle, crd: str, tmp_path_factory: pytest.TempPat
     """A real Prometheus scraping the chart's operator and a warm WarmModel; its URL."""
     cluster.kubectl("create", "namespace", _NAMESPACE)
     work = tmp_path_factory.mktemp("prometheus")
-    values = {
+    assert cluster.node is not None, "the chart's operator runs in a pod on the local cluster's real node"
+    values = local_values(cluster.images, cluster.node.pod_cidr)
+    values |= {
         "crds": {"install": False},
         "watch": {"namespaces": [_NAMESPACE]},
-        "operator": {"replicas": 1, "scrapeNetworks": ["127.0.0.0/8"], "scrapeInterval": 2,
+        "operator": {**values["operator"], "replicas": 1, "scrapeInterval": 2,
                      "allowedHostPaths": [str(model_root())]},
         "probes": {"readiness": {"initialDelaySeconds": 1, "periodSeconds": 2, "timeoutSeconds": 5,
                                  "failureThreshold": 3}},
@@ -170,7 +174,7 @@ def live_pool(cluster: ClusterHandle, crd: str, tmp_path_factory: pytest.TempPat
         pods = json.loads(cluster.kubectl("get", "pods", "-n", _NAMESPACE, "-l",
                                           f"{contract.LABEL_MODEL}=tiny", "-o", "json").stdout)["items"]
         ip = pods[0]["status"]["podIP"]
-        assert ip.startswith("127."), f"tests only talk to loopback, got pod IP {ip}"
+        assert on_a_node_bridge(ip), f"tests only talk to loopback and the local node's pods, got pod IP {ip}"
         completions = f"http://{ip}:{contract.DEFAULT_WORKER_PORT}/v1/completions"
         code, text = http(completions, {"model": "tiny", "prompt": "hello", "max_tokens": 2})
         assert code == 200, text
@@ -222,8 +226,8 @@ def test_prometheus_discovers_the_operator_and_the_workers(live_pool: str) -> No
     up = {(t["labels"]["job"], t["labels"]["container"]): t for t in targets if t["health"] == "up"}
     assert (f"{RELEASE}-warmpool-metrics", "operator") in up, targets
     assert (f"{_NAMESPACE}/{RELEASE}-warmpool-workers", contract.WORKER_CONTAINER) in up, targets
-    for target in targets:  # only loopback pod IPs are ever scraped
-        assert target["labels"]["instance"].startswith("127."), target
+    for target in targets:  # only the local node's pod IPs are ever scraped
+        assert on_a_node_bridge(target["labels"]["instance"].rsplit(":", 1)[0]), target
     # The PodMonitor's relabelling: the WarmModel's name and the node are labels of the series.
     (ready,) = _series(live_pool, f'{contract.METRIC_READY}{{warmmodel="tiny"}}')
     assert ready["metric"]["namespace"] == _NAMESPACE and ready["metric"]["node"], ready
@@ -248,7 +252,7 @@ def test_the_forecast_series_mirror_status_forecast(live_pool: str, cluster: Clu
     forecast = status()["forecast"]
     assert forecast["stepSeconds"] == PREDICT_STEP_S, forecast
     (predictive,) = [c for c in status()["conditions"] if c["type"] == contract.CONDITION_PREDICTIVE]
-    assert predictive["reason"] == st.REASON_SHADOW, predictive
+    assert predictive["reason"] == forecast_report.REASON_SHADOW, predictive
 
     def same_capacity() -> tuple[float, float] | None:
         # Capacity changes only on steps that served requests (none now): status and the gauge settle equal.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from warmpool_devcluster.jaeger import JaegerHandle, start_jaeger
+from warmpool_devcluster.jaeger import LOOPBACK, JaegerHandle, start_jaeger
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import Operator, World, http, metric
@@ -34,8 +34,10 @@ Span = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JaegerHandle]:
-    handle = start_jaeger(tmp_path_factory.mktemp("jaeger"))
+def jaeger(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JaegerHandle]:
+    # Workers run in pods on the real node: its bridge address is where they reach this machine.
+    address = cluster.node.gateway if cluster.node is not None else LOOPBACK
+    handle = start_jaeger(tmp_path_factory.mktemp("jaeger"), otlp_address=address)
     try:
         yield handle
     finally:

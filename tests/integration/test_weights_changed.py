@@ -2,17 +2,19 @@
 
 Real tiny checkpoints, real files changed on disk, and the fault-in run in a child process:
 a SIGBUS there shows as a signal exit (returncode -7), which the tests refuse.  The served
-worker, started as a real process, turns unready and exits non-zero, naming the file.
+worker, started as a real process with every layer faulted in, holds a read lease on its files:
+a truncation waits while it turns unready and exits non-zero, naming the file.
 Only 127.0.0.1 is addressed; every wait is bounded in count and time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -147,17 +149,33 @@ def _get(url: str) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def test_served_worker_turns_unready_and_exits_for_a_restart(tmp_path: Path) -> None:
-    model = make_tiny_llama(tmp_path / "tiny", layers=4)
+def _stream_until_eof(sock: socket.socket, limit: int = 1 << 22) -> bytes:
+    received = b""
+    while len(received) < limit:
+        try:
+            chunk = sock.recv(65536)
+        except OSError:  # reset by the exiting worker: what came before is the answer
+            break
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+def test_a_weight_file_truncated_after_its_layers_faulted_in_is_a_clean_exit_not_sigbus(tmp_path: Path) -> None:
+    """Every layer resident (the zero-copy mapping's pages faulted in), a completion streaming,
+    then the weight file is cut short in place.  Without a lease the next step reads pages the
+    kernel took away: SIGBUS.  With one, the truncation waits while the worker answers the
+    completion 503 naming the file, turns unready and exits 1; then the truncation goes ahead."""
+    model = make_tiny_llama(tmp_path / "tiny", layers=4, max_position_embeddings=4096, with_eos=False)
     weights = model / WEIGHTS
     port = free_port()
     base = f"http://{HOST}:{port}"
     log_path = tmp_path / "worker.log"
-    # A 1 MiB memory capacity: the worker's own usage puts it in the paused tier, so it is
-    # ready with the core only and every decoder layer still cold (faulted in on first use).
     command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model), "--host", HOST,
                "--port", str(port), "--device", "cpu", "--buckets", "16", "--prompts-per-bucket", "1",
-               "--memory-capacity-bytes", str(1 << 20), "--guard-interval", "0.2", "--threads", "1"]
+               "--guard-interval", "0.2", "--threads", "1", "--max-tokens-limit", "4000"]
+    truncated_at: list[float] = []
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         try:
@@ -173,37 +191,41 @@ def test_served_worker_turns_unready_and_exits_for_a_restart(tmp_path: Path) -> 
                     break
                 time.sleep(0.2)
             assert ready is not None, log_path.read_text(errors="replace")
-            assert ready["tier"] == "paused" and ready["layers_resident"] == 0
+            assert ready["layers_resident"] == 4  # every layer faulted in by the warm-up
+            assert "no read lease" not in log_path.read_text(errors="replace")
+
+            payload = json.dumps({"prompt": [5, 6, 7], "max_tokens": 4000, "temperature": 0, "stream": True})
+            stream = socket.create_connection((HOST, port), timeout=60)
+            stream.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: "
+                            f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n{payload}").encode())
+            head = stream.recv(65536)
+            assert b"200 OK" in head, head
 
             header = read_safetensors_header(weights)
             first = min(t.begin for n, t in header.tensors.items() if n.startswith("model.layers."))
-            with weights.open("r+b") as handle:  # in place, against the runbook
-                handle.truncate(header.data_start + first)
 
-            request = urllib.request.Request(
-                base + "/v1/completions", method="POST",
-                data=json.dumps({"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}).encode())
-            try:
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    answered, payload = response.status, response.read()
-            except urllib.error.HTTPError as error:
-                answered, payload = error.code, error.read()
-            assert answered == 503, payload
-            assert f"{weights}: weight file changed in place" in json.loads(payload)["error"]["message"]
+            def truncate() -> None:  # in place, against the runbook; held until the worker lets go
+                with weights.open("r+b") as handle:
+                    handle.truncate(header.data_start + first)
+                truncated_at.append(time.monotonic())
 
-            readiness_after: list[int] = []
-            for _ in range(300):  # bounded: the process exits within a few guard intervals
-                if proc.poll() is not None:
-                    break
-                with contextlib.suppress(OSError):  # a closed listener: the process is on its way out
-                    readiness_after.append(_get(base + "/readyz")[0])
-                time.sleep(0.1)
-            returncode = proc.wait(timeout=30)
+            cutter = threading.Thread(target=truncate)
+            cutter.start()
+            answer = head + _stream_until_eof(stream)
+            answered_at = time.monotonic()
+            stream.close()
+            returncode = proc.wait(timeout=60)
+            cutter.join(timeout=60)
+            assert not cutter.is_alive(), "the truncation never went ahead"
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
     text = log_path.read_text(errors="replace")
-    assert returncode == 1, f"exit {returncode} (negative: killed by a signal):\n{text[-3000:]}"
-    assert 200 not in readiness_after  # never ready again once the files changed
-    assert f"exiting for a restart: {weights}: weight file changed in place" in text
+    assert returncode == 1, f"exit {returncode} (-7 is SIGBUS):\n{text[-3000:]}"
+    # it waited until the worker had answered and let go (its descriptors close as it exits)
+    assert truncated_at and truncated_at[0] >= answered_at
+    assert f"{weights}: weight file opened for writing or truncated in place" in text
+    assert "exiting for a restart" in text
+    # the streaming completion was told why in-band (503's message), before the worker went
+    assert b'"type": "unavailable"' in answer and str(weights).encode() in answer, answer[-2000:]

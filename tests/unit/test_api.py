@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from warmpool_operator import api, crdgen
+from warmpool_operator.api import crdgen
+from warmpool_operator.api import types as api
+from warmpool_operator.api.validation import ApiObject
 
 from warmpool import contract
 
@@ -40,7 +42,7 @@ def _documents(path: Path) -> list[dict[str, Any]]:
 def test_committed_crd_is_generated_from_the_model() -> None:
     assert CRD_PATH.read_text() == crdgen.render(), (
         f"{CRD_PATH} is stale: run PYTHONPATH=.:worker:operator:devcluster "
-        f"python -m warmpool_operator.crdgen > {CRD_PATH.relative_to(ROOT)}"
+        f"python -m warmpool_operator.api.crdgen > {CRD_PATH.relative_to(ROOT)}"
     )
 
 
@@ -105,7 +107,7 @@ def test_crd_names_scope_and_subresources() -> None:
 def test_every_rule_reaches_the_schema() -> None:
     schema = crdgen.root_schema()
     in_schema = [rule for _path, node in _walk(schema) for rule in node.get("x-kubernetes-validations", [])]
-    classes = [value for value in vars(api).values() if isinstance(value, type) and issubclass(value, api.ApiObject)]
+    classes = [value for value in vars(api).values() if isinstance(value, type) and issubclass(value, ApiObject)]
     for cls in classes:
         for rule in cls.cel_rules:
             assert rule.to_schema() in in_schema, f"{cls.__name__}: {rule.message}"

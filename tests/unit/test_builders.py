@@ -6,9 +6,9 @@ import copy
 from typing import Any
 
 import pytest
-from warmpool_operator import builders
-from warmpool_operator.api import parse_spec
-from warmpool_operator.builders import Target
+from warmpool_operator.api.types import parse_spec
+from warmpool_operator.model import Target
+from warmpool_operator.rules import builders, scaling
 
 from warmpool import contract
 
@@ -128,11 +128,11 @@ def test_model_sources() -> None:
 
 def test_desired_replicas_bounds() -> None:
     spec = target().spec
-    assert builders.desired_replicas(spec) == 2
-    assert builders.desired_replicas(spec, extra=1) == 3
-    assert builders.desired_replicas(spec, extra=10) == 4  # never above maxReplicas
+    assert scaling.desired_replicas(spec) == 2
+    assert scaling.desired_replicas(spec, extra=1) == 3
+    assert scaling.desired_replicas(spec, extra=10) == 4  # never above maxReplicas
     low = target(pool={"replicas": 0, "minWarm": 2, "maxReplicas": 4}).spec
-    assert builders.desired_replicas(low) == 2  # at least minWarm
+    assert scaling.desired_replicas(low) == 2  # at least minWarm
 
 
 def test_configmap_and_pdb() -> None:
@@ -181,6 +181,26 @@ def test_sidecar_pod_has_engine_and_warmpool_sidecar() -> None:
     parsed = build_parser().parse_args(["sidecar", *_expand(side["args"], t)])
     assert parsed.engine_url == "http://127.0.0.1:8000" and str(parsed.model_dir) == contract.MODEL_MOUNT_PATH
     assert parsed.memory_source == "engine-kv"  # not the device reading vLLM's pre-allocation fills
+
+
+def test_a_sleeping_sidecar_engine_listens_on_the_pods_loopback_only() -> None:
+    """With spec.pool.sleep the engine runs in vLLM's dev mode, whose sleep and cache endpoints
+    need no authentication: it listens on 127.0.0.1 (no container port), and the Service reaches
+    it through the sidecar's port."""
+    engine = {"kind": "sidecar", "image": "vllm/vllm-openai:v0.6.0", "args": ["--model=/warmpool/model"]}
+    for pool, host, declared in (({"sleep": {"afterIdleSeconds": 60}}, ["--host=127.0.0.1"], False), ({}, [], True)):
+        t = target(engine=engine, pool={"replicas": 1, "minWarm": 1, **pool})
+        containers = {c["name"]: c for c in builders.build_deployment(t)["spec"]["template"]["spec"]["containers"]}
+        served = containers[contract.ENGINE_CONTAINER]
+        assert served["args"] == ["--model=/warmpool/model", *host]
+        assert ("ports" in served) is declared
+        assert [port["name"] for port in containers[contract.WORKER_CONTAINER]["ports"]] == [contract.WORKER_PORT_NAME]
+        assert all(port["name"] != contract.WORKER_PORT_NAME for port in served.get("ports", []))
+        # the sidecar's port, by the name the chart's NetworkPolicy opens (the engine's stays closed)
+        assert builders.build_service(t)["spec"]["ports"][0]["targetPort"] == contract.WORKER_PORT_NAME
+    own = target(engine={**engine, "args": ["--host", "0.0.0.0"]}, pool={"sleep": {"afterIdleSeconds": 60}})
+    containers = {c["name"]: c for c in builders.build_deployment(own)["spec"]["template"]["spec"]["containers"]}
+    assert containers[contract.ENGINE_CONTAINER]["args"] == ["--host", "0.0.0.0"]  # the user's own, as written
 
 
 def test_kv_prefix_emptydir_has_a_size_limit() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from warmpool_dev import demo, demo_object_store
-from warmpool_operator.api import parse_spec
+from warmpool_operator.api.types import parse_spec
 
 from warmpool import contract
 

@@ -1,7 +1,7 @@
 """The operator's forecast gauges (#17's forecast panel) follow status.forecast, and go when the
 figure is unknown, prediction is turned off, or the WarmModel's reconciler stops (it was deleted).
 
-The figures come from :func:`warmpool_operator.prediction_status.report`, the function that builds
+The figures come from :func:`warmpool_operator.rules.forecast.report.report`, the function that builds
 status.forecast, and are read back from the operator's real Prometheus registry.
 """
 
@@ -14,16 +14,19 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 from prometheus_client import REGISTRY
-from warmpool_operator import metrics, scaling
-from warmpool_operator import prediction_status as ps
-from warmpool_operator.api import parse_spec
-from warmpool_operator.cache import Cache
-from warmpool_operator.kube import Kube
-from warmpool_operator.predict.baselines import QuantileForecast
-from warmpool_operator.predict.decision import LeadSource, LeadTime
-from warmpool_operator.predict.forecaster import Prediction
-from warmpool_operator.reconciler import Reconciler
-from warmpool_operator.scheduler import ScrapeScheduler
+from warmpool_operator.api.types import parse_spec
+from warmpool_operator.control.reconciler import Reconciler
+from warmpool_operator.control.shared import Shared
+from warmpool_operator.io import metrics
+from warmpool_operator.io.kube import Kube
+from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
+from warmpool_operator.io.watch_cache import Cache
+from warmpool_operator.io.worker_client import WorkerClient
+from warmpool_operator.rules import scaling
+from warmpool_operator.rules.forecast import report as ps
+from warmpool_operator.rules.forecast.baselines import QuantileForecast
+from warmpool_operator.rules.forecast.decision import LeadSource, LeadTime
+from warmpool_operator.rules.forecast.forecaster import Prediction
 
 from warmpool import contract
 
@@ -100,9 +103,10 @@ def test_the_gauges_go_with_the_warmmodels_reconciler_and_only_its_own() -> None
             # Real objects, never used by stop(): the reconciler is not started, so no pass talks to an API server.
             api = client.ApiClient()
             try:
-                rec = Reconciler({"metadata": {"namespace": "ns-b", "name": "gone", "uid": "u-1"}}, Kube(api),
-                                 Cache(children={}, replicasets={}, pods={}),  # type: ignore[arg-type]
-                                 ScrapeScheduler(session, 1.0, 1.0, 1))
+                workers = WorkerClient(session, 1.0)
+                rec = Reconciler({"metadata": {"namespace": "ns-b", "name": "gone", "uid": "u-1"}},
+                                 Shared(Kube(api), workers, ScrapeScheduler(workers, 1.0, 1)),
+                                 Cache(children={}, replicasets={}, pods={}))  # type: ignore[arg-type]
                 for name in ("gone", "stays"):
                     metrics.show_forecast("ns-b", name, report(240.0, 1.5, last_count=90))
                 await rec.stop()  # what the registry does when the WarmModel is deleted

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from warmpool_operator import heat
-from warmpool_operator.scrape import Sample, parse_metrics
+from warmpool_operator.io.worker_metrics import parse_metrics
+from warmpool_operator.model import Sample
+from warmpool_operator.rules import heat
 from warmpool_worker.metrics import WorkerMetrics
 
 from warmpool.heatmap import HeatMap, layer_order, read_heatmap

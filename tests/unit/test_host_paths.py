@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from warmpool_operator import builders, host_paths
-from warmpool_operator.api import parse_spec
-from warmpool_operator.builders import Target
-from warmpool_operator.cli import build_parser, main
-from warmpool_operator.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix
+from warmpool_operator.api.types import parse_spec
+from warmpool_operator.app.cli import build_parser, main
+from warmpool_operator.model import Target
+from warmpool_operator.rules import builders, host_paths
+from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +110,46 @@ def test_a_relative_flag_stops_the_operator_with_a_clear_error(capsys: pytest.Ca
     assert main(["--namespace", "ns", "--allowed-host-path", "models"]) == 2
     err = capsys.readouterr().err
     assert "--allowed-host-path" in err and "'models' is not an absolute path" in err
+
+
+def test_the_real_paths_the_node_agents_report_are_checked_too() -> None:
+    """A link in the cache's path on a node (the agent reports where a revision really lies) cannot
+    lead a mount out of the allowed directories: the WarmModel is refused, naming the node."""
+    from warmpool_operator.rules.object_store_pods import reported_paths
+
+    from warmpool import cachekeys
+
+    source = {"http": {"url": "http://models.example/m"}}
+    wm = spec(source)
+    fingerprint = cachekeys.source_fingerprint(source)
+    inside = {"node": "n1", "source": fingerprint, "path": "/var/lib/warmpool/cache/revisions/" + "a" * 64}
+    outside = {"node": "n2", "source": fingerprint, "path": "/etc/kubernetes/pki"}
+    older = {"node": "n3", "source": "0" * 16, "path": "/etc"}  # another source's entry: not this mount
+    status = {"cacheNodes": [inside, outside, older, {"node": "n4", "source": fingerprint}]}
+    reported = reported_paths(wm, status)
+    assert reported == [("n1", inside["path"]), ("n2", "/etc/kubernetes/pki")]
+    why = host_paths.refusal(wm, ALLOWED, reported=reported)
+    assert why is not None and "/etc/kubernetes/pki (the real path on node n2)" in why and "n1" not in why
+    assert host_paths.refusal(wm, ALLOWED, reported=reported[:1]) is None
+
+
+@pytest.mark.parametrize(
+    "model",
+    [{"hostPath": {"path": "/var/lib/warmpool/cache"}}, {"hostPath": {"path": "/var/lib/warmpool/cache/revisions"}},
+     {"hostPath": {"path": "/var/lib/warmpool"}},
+     {"nodeCache": {"root": "/var/lib/warmpool", "key": "cache"}}],
+)
+def test_the_block_cache_is_never_a_warmmodels_own_host_path(model: dict[str, Any]) -> None:
+    """The default prefixes allow /var/lib/warmpool, which holds the node's block cache (every
+    tenant's models): a WarmModel naming the cache, a directory in it, or one holding it is refused."""
+    why = host_paths.refusal(spec(model), ALLOWED)
+    assert why is not None and "would mount the node's block cache (/var/lib/warmpool/cache)" in why, why
+    assert "no pod is created" in why
+
+
+def test_beside_the_block_cache_a_host_path_is_allowed_and_a_moved_cache_moves_the_boundary() -> None:
+    assert host_paths.refusal(spec({"hostPath": {"path": "/var/lib/warmpool/cachex"}}), ALLOWED) is None
+    assert host_paths.refusal(spec({"nodeCache": {"key": "smollm2"}}), ALLOWED) is None  # /var/lib/warmpool/models
+    moved = host_paths.refusal(spec({"hostPath": {"path": "/var/lib/warmpool/cache"}}), ALLOWED, "/data/blocks")
+    assert moved is None
+    assert host_paths.refusal(spec({"hostPath": {"path": "/data"}}), (*ALLOWED, "/data"), "/data/blocks") is not None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from warmpool_operator.cli import build_parser, main
+from warmpool_operator.app.cli import build_parser, main
 
 pytestmark = pytest.mark.unit
 
@@ -32,10 +32,27 @@ def test_the_server_timeout_is_whole_seconds(capsys: pytest.CaptureFixture[str])
 
 
 def test_a_demand_step_shorter_than_three_scrapes_is_flagged_at_start() -> None:
-    from warmpool_operator.cli import config_warnings
+    from warmpool_operator.app.cli import config_warnings
 
     assert config_warnings(10.0, 60) == []  # the defaults: six scrapes a step
     assert config_warnings(2.0, 10) == []
     (warning,) = config_warnings(10.0, 10)  # what the live predict bench first ran with
     assert "--predict-step-seconds 10" in warning and "--scrape-interval 10s" in warning
     assert "at least 30s" in warning
+
+
+def test_the_control_keys_namespace_is_named_or_found(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from warmpool_operator.app.cli import config_from_args
+
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    config = config_from_args(build_parser().parse_args(["--namespace", "team-a", "--namespace", "team-b"]))
+    assert (config.control_key_namespace, config.control_key_secret) == ("team-a", "warmpool-control-key")
+    named = ["-A", "--control-key-namespace", "ops", "--control-key-secret", "k"]
+    config = config_from_args(build_parser().parse_args(named))
+    assert (config.control_key_namespace, config.control_key_secret) == ("ops", "k")
+    monkeypatch.setenv("POD_NAMESPACE", "warmpool-system")
+    assert config_from_args(build_parser().parse_args(["-A"])).control_key_namespace == "warmpool-system"
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert main(["-A"]) == 2  # cluster-wide outside a pod: where would the key live?
+    assert "--control-key-namespace" in capsys.readouterr().err

@@ -6,11 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from warmpool_operator import scrape
-from warmpool_operator import status as st
-from warmpool_operator.api import WarmModelSpec, parse_spec
-from warmpool_operator.builders import Target, build_deployment, build_service
-from warmpool_operator.kube import child_drifted, covers, deployment_pods, owned_by
+from warmpool_operator.api.types import WarmModelSpec, parse_spec
+from warmpool_operator.io import worker_metrics as scrape
+from warmpool_operator.model import Sample, Target
+from warmpool_operator.rules import scaling
+from warmpool_operator.rules import status as st
+from warmpool_operator.rules.builders import build_deployment, build_service
+from warmpool_operator.rules.drift import child_drifted, covers
+from warmpool_operator.rules.observation import ColdStarts, PodObservation
+from warmpool_operator.rules.ownership import deployment_pods, owned_by
 
 from warmpool import contract
 
@@ -125,22 +129,22 @@ def test_covers_treats_omitted_zero_values_as_equal() -> None:
     assert not covers(None, 1) and not covers([1, 2], [1]) and covers({"a": 1, "b": 2}, {"a": 1})
 
 
-def _sample(ready: bool) -> scrape.Sample:
+def _sample(ready: bool) -> Sample:
     return scrape.parse_metrics(f"{contract.METRIC_READY} {1 if ready else 0}\n")
 
 
-def _obs(name: str, *, ready: bool, sample: scrape.Sample | None) -> st.PodObservation:
-    return st.PodObservation(uid=name, name=name, ready=ready, terminating=False, sample=sample, decision=None)
+def _obs(name: str, *, ready: bool, sample: Sample | None) -> PodObservation:
+    return PodObservation(uid=name, name=name, ready=ready, terminating=False, sample=sample, decision=None)
 
 
 def test_unreadable_pods_never_make_the_pool_grow() -> None:
-    unreadable = [_obs("a", ready=True, sample=None), _obs("b", ready=True, sample=scrape.Sample(error="timeout"))]
-    assert st.extra_pods(unreadable, min_warm=2) == 0
+    unreadable = [_obs("a", ready=True, sample=None), _obs("b", ready=True, sample=Sample(error="timeout"))]
+    assert scaling.extra_pods(unreadable, min_warm=2) == 0
     # Pods whose own metrics say "not warm yet" do count, up to what minWarm lacks.
     warming = [_obs("c", ready=True, sample=_sample(False)), _obs("d", ready=True, sample=_sample(False))]
-    assert st.extra_pods(warming, min_warm=1) == 1
-    assert st.extra_pods([*warming, _obs("e", ready=True, sample=_sample(True))], min_warm=1) == 0
-    assert st.extra_pods([*warming, *unreadable], min_warm=3) == 2
+    assert scaling.extra_pods(warming, min_warm=1) == 1
+    assert scaling.extra_pods([*warming, _obs("e", ready=True, sample=_sample(True))], min_warm=1) == 0
+    assert scaling.extra_pods([*warming, *unreadable], min_warm=3) == 2
 
 
 def test_ready_says_metrics_unavailable_with_the_pod_names() -> None:
@@ -148,18 +152,18 @@ def test_ready_says_metrics_unavailable_with_the_pod_names() -> None:
     deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2},
                   "status": {"observedGeneration": 1, "updatedReplicas": 2, "replicas": 2}}
     out = st.compute_status(name="m", spec=_spec(), generation=1, pods=pods, deployment=deployment,
-                            cold_starts=st.ColdStarts(), previous=None, now="2026-01-01T00:00:00Z")
+                            cold_starts=ColdStarts(), previous=None, now="2026-01-01T00:00:00Z")
     ready = {c["type"]: c for c in out["conditions"]}["Ready"]
     assert ready["status"] == "False" and ready["reason"] == st.REASON_METRICS_UNAVAILABLE
     assert "silent" in ready["message"] and "cold-start" not in ready["message"]
     # A pod still starting (not Ready, not yet answering) is ordinary warming, not a metrics problem.
     out = st.compute_status(name="m", spec=_spec(), generation=1, pods=pods[:1], deployment=deployment,
-                            cold_starts=st.ColdStarts(), previous=None, now="2026-01-01T00:00:00Z")
+                            cold_starts=ColdStarts(), previous=None, now="2026-01-01T00:00:00Z")
     assert {c["type"]: c for c in out["conditions"]}["Ready"]["reason"] == st.REASON_BELOW_MIN_WARM
 
 
 def test_a_restarted_operator_keeps_the_extra_pods_the_live_deployment_runs() -> None:
     spec = _spec(replicas=1, minWarm=2, maxReplicas=4)  # asks for 2 pods
-    assert st.extra_from_live(spec, 3) == 1
-    assert st.extra_from_live(spec, 2) == 0 and st.extra_from_live(spec, 0) == 0
-    assert st.extra_from_live(spec, 9) == 2  # never above maxReplicas
+    assert scaling.extra_from_live(spec, 3) == 1
+    assert scaling.extra_from_live(spec, 2) == 0 and scaling.extra_from_live(spec, 0) == 0
+    assert scaling.extra_from_live(spec, 9) == 2  # never above maxReplicas

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from warmpool_operator import gating, heat, scrape
-from warmpool_operator import status as st
-from warmpool_operator.api import WarmModelSpec, parse_spec
+from warmpool_operator.api.types import WarmModelSpec, parse_spec
+from warmpool_operator.io import worker_metrics as scrape
+from warmpool_operator.model import Sample
+from warmpool_operator.rules import gating, heat
+from warmpool_operator.rules import status as st
+from warmpool_operator.rules.observation import ColdStarts, PodObservation
 
 from warmpool import contract
 from warmpool.contract import Tier
@@ -25,7 +28,7 @@ def body(ratio: float | None, ready: int = 1, extra: str = "") -> str:
     return "\n".join(lines) + "\n" + extra
 
 
-def sample(ratio: float | None) -> scrape.Sample:
+def sample(ratio: float | None) -> Sample:
     return scrape.parse_metrics(body(ratio))
 
 
@@ -91,7 +94,7 @@ def test_node_level_is_the_max_of_its_pods() -> None:
 def test_unknown_pod_does_not_lower_its_node() -> None:
     a = gating.PodRef("a", "pa", "node-1", "127.0.0.1")
     b = gating.PodRef("b", "pb", "node-1", "127.0.0.2")
-    decisions = gating.decide([a, b], {"a": sample(0.8), "b": scrape.Sample(error="timeout")}, gating.GateState(), TH)
+    decisions = gating.decide([a, b], {"a": sample(0.8), "b": Sample(error="timeout")}, gating.GateState(), TH)
     assert {d.pod.uid: d.tier for d in decisions} == {"a": Tier.TRUNCATED, "b": Tier.UNKNOWN}
 
 
@@ -139,9 +142,9 @@ def test_scraped_layers_are_clamped_to_their_meaning(
 
 def test_deletion_cost_clamps_a_sample_built_by_hand() -> None:
     """The cost clamps again, whatever built the Sample (defence in depth for the API server)."""
-    absurd = scrape.Sample(layers_resident=-(10**301), layers_total=4)
+    absurd = Sample(layers_resident=-(10**301), layers_total=4)
     assert gating.deletion_cost(True, Tier.FULL, absurd) == 1300
-    huge = scrape.Sample(layers_resident=10**301, layers_total=10**300)
+    huge = Sample(layers_resident=10**301, layers_total=10**300)
     assert gating.deletion_cost(True, Tier.FULL, huge) == 1400
 
 
@@ -163,7 +166,7 @@ def test_other_scraped_figures_are_clamped_to_their_meaning() -> None:
     assert s.heat == {0: scrape.MAX_LAYER_HEAT}  # finite, and summable over a pool
     assert s.num_layers is None
     # Heat summed over many such pods stays finite, so the heat map is valid JSON.
-    found = heat.aggregate([scrape.Sample(heat=dict(s.heat), digest="d", num_layers=4)] * 1000)
+    found = heat.aggregate([Sample(heat=dict(s.heat), digest="d", num_layers=4)] * 1000)
     assert found is not None and all(value < float("inf") for value in found[2].values())
 
 
@@ -175,13 +178,13 @@ def test_status_conditions_and_counts() -> None:
     pod = gating.PodRef("u", "p", "n", "127.0.0.1")
     decision = gating.decide([pod], {"u": sample(0.8)}, gating.GateState(), TH)[0]
     obs = [
-        st.PodObservation("u", "p", ready=True, terminating=False, sample=sample(0.8), decision=decision),
-        st.PodObservation("v", "q", ready=False, terminating=False, sample=None, decision=None),
+        PodObservation("u", "p", ready=True, terminating=False, sample=sample(0.8), decision=decision),
+        PodObservation("v", "q", ready=False, terminating=False, sample=None, decision=None),
     ]
     deployment = {"metadata": {"generation": 1}, "spec": {"replicas": 2},
                   "status": {"observedGeneration": 1, "updatedReplicas": 2, "replicas": 2}}
     out = st.compute_status(name="m", spec=_spec(), generation=3, pods=obs, deployment=deployment,
-                            cold_starts=st.ColdStarts(), previous=None, now="2026-01-01T00:00:00Z")
+                            cold_starts=ColdStarts(), previous=None, now="2026-01-01T00:00:00Z")
     conds = {c["type"]: c for c in out["conditions"]}
     assert set(conds) == set(contract.CONDITION_TYPES)
     assert conds["Ready"]["status"] == "True" and conds["Ready"]["reason"] == "MinWarmReached"
@@ -190,12 +193,12 @@ def test_status_conditions_and_counts() -> None:
     assert out["tierCounts"] == {"full": 0, "truncated": 1, "paused": 0, "unknown": 1}
     # lastTransitionTime is kept while a condition's status holds
     again = st.compute_status(name="m", spec=_spec(), generation=3, pods=obs, deployment=deployment,
-                              cold_starts=st.ColdStarts(), previous=out, now="2026-01-02T00:00:00Z")
+                              cold_starts=ColdStarts(), previous=out, now="2026-01-02T00:00:00Z")
     assert again["conditions"] == out["conditions"]
 
 
 def test_status_degraded() -> None:
-    out = st.compute_status(name="m", spec=None, generation=1, pods=(), deployment=None, cold_starts=st.ColdStarts(),
+    out = st.compute_status(name="m", spec=None, generation=1, pods=(), deployment=None, cold_starts=ColdStarts(),
                             previous=None, now="2026-01-01T00:00:00Z",
                             degraded=st.Degradation("ChildRejected", "cpu request above limit"))
     conds = {c["type"]: c for c in out["conditions"]}
@@ -204,18 +207,18 @@ def test_status_degraded() -> None:
 
 
 def test_cold_start_percentiles() -> None:
-    cold = st.ColdStarts()
+    cold = ColdStarts()
     for i, seconds in enumerate([10.0, 20.0, 30.0, 40.0]):
-        s = scrape.Sample(phase_durations={"ready": seconds}, phase_timestamps={"ready": 1000.0 + i})
+        s = Sample(phase_durations={"ready": seconds}, phase_timestamps={"ready": 1000.0 + i})
         cold.record(f"u{i}", s)
     figures = cold.figures()
     assert figures.last_seconds == 40.0 and figures.p50_seconds == 20.0 and figures.p95_seconds == 40.0
 
 
 def test_heat_aggregation_is_rate_limited_and_per_digest() -> None:
-    a = scrape.Sample(digest="sha:a", num_layers=4, heat={0: 1.0, 3: 5.0})
-    b = scrape.Sample(digest="sha:a", num_layers=4, heat={0: 10.0})
-    other = scrape.Sample(digest="sha:b", num_layers=4, heat={1: 100.0})
+    a = Sample(digest="sha:a", num_layers=4, heat={0: 1.0, 3: 5.0})
+    b = Sample(digest="sha:a", num_layers=4, heat={0: 10.0})
+    other = Sample(digest="sha:b", num_layers=4, heat={1: 100.0})
     state = heat.HeatState()
     payload = heat.due(state, [a, b, other], interval=60, now=1000.0)
     assert payload is not None

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import pytest
 from aiohttp import web
-from warmpool_operator import leader
-from warmpool_operator.scheduler import ScrapeScheduler
+from warmpool_operator.app import leader
+from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
+from warmpool_operator.io.worker_client import WorkerClient
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +57,7 @@ async def worker() -> AsyncIterator[tuple[CountingWorker, str]]:
 async def test_scrapes_of_all_pools_share_one_global_bound(worker: tuple[CountingWorker, str]) -> None:
     counting, url = worker
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), trust_env=False) as session:
-        scheduler = ScrapeScheduler(session, interval=60.0, timeout=5.0, concurrency=3)
+        scheduler = ScrapeScheduler(WorkerClient(session, timeout=5.0), interval=60.0, concurrency=3)
         pools = [{f"{pool}-{pod}": url for pod in range(4)} for pool in range(5)]  # 20 pods in 5 pools
         results = await asyncio.wait_for(asyncio.gather(*(scheduler.scrape(urls) for urls in pools)), timeout=30)
     assert counting.served == 20
@@ -77,7 +77,7 @@ async def test_a_round_reaches_every_pool_once() -> None:
         return scrape_round
 
     async with aiohttp.ClientSession(trust_env=False) as session:
-        scheduler = ScrapeScheduler(session, interval=0.2, timeout=1.0, concurrency=2)
+        scheduler = ScrapeScheduler(WorkerClient(session, timeout=1.0), interval=0.2, concurrency=2)
         task = asyncio.create_task(scheduler.run(lambda: [job(i) for i in range(7)]))
         try:
             await asyncio.wait_for(all_reached.wait(), timeout=10)
@@ -86,15 +86,34 @@ async def test_a_round_reaches_every_pool_once() -> None:
     assert sorted(reached[:7]) == list(range(7))
 
 
-def test_a_lease_expires_after_its_duration_from_the_last_renewal() -> None:
-    now = datetime(2026, 12, 1, 8, 0, 0, tzinfo=UTC)
+def _lease(holder: str, renewed: str, version: str, duration: int = 8) -> dict[str, object]:
+    return {"metadata": {"resourceVersion": version},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "renewTime": renewed}}
 
-    def lease(renewed: datetime | None, duration: int = 8) -> dict[str, object]:
-        spec: dict[str, object] = {"holderIdentity": "a-1", "leaseDurationSeconds": duration}
-        if renewed is not None:
-            spec["renewTime"] = renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        return {"spec": spec}
 
-    assert not leader.expired(lease(now - timedelta(seconds=7)), now)
-    assert leader.expired(lease(now - timedelta(seconds=9)), now)
-    assert leader.expired(lease(None), now)  # never renewed: anyone may take it
+def test_a_standby_judges_expiry_by_its_own_clock_from_when_it_saw_the_record() -> None:
+    observed = leader.Observed()
+    # The holder's renewTime is an hour in the past by our clock (its clock is behind): not expired
+    # on sight, only after the record stood unchanged for the lease's duration as we measure it.
+    stale = _lease("a-1-x", "2026-12-01T07:00:00.000000Z", "10")
+    assert not observed.expired(stale, now=100.0)
+    assert not observed.expired(stale, now=107.9)
+    assert observed.expired(stale, now=108.1)
+    # A renewal (a new record) starts the count again, whatever its renewTime says.
+    renewed = _lease("a-1-x", "2026-12-01T07:00:00.000000Z", "11")
+    assert not observed.expired(renewed, now=108.2)
+    assert not observed.expired(renewed, now=116.0)
+    assert observed.expired(renewed, now=116.3)
+    # A released Lease (no holder) is free at once.
+    assert leader.Observed().expired(_lease("", "", "12"), now=0.0)
+
+
+def test_the_holder_stops_acting_before_a_standby_may_take_over() -> None:
+    cfg = leader.LeaderConfig(namespace="ns", name="l", identity="a")
+    assert cfg.renew_deadline < cfg.lease_duration
+    assert leader.time_left(cfg, renewed=50.0, now=50.0 + cfg.renew_deadline - 0.5) == pytest.approx(0.5)
+    assert leader.time_left(cfg, renewed=50.0, now=50.0 + cfg.renew_deadline) <= 0
+    for renew_deadline, retry_period in ((8.0, 2.0), (9.0, 2.0), (6.0, 6.0), (6.0, 0.0)):
+        with pytest.raises(ValueError, match=r"retry period .* < renew deadline .* < lease duration"):
+            leader.LeaderConfig(namespace="ns", name="l", identity="a", lease_duration=8.0,
+                                renew_deadline=renew_deadline, retry_period=retry_period)

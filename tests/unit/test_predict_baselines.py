@@ -6,15 +6,15 @@ import math
 
 import numpy as np
 import pytest
-from warmpool_operator.predict.baselines import (
+from warmpool_operator.rules.forecast.baselines import (
     Baseline,
     BaselineConfig,
     QuantileForecast,
     forecast,
     point_forecasts,
 )
-from warmpool_operator.predict.evaluation import Scoreboard, pinball, quantile_loss
-from warmpool_operator.predict.features import as_series
+from warmpool_operator.rules.forecast.evaluation import Scoreboard, pinball, quantile_loss
+from warmpool_operator.rules.forecast.features import as_series
 
 pytestmark = pytest.mark.unit
 

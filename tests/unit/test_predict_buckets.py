@@ -4,8 +4,8 @@ model's context, with the prompts each would serve; too few prompts keep the con
 from __future__ import annotations
 
 import pytest
-from warmpool_operator.predict.buckets import learn_buckets, prompts_served, share_within
-from warmpool_operator.predict.lengths import BIN_COUNT, histogram
+from warmpool_operator.rules.forecast.buckets import learn_buckets, prompts_served, share_within
+from warmpool_operator.rules.forecast.lengths import BIN_COUNT, histogram
 
 pytestmark = pytest.mark.unit
 

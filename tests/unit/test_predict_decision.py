@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from warmpool_operator.predict.decision import (
+from warmpool_operator.rules.forecast.decision import (
     DecisionInputs,
     LeadSource,
     PredictiveSpec,

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from warmpool_operator.predict.features import (
+from warmpool_operator.rules.forecast.features import (
     FeatureConfig,
     FeatureSet,
     as_series,

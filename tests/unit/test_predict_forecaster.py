@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from warmpool_operator.predict.features import FeatureConfig, as_series
-from warmpool_operator.predict.forecaster import Forecaster, ForecasterConfig
-from warmpool_operator.predict.history import History, StepObservation
-from warmpool_operator.predict.quantile_model import QuantileModelConfig, train
+from warmpool_operator.rules.forecast.features import FeatureConfig, as_series
+from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig
+from warmpool_operator.rules.forecast.history import History, StepObservation
+from warmpool_operator.rules.forecast.quantile_model import QuantileModelConfig, train
 
 pytestmark = pytest.mark.unit
 
@@ -148,7 +148,7 @@ def test_missing_or_garbage_metrics_mean_no_forecast_and_the_reason() -> None:
 
 
 def test_a_restart_from_the_stored_history_forecasts_as_the_running_one_would() -> None:
-    from warmpool_operator.predict.history import dumps, loads
+    from warmpool_operator.rules.forecast.history import dumps, loads
 
     history = _history([(i * 7) % 40 + (i // 10) for i in range(90)])
     running = Forecaster()
@@ -168,8 +168,8 @@ def test_lightgbm_is_imported_only_when_a_model_is_trained() -> None:
 
     script = (
         "import sys\n"
-        "from warmpool_operator.predict.forecaster import Forecaster, ForecasterConfig\n"
-        "from warmpool_operator.predict.history import History, StepObservation\n"
+        "from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig\n"
+        "from warmpool_operator.rules.forecast.history import History, StepObservation\n"
         "h = History()\n"
         "for i in range(60): h.record(29_000_000 + i, StepObservation(requests=i % 6))\n"
         "Forecaster(ForecasterConfig(use_model=False)).update(h, (1,))\n"

@@ -11,7 +11,7 @@ import zlib
 from typing import Any
 
 import pytest
-from warmpool_operator.predict.history import (
+from warmpool_operator.rules.forecast.history import (
     MISSING,
     PREFIX,
     History,
@@ -22,7 +22,7 @@ from warmpool_operator.predict.history import (
     loads,
     loads_or_empty,
 )
-from warmpool_operator.predict.lengths import BIN_COUNT, LENGTH_EDGES, bin_index, histogram, round_up
+from warmpool_operator.rules.forecast.lengths import BIN_COUNT, LENGTH_EDGES, bin_index, histogram, round_up
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import json
 import zlib
 
 import pytest
-from warmpool_operator.predict.history import (
+from warmpool_operator.rules.forecast.history import (
     FORMAT_NAME,
     MISSING,
     PREFIX,
@@ -21,7 +21,7 @@ from warmpool_operator.predict.history import (
     loads,
     peak_of,
 )
-from warmpool_operator.predict.lengths import LENGTH_EDGES
+from warmpool_operator.rules.forecast.lengths import LENGTH_EDGES
 
 pytestmark = pytest.mark.unit
 

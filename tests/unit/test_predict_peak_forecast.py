@@ -8,15 +8,15 @@ import math
 
 import numpy as np
 import pytest
-from warmpool_operator.predict.features import (
+from warmpool_operator.rules.forecast.features import (
     FeatureConfig,
     feature_matrix,
     feature_set,
     latest_row,
     training_rows,
 )
-from warmpool_operator.predict.forecaster import TARGET_PEAK, TARGET_REQUESTS, Forecaster, ForecasterConfig
-from warmpool_operator.predict.history import History, StepObservation
+from warmpool_operator.rules.forecast.forecaster import TARGET_PEAK, TARGET_REQUESTS, Forecaster, ForecasterConfig
+from warmpool_operator.rules.forecast.history import History, StepObservation
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import pytest
 from warmpool_bench.predict_policies import FixedPool, HpaSettings, Predictive, Reactive
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
 from warmpool_bench.predict_trace import TraceRequest
-from warmpool_operator.predict.decision import PredictiveSpec
-from warmpool_operator.predict.forecaster import Forecaster, ForecasterConfig
+from warmpool_operator.rules.forecast.decision import PredictiveSpec
+from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig
 
 pytestmark = pytest.mark.unit
 
@@ -225,7 +225,7 @@ def _bursts(minutes: int) -> list[TraceRequest]:
 
 
 def test_predictive_records_each_steps_busiest_10_s_and_sizes_the_floor_for_it() -> None:
-    from warmpool_operator.predict.forecaster import TARGET_REQUESTS
+    from warmpool_operator.rules.forecast.forecaster import TARGET_REQUESTS
 
     requests = tuple(_bursts(12))
     pool = PoolConfig(1, 20, 5.0)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from warmpool_operator.predict.history import History, HistoryLimits, StepObservation, dumps, loads
-from warmpool_operator.predict.lengths import histogram
-from warmpool_operator.predict.store import (
+from warmpool_operator.io.history_store import (
     CONFIGMAP_DATA_LIMIT,
     StoreSettings,
     bounded_dump,
@@ -16,6 +14,8 @@ from warmpool_operator.predict.store import (
     history_labels,
     newest_steps,
 )
+from warmpool_operator.rules.forecast.history import History, HistoryLimits, StepObservation, dumps, loads
+from warmpool_operator.rules.forecast.lengths import histogram
 
 from warmpool import contract
 

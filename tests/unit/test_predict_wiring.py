@@ -11,20 +11,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from warmpool_operator import builders, scaling
-from warmpool_operator import prediction_status as ps
-from warmpool_operator.api import InvalidWarmModel, parse_spec
-from warmpool_operator.builders import Target
-from warmpool_operator.demand import PROMPT_BOUNDS, CapacityMeter, StepAccumulator, counter_delta, prompt_bins
-from warmpool_operator.predict.baselines import QuantileForecast
-from warmpool_operator.predict.decision import LeadSource, LeadTime
-from warmpool_operator.predict.decision import Target as DecisionTarget
-from warmpool_operator.predict.forecaster import Prediction
-from warmpool_operator.predict.history import History
-from warmpool_operator.predict.lengths import BIN_COUNT, bin_index
-from warmpool_operator.predictor import copy_history, forecaster_config, limits_for
-from warmpool_operator.scrape import Sample, parse_metrics
-from warmpool_operator.sleeping import WHY_FORECAST, Policy, SleepPod, plan
+from warmpool_operator.api.types import InvalidWarmModel, parse_spec
+from warmpool_operator.control.forecasting import copy_history, forecaster_config, limits_for
+from warmpool_operator.io.worker_metrics import parse_metrics
+from warmpool_operator.model import Sample, Target
+from warmpool_operator.rules import builders, scaling
+from warmpool_operator.rules.forecast import report as ps
+from warmpool_operator.rules.forecast.baselines import QuantileForecast
+from warmpool_operator.rules.forecast.decision import LeadSource, LeadTime
+from warmpool_operator.rules.forecast.decision import Target as DecisionTarget
+from warmpool_operator.rules.forecast.forecaster import Prediction
+from warmpool_operator.rules.forecast.history import History
+from warmpool_operator.rules.forecast.lengths import BIN_COUNT, bin_index
+from warmpool_operator.rules.forecast.steps import (
+    PROMPT_BOUNDS,
+    CapacityMeter,
+    StepAccumulator,
+    counter_delta,
+    prompt_bins,
+)
+from warmpool_operator.rules.sleep_wake import WHY_FORECAST, Policy, SleepPod, plan
 from warmpool_worker.warmup import read_learned_buckets
 
 from warmpool import contract
@@ -325,7 +331,7 @@ def test_scrape_reads_the_prompt_histogram_and_busy_seconds() -> None:
 
 def test_the_api_takes_the_predictive_block_and_learn_buckets_with_bounds() -> None:
     parsed = spec(predictive={"enabled": True, "horizonSeconds": 120, "maxExtraReplicas": 0})
-    assert parsed.pool.predictive is not None and parsed.pool.predictive.decision_spec().horizon_seconds == 120
+    assert parsed.pool.predictive is not None and parsed.pool.predictive.horizon_seconds == 120
     assert spec().pool.predictive is None
     for bad in ({"horizonSeconds": 0}, {"maxExtraReplicas": -1}, {"enabled": "yes"}):
         with pytest.raises(InvalidWarmModel, match="predictive"):

@@ -42,7 +42,7 @@ def test_pod_monitor_becomes_a_pod_role_job_with_its_selector_port_and_relabelin
     assert rules[0] == {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component",
                                           "__meta_kubernetes_pod_labelpresent_app_kubernetes_io_component"],
                         "regex": "(worker);true", "action": "keep"}
-    assert {"source_labels": ["__address__"], "regex": prometheus_config.LOOPBACK_ADDRESS, "action": "keep"} in rules
+    assert {"source_labels": ["__address__"], "regex": prometheus_config.POD_ADDRESS, "action": "keep"} in rules
     assert {"target_label": "job", "replacement": "ops/wp-workers"} in rules
     # The monitor's own relabelling comes last, translated to snake_case.
     assert rules[-1] == {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node",
@@ -59,12 +59,15 @@ def test_service_monitor_resolves_its_service_to_the_pods_and_target_port() -> N
     assert {"target_label": "job", "replacement": "wp-metrics"} in rules
 
 
-def test_loopback_guard_accepts_pod_ips_only() -> None:
+def test_address_guard_accepts_the_local_clusters_pod_ips_only() -> None:
     import re
 
-    guard = re.compile(f"^(?:{prometheus_config.LOOPBACK_ADDRESS})$")
-    assert guard.match("127.10.0.5:8080")
-    for address in ("10.0.0.5:8080", "192.168.1.2:9090", "172.16.0.1:80", "example.com:80"):
+    from warmpool_devcluster.node_network import POD_RANGE
+
+    guard = re.compile(f"^(?:{prometheus_config.POD_ADDRESS})$")
+    assert guard.match("10.244.3.17:8080") and str(POD_RANGE) == "10.244.0.0/16"
+    for address in ("127.10.0.5:8080", "10.0.0.5:8080", "10.96.0.1:443", "192.168.1.2:9090", "172.16.0.1:80",
+                    "10.2440.1.1:80", "example.com:80"):
         assert not guard.match(address), address
 
 

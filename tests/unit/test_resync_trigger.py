@@ -4,13 +4,13 @@ already shown has listed again, and what it deleted meanwhile got no event."""
 from __future__ import annotations
 
 import pytest
-from warmpool_operator.registry import Registry
+from warmpool_operator.control.registry import Registry
 
 pytestmark = pytest.mark.unit
 
 
 def _registry() -> Registry:
-    return Registry(kube=None, session=None, scheduler=None)  # type: ignore[arg-type]
+    return Registry(kube=None, workers=None, scheduler=None)  # type: ignore[arg-type]
 
 
 def test_the_first_listing_and_live_events_ask_for_nothing() -> None:

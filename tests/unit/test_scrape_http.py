@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from warmpool_operator import gating, scrape
+from warmpool_operator.io import worker_client as scrape
+from warmpool_operator.rules import gating
 
 from tests.support.loopback_peer import LoopbackPeer, Reply
 from warmpool import contract

@@ -1,4 +1,4 @@
-"""The sleep and wake rules (#15, operator/warmpool_operator/sleeping.py), the API's sleep block,
+"""The sleep and wake rules (#15, operator/warmpool_operator/rules/sleep_wake.py), the API's sleep block,
 the awake label in the builders and the scrape of the sleep and request metrics."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from warmpool_operator import builders, sleeping
-from warmpool_operator.api import InvalidWarmModel, parse_spec
-from warmpool_operator.builders import Target
-from warmpool_operator.scrape import parse_metrics
-from warmpool_operator.sleeping import Candidate, Policy, SleepPod, plan
+from warmpool_operator.api.types import InvalidWarmModel, parse_spec
+from warmpool_operator.io.worker_metrics import parse_metrics
+from warmpool_operator.model import Target
+from warmpool_operator.rules import builders
+from warmpool_operator.rules import sleep_wake as sleeping
+from warmpool_operator.rules.sleep_wake import Candidate, Policy, SleepPod, plan
 
 from warmpool import contract
 

@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 import pytest
-from warmpool_operator import gating, sleeper
-from warmpool_operator.api import parse_spec
-from warmpool_operator.builders import Target
-from warmpool_operator.scrape import Sample
+from warmpool_operator.api.types import parse_spec
+from warmpool_operator.control import sleep_actions as sleeper
+from warmpool_operator.model import Sample, Target
+from warmpool_operator.rules import gating
 
 from warmpool import contract
 
@@ -51,7 +51,7 @@ def _sample(level: int, sent_at: float) -> Sample:
 
 async def _pass(state: sleeper.SleepState, reasons: list[str], subject_level: int, sent_at: float,
                 subject_labelled_awake: bool) -> None:
-    ctx = sleeper.Context(kube=LabelWrites(), session=None, body={},  # type: ignore[arg-type]
+    ctx = sleeper.Context(kube=LabelWrites(), workers=None, body={},  # type: ignore[arg-type]
                           target=Target("m", "ns", SPEC), token="", refresh=lambda uid: None)
     pods = {"a": _pod(AWAKE, True), "b": _pod(SUBJECT, subject_labelled_awake)}
     samples = {"a": _sample(0, sent_at), "b": _sample(subject_level, sent_at)}

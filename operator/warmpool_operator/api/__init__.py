@@ -1,0 +1,2 @@
+"""What users write: the WarmModel API as typed models, its validation rules, and the CRD
+generated from them.  Imports nothing else of the operator."""

@@ -1,0 +1,1 @@
+"""The edge: the command line, kopf's registration of handlers, and leader election."""

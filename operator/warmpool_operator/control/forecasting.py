@@ -1,0 +1,306 @@
+"""One WarmModel's demand prediction at run time: history fed from scrapes, persisted, and forecast
+on the operator's one forecasting thread (:class:`ForecastRunner`); and the pass's forecast step
+(:class:`PoolForecast`): the pods the forecast asks for, and what status reports of it.
+
+* **History** (rules/forecast/history.py) gets one step per ``--predict-step-seconds`` (60 s) from
+  the pool's counters (rules/forecast/steps.py); it is loaded from ConfigMap ``<name>-history``
+  (io/history_store.py) when the reconciler starts, so a restarted operator goes on from
+  what it had, and saved through the store (at most one write per five steps, and once more,
+  forced, when the operator shuts down).  Steps that close before the load has finished wait
+  for it, so a slow API server loses none.
+* **Forecasts** run on the thread the registry owns (one for the whole operator: LightGBM is
+  single-threaded, so prediction costs at most one core however many WarmModels there are),
+  never on the event loop.  Each closed step asks for one; one is in flight per WarmModel at
+  a time, on a copy of the history.  When it is done the reconciler is poked, and the next pass
+  reads :meth:`ForecastRunner.current`.  A short history gives a baseline's forecast; missing
+  request metrics give no forecast and the reason (rules/forecast/forecaster.py).
+* **Learned buckets** (``spec.warmup.learnBuckets``) are read off the prompt-length histogram
+  the history holds (rules/forecast/buckets.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmpool import contract
+from warmpool_operator.api.types import ForecastStatus, LearnedBucketsStatus, WarmModelSpec
+from warmpool_operator.io.history_store import HistoryStore, StoreSettings
+from warmpool_operator.io.kube import Kube
+from warmpool_operator.model import Sample
+from warmpool_operator.rules import scaling
+from warmpool_operator.rules.forecast import decision
+from warmpool_operator.rules.forecast import report as forecast_report
+from warmpool_operator.rules.forecast.baselines import BaselineConfig
+from warmpool_operator.rules.forecast.buckets import LearnedBuckets, learn_buckets
+from warmpool_operator.rules.forecast.features import FeatureConfig
+from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig, Prediction
+from warmpool_operator.rules.forecast.history import History, HistoryLimits
+from warmpool_operator.rules.forecast.lengths import LENGTH_EDGES
+from warmpool_operator.rules.forecast.steps import CapacityMeter, ClosedStep, StepAccumulator
+from warmpool_operator.rules.observation import PodObservation, wake_figures
+
+log = logging.getLogger("warmpool.operator")
+
+#: Steps a history holds: seven days at the default 60 s step (a shorter step, for tests and
+#: demos, holds the same number of steps, so the ConfigMap stays the same size).
+HISTORY_POINTS = 7 * 1440
+#: A history's length histograms are kept per hour (a multiple of every allowed step).
+SLOT_SECONDS = 3600
+#: The store writes at most once per this many steps (5 min at 60 s), and when forced at shutdown.
+WRITE_EVERY_STEPS = 5
+DAY = 86400
+
+
+def limits_for(step_s: int) -> HistoryLimits:
+    return HistoryLimits(step_s=step_s, retention_s=step_s * HISTORY_POINTS, slot_s=SLOT_SECONDS)
+
+
+def forecaster_config(step_s: int) -> ForecasterConfig:
+    """The library's defaults, with every length in steps scaled to the step (a day is a day)."""
+    per_day = max(1, DAY // step_s)
+    return ForecasterConfig(
+        features=FeatureConfig(step_s=step_s, time_of_day_min_steps=2 * per_day, day_of_week_min_steps=14 * per_day),
+        baselines=BaselineConfig(season_steps=per_day),
+    )
+
+
+def copy_history(history: History) -> History:
+    """A copy the forecasting thread may read while the event loop appends to the original."""
+    return History(limits=history.limits, start=history.start, requests=list(history.requests),
+                   prompt_tokens=list(history.prompt_tokens), generated_tokens=list(history.generated_tokens),
+                   prompt_hist={k: list(v) for k, v in history.prompt_hist.items()},
+                   generated_hist={k: list(v) for k, v in history.generated_hist.items()},
+                   peak_requests=list(history.peak_requests))
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A prediction and the horizons (in steps) it was asked for."""
+
+    prediction: Prediction
+    horizons: tuple[int, ...]
+
+
+class ForecastRunner:
+    """Demand prediction of one WarmModel (its reconciler owns it; stopped with it)."""
+
+    def __init__(self, kube: Kube, owner: Mapping[str, Any], step_s: int, executor: Executor,
+                 poke: Callable[[], None], clock: Callable[[], float] = time.time) -> None:
+        self.step_s = step_s
+        self.limits = limits_for(step_s)
+        self.store = HistoryStore(kube, owner, self.limits,
+                                  StoreSettings(min_interval_s=float(WRITE_EVERY_STEPS * step_s)))
+        self.history = History(limits=self.limits)
+        self.accumulator = StepAccumulator(step_s)
+        self.capacity = CapacityMeter()
+        self.forecaster = Forecaster(forecaster_config(step_s))
+        self.executor = executor
+        self.poke = poke
+        self.clock = clock
+        self.loaded = False
+        self.load_reason: str | None = None
+        self.forecast: Forecast | None = None
+        self.horizons: tuple[int, ...] = (1,)
+        #: why the newest step is missing or partial (None: it was whole)
+        self.last_problem: str | None = None
+        self.last_closed: ClosedStep | None = None
+        self._waiting: list[ClosedStep] = []  # steps closed before the history was loaded
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._forecasting = False
+        self._saving = False
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> None:
+        self._spawn(self._load(), "history load")
+
+    async def stop(self, *, save: bool) -> None:
+        """Cancel what runs; ``save``: write the history once more (the operator shuts down)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if save and self.loaded:
+            await self.store.save(self.history, force=True)
+
+    def _spawn(self, job: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(job, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self) -> None:
+        loaded = await self.store.load()
+        self.history, self.load_reason, self.loaded = loaded.history, loaded.reason, True
+        for closed in self._waiting:
+            self._record(closed)
+        self._waiting.clear()
+        self._ask_forecast()
+
+    # ------------------------------------------------------------------ steps
+
+    def observe(self, samples: Mapping[str, tuple[str, Sample | None]]) -> None:
+        """This pass's samples (uid -> (pod name, sample)); records the steps that closed."""
+        closed = self.accumulator.observe(samples, self.clock())
+        for step in closed:
+            self.capacity.add(step.served, step.busy_seconds)
+            self.last_problem, self.last_closed = step.problem, step
+            if self.loaded:
+                self._record(step)
+            else:
+                self._waiting.append(step)
+        if closed and self.loaded:
+            self._ask_forecast()
+            if not self._saving:  # one write in flight at a time (the store rate-limits the rest)
+                self._saving = True
+                self._spawn(self._save(), "history save")
+
+    def _record(self, step: ClosedStep) -> None:
+        if len(self.history) and step.step < self.history.end:
+            return  # already held (a step the stored history has from before a restart)
+        self.history.record(step.step, step.observation)
+
+    async def _save(self) -> None:
+        try:
+            await self.store.save(self.history)
+        finally:
+            self._saving = False
+
+    def want_horizons(self, horizons: tuple[int, ...]) -> None:
+        """The steps ahead the decision needs (from the lead time); a change asks for a forecast."""
+        if horizons != self.horizons:
+            self.horizons = horizons
+            if self.loaded:
+                self._ask_forecast()
+
+    # ------------------------------------------------------------------ forecasting
+
+    def _ask_forecast(self) -> None:
+        if self._forecasting or not len(self.history):
+            return
+        self._forecasting = True
+        self._spawn(self._run_forecast(copy_history(self.history), self.horizons), "forecast")
+
+    async def _run_forecast(self, history: History, horizons: tuple[int, ...]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            prediction = await loop.run_in_executor(self.executor, self.forecaster.update, history, horizons)
+            self.forecast = Forecast(prediction, horizons)
+        except Exception:  # a forecast that fails leaves the pool to the reactive count
+            log.exception("forecast failed")
+        finally:
+            self._forecasting = False
+        self.poke()
+        # Steps or horizons that moved on while it ran get their own forecast.
+        if self.forecast is not None and (self.forecast.prediction.last_step < self.history.end - 1
+                                          or self.forecast.horizons != self.horizons):
+            self._ask_forecast()
+
+    def current(self) -> Prediction | None:
+        """The newest prediction, if it is for the horizons wanted now and not stale."""
+        made = self.forecast
+        if made is None or made.horizons != self.horizons:
+            return None
+        if made.prediction.last_step < self.history.end - 1 - 2:  # more than two steps behind
+            return None
+        return made.prediction
+
+    def learned_buckets(self, max_context: int = LENGTH_EDGES[-1]) -> LearnedBuckets:
+        return learn_buckets(self.history.prompt_histogram(), max_context)
+
+
+# --------------------------------------------------------------------------- the pass's forecast step
+
+
+@dataclass
+class Predicted:
+    """What demand prediction gives a pass: the pods it asks for, and what status reports."""
+
+    #: the pods the forecast asks for, acted on (None: no ask this pass)
+    wanted: int | None = None
+    #: seconds a lower ask waits before it lowers the pool; None: no predictive decision this pass
+    #: (prediction off, or learned warm-up lengths only), so the scale-down hold is left alone
+    hold_s: float | None = None
+    forecast: ForecastStatus | None = None
+    learned: LearnedBucketsStatus | None = None
+    conditions: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    @property
+    def awake_wanted(self) -> int:
+        """Awake pods the forecast asks for: sleeping pods wake first to serve them."""
+        return self.wanted or 0
+
+
+class PoolForecast:
+    """One WarmModel's demand prediction across passes: the runner, started while
+    spec.pool.predictive or spec.warmup.learnBuckets asks for it, stopped when neither does."""
+
+    def __init__(self, kube: Kube, owner: Mapping[str, Any], step_s: int, executor: Executor | None,
+                 poke: Callable[[], None], clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.owner, self.step_s, self.executor = kube, owner, step_s, executor
+        self.poke, self.clock = poke, clock
+        self.runner: ForecastRunner | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def _running(self, spec: WarmModelSpec) -> ForecastRunner | None:
+        wanted = (spec.pool.predictive is not None or spec.warmup.learn_buckets) and self.executor is not None
+        if not wanted:
+            if self.runner is not None:  # turned off: stop (the stored history stays for later)
+                stopping = asyncio.create_task(self.runner.stop(save=False))
+                self._stopping.add(stopping)
+                stopping.add_done_callback(self._stopping.discard)
+                self.runner = None
+            return None
+        if self.runner is None:
+            assert self.executor is not None
+            self.runner = ForecastRunner(self.kube, self.owner, self.step_s, self.executor, self.poke, self.clock)
+            self.runner.start()
+        return self.runner
+
+    async def stop(self, *, save: bool) -> None:
+        if self.runner is not None:
+            await self.runner.stop(save=save)
+
+    def step(self, spec: WarmModelSpec, owner: Mapping[str, Any], observations: list[PodObservation],
+             cold_start_p95: float | None) -> Predicted:
+        """Feed this pass's samples to the history; the pods the forecast asks for, and its status."""
+        runner = self._running(spec)
+        out = Predicted()
+        if runner is None:
+            return out
+        live = [o for o in observations if not o.terminating]
+        runner.observe({o.uid: (o.name, o.sample) for o in live})
+        if spec.warmup.learn_buckets and runner.loaded:
+            out.learned = forecast_report.learned_status(runner.learned_buckets())
+        predictive = spec.pool.predictive
+        if predictive is None:
+            return out
+        wake = wake_figures(live)
+        lead = decision.lead_time(predictive, cold_start_p95, wake.p95_seconds if wake is not None else None,
+                                  sum(o.asleep for o in live))
+        runner.want_horizons(decision.horizons(lead.seconds, runner.step_s))
+        prediction = runner.current()
+        capacity = runner.capacity.capacity_rps()
+        made = scaling.predictive_decision(spec, prediction.p90 if prediction is not None else None,
+                                           runner.step_s, capacity, scaling.autoscaled(owner))
+        last = runner.last_closed
+        report = forecast_report.report(
+            enabled=predictive.enabled, loaded=runner.loaded, prediction=prediction, decision=made, lead=lead,
+            step_s=runner.step_s, history_steps=len(runner.history),
+            last_count=last.observation.requests if last is not None and last.observation is not None else None,
+            capacity_rps=capacity, last_problem=runner.last_problem)
+        out.forecast = report.forecast
+        out.conditions.append((contract.CONDITION_PREDICTIVE, report.verdict.status, report.verdict.reason,
+                               report.verdict.message))
+        acting = predictive.enabled and report.verdict.status == "True" and made.predicted is not None
+        out.wanted = scaling.awake_wanted(spec, made) if acting else None
+        # A lower forecast lowers the pool only after a lead time (at least five steps).
+        out.hold_s = max(lead.seconds, 5.0 * runner.step_s)
+        return out

@@ -1,0 +1,169 @@
+"""The operator-wide set of reconcilers (kept in kopf's memo), and the routing of watch events
+to the one WarmModel they concern."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from warmpool.kube import KubeError
+from warmpool_operator.control import resync
+from warmpool_operator.control.reconciler import Reconciler
+from warmpool_operator.control.shared import Shared
+from warmpool_operator.control.sleep_actions import PressureBoard
+from warmpool_operator.io.kube import Kube
+from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
+from warmpool_operator.io.tracing import Tracing
+from warmpool_operator.io.watch_cache import Cache, model_key, uid_of, warmmodel_owner
+from warmpool_operator.io.worker_client import WorkerClient
+from warmpool_operator.rules.control_token import KEY_BYTES
+from warmpool_operator.settings import OperatorConfig
+
+log = logging.getLogger("warmpool.operator")
+
+
+@dataclass
+class Registry:
+    kube: Kube
+    workers: WorkerClient
+    scheduler: ScrapeScheduler
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    tracing: Tracing = field(default_factory=Tracing)
+    cache: Cache | None = None
+    by_key: dict[tuple[str, str], Reconciler] = field(default_factory=dict)
+    scheduling: asyncio.Task[None] | None = None
+    #: every pool's sleepable pods by node: memory pressure puts the idlest to sleep, whichever pool
+    board: PressureBoard = field(default_factory=PressureBoard)
+    #: reconcilers of WarmModels deleted and made again under the same name, while they stop
+    stopping: set[asyncio.Task[None]] = field(default_factory=set)
+    #: the one thread every WarmModel's forecasts and model training run on: prediction costs
+    #: at most one core, and never the event loop
+    forecasting: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmpool-forecast"))
+    #: uids a resync found deleted while a watch was down: every Cache made shares this set (resync.py)
+    gone: set[str] = field(default_factory=set)
+    #: uids of the objects the watches have shown (a listed one seen before: that watch listed again)
+    known: set[str] = field(default_factory=set)
+    resync_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    resyncing: asyncio.Task[None] | None = None
+    #: the key of the workers' control tokens (io/control_key.py); random unless given
+    control_key: bytes = field(default_factory=lambda: secrets.token_bytes(KEY_BYTES))
+    #: what every reconciler gets (made from the fields above)
+    shared: Shared = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shared = Shared(kube=self.kube, workers=self.workers, scheduler=self.scheduler, config=self.config,
+                             tracing=self.tracing, board=self.board, forecasting=self.forecasting,
+                             control_key=self.control_key)
+
+    def start_scheduler(self) -> None:
+        if self.scheduling is None:
+            self.scheduling = asyncio.create_task(self.scheduler.run(self.rounds), name="scrape scheduler")
+
+    def start_resync(self) -> None:
+        if self.resyncing is None:
+            self.resyncing = asyncio.create_task(self._resync_loop(self.config.resync_interval), name="resync")
+
+    def saw(self, event_type: str | None, uid: str) -> None:
+        """Note a watch event.  A listed object (type None) seen before means its watch broke and
+        listed again: what was deleted meanwhile got no DELETED event, so a resync is asked for."""
+        if event_type == "DELETED":
+            self.known.discard(uid)
+            return
+        if event_type is None and uid in self.known and not self.resync_wanted.is_set():
+            log.info("a watch listed its objects again (it broke and lost its place): resync in %gs",
+                     resync.SETTLE_SECONDS)
+            self.resync_wanted.set()
+        self.known.add(uid)
+
+    async def _resync_loop(self, interval: float) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.resync_wanted.wait(), interval)
+            if self.resync_wanted.is_set():
+                await asyncio.sleep(resync.SETTLE_SECONDS)
+            self.resync_wanted.clear()
+            try:
+                await self.resync()
+            except (KubeError, aiohttp.ClientError, TimeoutError) as error:
+                log.warning("resync failed (%s: %s): tried again at the next relist or in %gs",
+                            type(error).__name__, error, interval)
+
+    async def resync(self) -> None:
+        """Find what was deleted while a watch was down; restore it through its WarmModel's pass."""
+        cache = self.cache
+        if cache is None:
+            return  # no WarmModel seen yet: nothing of ours is held
+        for deleted in await resync.deleted_children(self.kube, cache):
+            uid = uid_of(deleted.obj)
+            self.gone.add(uid)
+            self.known.discard(uid)
+            meta = deleted.obj.get("metadata") or {}
+            owner = warmmodel_owner(deleted.obj)
+            key = owner[:2] if owner is not None else model_key(deleted.namespace, meta.get("labels") or {})
+            rec = self.get(*key) if key is not None else None
+            log.info("resync: %s %s/%s was deleted while a watch was down%s", deleted.kind, deleted.namespace,
+                     deleted.name, f": WarmModel {key[0]}/{key[1]} reconciled" if rec and key else "")
+            if rec is not None:
+                rec.poke()
+        for body in await resync.deleted_warmmodels(self.kube, [rec.body for rec in list(self.by_key.values())]):
+            meta = body["metadata"]
+            log.info("resync: WarmModel %s/%s was deleted while a watch was down: its reconciler stops",
+                     meta["namespace"], meta["name"])
+            await self.forget(str(meta["namespace"]), str(meta["name"]), str(meta["uid"]))
+        # A hidden object the index no longer holds needs hiding no more.
+        self.gone.intersection_update(cache.stored_uids())
+
+    def rounds(self) -> Iterator[Callable[[], Awaitable[None]]]:
+        return (rec.scrape_round for rec in list(self.by_key.values()))
+
+    def get(self, namespace: str, name: str, uid: str | None = None) -> Reconciler | None:
+        rec = self.by_key.get((namespace, name))
+        if rec is None or (uid is not None and rec.uid != uid):
+            return None
+        return rec
+
+    def ensure(self, body: Mapping[str, Any], cache: Cache) -> Reconciler:
+        """The WarmModel's reconciler, made and started on first sight; ``body`` becomes its view."""
+        meta = body["metadata"]
+        key = (str(meta["namespace"]), str(meta["name"]))
+        rec = self.by_key.get(key)
+        if rec is not None and rec.uid != str(meta["uid"]):  # deleted and made again under the same name
+            self.by_key.pop(key, None)
+            stopping = asyncio.create_task(rec.stop())
+            self.stopping.add(stopping)
+            stopping.add_done_callback(self.stopping.discard)
+            rec = None
+        if rec is None:
+            self.cache = cache
+            rec = Reconciler(body, self.shared, cache)
+            self.by_key[key] = rec
+            rec.start()
+        else:
+            rec.body = dict(body)
+        return rec
+
+    async def forget(self, namespace: str, name: str, uid: str) -> None:
+        rec = self.get(namespace, name, uid)
+        if rec is not None:
+            self.by_key.pop((namespace, name), None)
+            await rec.stop()
+
+    async def close(self) -> None:
+        for task in (self.scheduling, self.resyncing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for rec in list(self.by_key.values()):
+            await rec.stop(save=True)  # the request histories are written once more before the exit
+        self.by_key.clear()
+        self.forecasting.shutdown(wait=False, cancel_futures=True)

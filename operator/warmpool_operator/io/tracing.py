@@ -1,0 +1,81 @@
+"""The operator's traces: a span per reconcile pass, with children for apply, scrape, decide
+and status, and the pass's W3C traceparent sent in each tier directive so the worker's
+reaction joins the pass's trace.
+
+Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set
+(:meth:`Tracing.from_env`, called once by the command line, which hands the object on through
+kopf's memo); off, :meth:`Tracing.span` is a no-op context manager and OpenTelemetry is never
+imported.  The spans use OpenTelemetry's context (contextvars), so a child opened anywhere inside
+a pass's coroutine finds its parent without being handed it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from warmpool import contract
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Tracer
+
+
+def tracing_requested(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return bool(env.get(contract.ENV_OTEL_ENDPOINT, "").strip()
+                or env.get(contract.ENV_OTEL_TRACES_ENDPOINT, "").strip())
+
+
+class Tracing:
+    """The operator's tracer, or none (every call a no-op)."""
+
+    def __init__(self, tracer: Tracer | None = None, provider: TracerProvider | None = None) -> None:
+        self._tracer = tracer
+        self._provider = provider
+
+    @classmethod
+    def from_env(cls) -> Tracing:
+        """The SDK and the OTLP/HTTP exporter if the OTEL_* variables ask for it, else tracing off."""
+        if not tracing_requested():
+            return cls()
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        service = os.environ.get(contract.ENV_OTEL_SERVICE_NAME, "").strip() or contract.TRACE_SERVICE_OPERATOR
+        # The sampler comes from OTEL_TRACES_SAMPLER (the SDK's default: every pass).
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        return cls(provider.get_tracer("warmpool.operator"), provider)
+
+    @property
+    def enabled(self) -> bool:
+        return self._tracer is not None
+
+    def shutdown(self) -> None:
+        """Flush what is buffered (at exit)."""
+        if self._provider is not None:
+            self._provider.shutdown()
+
+    @contextmanager
+    def span(self, name: str, attributes: Mapping[str, str | int] | None = None) -> Iterator[None]:
+        """A span named ``name``, the current one's child (a no-op with tracing off)."""
+        if self._tracer is None:
+            yield
+            return
+        with self._tracer.start_as_current_span(name, attributes=dict(attributes or {})):
+            yield
+
+    def traceparent(self) -> str | None:
+        """The current span's W3C traceparent (what a tier directive carries), or None."""
+        if self._tracer is None:
+            return None
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+        return carrier.get(contract.CONTROL_FIELD_TRACEPARENT)

@@ -1,0 +1,98 @@
+"""Watch-fed views of what the operator owns: children, ReplicaSets and worker pods.
+
+kopf indexes (registered in app/handlers.py, one per kind, each filtered by the
+``app.kubernetes.io/managed-by=warmpool-operator`` label; Secrets are never watched) keep the latest copy of every
+labelled object in memory, so a reconcile reads them here instead of GETting them.  An object
+of a child's name that lacks our labels (someone else's) is not in the cache: creating ours
+then fails with 409 and that one object is read from the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from warmpool import contract
+from warmpool_operator.model import Obj
+
+#: The label every object the operator makes carries; the watches are filtered on it.
+MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+
+
+def slim(body: Mapping[str, Any]) -> Obj:
+    """A copy without ``managedFields`` (the largest part of an object, never read here)."""
+    out = dict(body)
+    meta = dict(out.get("metadata") or {})
+    meta.pop("managedFields", None)
+    out["metadata"] = meta
+    return out
+
+
+def model_key(namespace: str | None, labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """(namespace, WarmModel name) of a pod or ReplicaSet by its model label; None without one."""
+    model = labels.get(contract.LABEL_MODEL)
+    if not namespace or not model:
+        return None
+    return str(namespace), str(model)
+
+
+def warmmodel_owner(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(namespace, name, uid) of the WarmModel owning a child, from its owner references."""
+    meta = body.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("kind") == contract.KIND:
+            return str(meta.get("namespace")), str(ref.get("name")), str(ref.get("uid"))
+    return None
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+@dataclass(frozen=True)
+class Cache:
+    """Read-only access to the indexes.  ``children`` maps a child kind ("Deployment", ...) to
+    its index, keyed (namespace, name); pods and ReplicaSets are keyed (namespace, model).
+
+    ``gone``: uids of objects a resync (control/resync.py) found deleted while a watch was down.  kopf
+    lists again after a broken watch but sends no DELETED for what went meanwhile, so its
+    indexes keep those objects; they are hidden here instead.  One set, shared by every Cache."""
+
+    children: Mapping[str, kopf.Index[Any, Any]]
+    replicasets: kopf.Index[Any, Any]
+    pods: kopf.Index[Any, Any]
+    gone: set[str] = field(default_factory=set)
+
+    def _values(self, index: kopf.Index[Any, Any], key: Any) -> list[Obj]:
+        try:
+            store = index[key]
+        except KeyError:
+            return []
+        return [value for value in store if isinstance(value, dict) and uid_of(value) not in self.gone]
+
+    def child(self, kind: str, namespace: str, name: str) -> Obj | None:
+        found = self._values(self.children[kind], (namespace, name))
+        return found[0] if found else None
+
+    def pods_of(self, namespace: str, model: str) -> list[Obj]:
+        return self._values(self.pods, (namespace, model))
+
+    def replicasets_of(self, namespace: str, model: str) -> list[Obj]:
+        return self._values(self.replicasets, (namespace, model))
+
+    def indexes(self) -> dict[str, kopf.Index[Any, Any]]:
+        """Every index by the kind it holds."""
+        return {**self.children, "ReplicaSet": self.replicasets, "Pod": self.pods}
+
+    def stored_uids(self) -> set[str]:
+        """The uid of every object the indexes hold, ``gone`` or not."""
+        return {uid_of(value) for index in self.indexes().values() for key in list(index)
+                for value in index.get(key, ()) if isinstance(value, dict)}
+
+    def held(self, kind: str) -> list[Obj]:
+        """Every object of a kind the index holds and ``gone`` does not hide, in every namespace."""
+        index = self.indexes()[kind]
+        return [value for key in list(index) for value in self._values(index, key)]

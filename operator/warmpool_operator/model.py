@@ -1,0 +1,119 @@
+"""The nouns every layer of the operator shares, each defined once.
+
+* :data:`Obj`: a Kubernetes object as the API server sends it and the builders make it (JSON);
+* :class:`Target`: what the builders and the pass need of one WarmModel (identity, parsed spec,
+  and where an object-store source's pods find their revision: :class:`CacheRevision`);
+* :class:`Sample`: what one scrape of one worker's ``/metrics`` said (io/worker_metrics.py reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmpool import contract
+from warmpool.contract import Tier
+from warmpool_operator.api.types import WarmModelSpec
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CacheRevision:
+    """Where the worker pods find the revision: the node cache root and the revision's digest."""
+
+    root: str
+    digest: str  # sha256:<64 hex>
+    #: spec.model.startOnPartialCache: the pods start on the revision's partial view
+    partial: bool = False
+
+    @property
+    def hex(self) -> str:
+        return self.digest.removeprefix("sha256:")
+
+    @property
+    def revisions_dir(self) -> str:
+        return f"{self.root.rstrip('/')}/{contract.CACHE_REVISIONS_DIR}"
+
+    @property
+    def host_dir(self) -> str:
+        """The node directory the pods mount: the whole cache for a partial start, else revisions/."""
+        return self.root.rstrip("/") if self.partial else self.revisions_dir
+
+    @property
+    def model_path(self) -> str:
+        """The worker's --model inside the container."""
+        if self.partial:
+            return f"{contract.CACHE_ROOT_MOUNT_PATH}/{contract.CACHE_PARTIAL_DIR}/{self.hex}"
+        return contract.MODEL_MOUNT_PATH
+
+    @property
+    def wait_mount(self) -> str:
+        return contract.CACHE_ROOT_MOUNT_PATH if self.partial else contract.CACHE_REVISIONS_MOUNT_PATH
+
+    @property
+    def waited_path(self) -> str:
+        """What the init container waits for (inside its mount): the published revision, or for a
+        partial start the link to its view."""
+        if self.partial:
+            return self.model_path
+        return f"{contract.CACHE_REVISIONS_MOUNT_PATH}/{self.hex}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the builders need about one WarmModel: its identity and its parsed spec."""
+
+    name: str
+    namespace: str
+    spec: WarmModelSpec
+    #: For an http/s3 source: the node cache root and the revision's digest (rules/object_store_pods.py).
+    cache: CacheRevision | None = None
+    #: The operator's default worker image (--worker-image), for a spec that names none.
+    default_worker_image: str = contract.DEFAULT_WORKER_IMAGE
+
+    @property
+    def worker_image(self) -> str:
+        return self.spec.pod.image or self.default_worker_image
+
+
+@dataclass
+class Sample:
+    """What one scrape of one worker told us (``error`` set: nothing usable)."""
+
+    error: str | None = None
+    used_ratio: float | None = None
+    used_bytes: float | None = None
+    capacity_bytes: float | None = None
+    ready: bool = False
+    tier: Tier | None = None  # the worker's effective tier
+    warmup_tier: Tier | None = None  # the tier its last warm-up ran at
+    layers_resident: int | None = None
+    layers_total: int | None = None
+    #: phase -> seconds since process start / unix timestamp
+    phase_durations: dict[str, float] = field(default_factory=dict)
+    phase_timestamps: dict[str, float] = field(default_factory=dict)
+    prefills: dict[str, float] = field(default_factory=dict)  # bucket -> count
+    heat: dict[int, float] = field(default_factory=dict)
+    digest: str | None = None
+    num_layers: int | None = None
+    #: sleep: the level slept at (0 awake; None: the worker has no sleep metric), whether
+    #: the engine can sleep (None: not known yet), completions received and in flight
+    sleep_level: int | None = None
+    sleep_capable: bool | None = None
+    requests_total: float | None = None
+    requests_in_flight: float | None = None
+    #: the wake-duration histogram: upper bound (seconds, inf last) -> cumulative count
+    wake_buckets: dict[float, float] = field(default_factory=dict)
+    #: demand prediction: the prompt-token histogram of served requests (upper bound in
+    #: tokens, inf last -> cumulative count), its count, and the engine's busy seconds
+    prompt_buckets: dict[float, float] = field(default_factory=dict)
+    prompt_count: float | None = None
+    busy_seconds: float | None = None
+    #: when the scrape was sent (monotonic; 0 when not from a scrape): a sample sent
+    #: before a sleep or wake of the pod finished says nothing of its state after it
+    sent_at: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None

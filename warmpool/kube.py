@@ -1,0 +1,105 @@
+"""JSON access to the Kubernetes API server, by path, with plain dicts: the one client the operator
+(``warmpool_operator.io.kube``) and the node agent (``warmpool_nodecache.agent_kube``) both build
+on, with one error type and one format of a Lease's times.
+
+Every request is bounded in time.  ``kubernetes_asyncio`` (configuration, authentication, TLS) is
+imported only when a client connects: the worker image ships this package and has no need of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+Obj = dict[str, Any]
+
+#: Every API call is bounded in time (connect, read) seconds.
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30.0, connect=5.0)
+MERGE_PATCH = "application/merge-patch+json"
+#: RFC 6902: its "test" operations make a write conditional on what the object holds.
+JSON_PATCH = "application/json-patch+json"
+#: Server-side apply: JSON is YAML, so the body is sent as JSON under this content type.
+APPLY_PATCH = "application/apply-patch+yaml"
+#: The format of a Lease's acquireTime and renewTime (MicroTime).
+MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+class KubeError(Exception):
+    """The API server answered with an error status; ``reason`` is its Status reason ("Conflict")."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+async def client_from_environment() -> Any:
+    """A ``kubernetes_asyncio`` ApiClient: the in-cluster configuration in a pod, else the
+    kubeconfig ($KUBECONFIG honoured)."""
+    from kubernetes_asyncio import client, config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        return client.ApiClient()
+    except config.ConfigException:
+        return await config.new_client_from_config()
+
+
+class KubeClient:
+    """The API by path: ``request`` returns the decoded JSON answer or raises :class:`KubeError`."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.api_client = api_client
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        response = await self.api_client.call_api(
+            path,
+            method,
+            query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        raw = await response.read()
+        status = int(response.status)
+        try:
+            data = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            data = {"message": raw.decode(errors="replace")[:500]}
+        if status >= 300:
+            raise KubeError(status, str(data.get("reason", "")), str(data.get("message", ""))[:2000])
+        result: Obj = data
+        return result
+
+
+def micro_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime(MICRO_TIME)
+
+
+def parse_micro_time(text: object) -> datetime | None:
+    """A Lease time as the API server writes it (MicroTime, or a plain RFC 3339 second); None if not one."""
+    if not isinstance(text, str) or not text:
+        return None
+    for fmt in (MICRO_TIME, "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(text, fmt).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
