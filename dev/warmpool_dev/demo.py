@@ -1,16 +1,19 @@
 """`warmpool demo`: the main job end to end on a local cluster.
 
-1. start the local control plane (or use the cluster named by WARMPOOL_KUBECONFIG),
-2. fetch the small real model (SmolLM2-135M-Instruct) and install the WarmModel CRD,
-3. run the operator, apply the builtin-engine example WarmModel,
-4. show the pods loading and warming (stage, tier, layers resident) until the pool is warm,
-5. send a completion through a warm pod, and
-6. print the cold-start phases per pod with first-request vs steady-state TTFT, and render
+1. start the local cluster with its real node (kubelet, containerd, kube-proxy on this machine),
+2. build the operator and worker images from the checkout's Dockerfiles and load them into the
+   node (cached per revision of their inputs: a rerun with no change builds and loads nothing),
+3. fetch the small real model (SmolLM2-135M-Instruct) and put it where the node's pods read it,
+4. install the operator with the project's Helm chart (`helm upgrade --install`), which also
+   installs the WarmModel CRD, and apply the builtin-engine example WarmModel,
+5. show the pods loading and warming (stage, tier, layers resident) until the pool is warm,
+6. send a completion through the WarmModel's Service (its ClusterIP, through kube-proxy), and
+7. print the cold-start phases per pod with first-request vs steady-state TTFT, and render
    the same timeline as a PNG waterfall.
 
 With ``--object-store`` (`make demo-object-store`) the model takes the production path
-instead (#18): pushed to a real S3 store (SeaweedFS, on loopback), filled into the node's
-cache by a node agent, and mapped by the pods from there; see demo_object_store.py.
+instead: pushed to a real S3 store (SeaweedFS), filled into the node's cache by a node agent,
+and mapped by the pods from there; see demo_object_store.py.
 
 Ctrl-C, or `warmpool demo --down` (`make demo-down`), cleans everything up.
 
@@ -21,10 +24,8 @@ directory (as `make demo` runs it), or the one `--repo` names.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -37,7 +38,6 @@ from typing import Any
 import yaml
 
 from warmpool.contract import DEFAULT_WORKER_PORT, LABEL_MODEL, PATH_READYZ
-from warmpool.paths import cache_root
 from warmpool_dev.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
 
 CLUSTER_NAME = "demo"
@@ -102,55 +102,34 @@ class Kube:
         return json.loads(self.run(*args, "-o", "json"))
 
 
-def _state_file() -> Path:
-    return cache_root() / "demo" / "operator.pid"
-
-
 def _output_dir(checkout: Checkout) -> Path:
     return Path(os.environ.get("WARMPOOL_DEMO_OUTPUT", checkout.root / "demo-output"))
 
 
 def down() -> int:
+    """Stop the demo's cluster (its node, the chart's release and pods with it) and its store."""
+    from warmpool_devcluster import cluster
+
     from warmpool_dev import demo_object_store
 
-    pid_file = _state_file()
-    if pid_file.exists():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
-        pid_file.unlink(missing_ok=True)
     demo_object_store.stop_agent()
-    if os.environ.get("WARMPOOL_KUBECONFIG"):
-        kube = Kube(Path(os.environ["WARMPOOL_KUBECONFIG"]))
-        kube.run("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
-    else:
-        from warmpool_devcluster import cluster
-
-        demo_object_store.stop_store(CLUSTER_NAME)
-        cluster.down(CLUSTER_NAME)
-    _say("cleaned up")
-    return 0
-
-
-def _start_operator(kubeconfig: Path, log_path: Path, model_root: Path,
-                    extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = log_path.open("ab")
-    # The demo's model lives in the local cache, outside the operator's default hostPath prefixes.
-    proc = subprocess.Popen([sys.executable, "-m", "warmpool", "operator", "--namespace", NAMESPACE,
-                             f"--allowed-host-path={model_root}", *extra],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    _state_file().parent.mkdir(parents=True, exist_ok=True)
-    _state_file().write_text(str(proc.pid))
-    return proc
+    demo_object_store.stop_store(CLUSTER_NAME)
+    left = cluster.down(CLUSTER_NAME)
+    _say("cleaned up" if not left else f"cleaned up, but {len(left)} things remain on the machine (above)")
+    return 0 if not left else 1
 
 
 def _manifest(model_dir: Path, checkout: Checkout | None = None) -> str:
+    """The example WarmModel, pointed at where the demo node keeps the model (``model_dir``)."""
     body = yaml.safe_load((checkout or find_checkout()).example.read_text())
-    # The example expects the node-local cache; on this machine the cache is the fetch dir.
     body["spec"]["model"]["nodeCache"]["root"] = str(model_dir.parent)
     body["spec"]["model"]["nodeCache"]["key"] = model_dir.name
     body["metadata"]["namespace"] = NAMESPACE
+    # Two workers and two operator replicas on one 2-core node: each worker asks for half a core
+    # (the example's one core each would leave the second worker Pending).
+    requests = ((body["spec"].get("pod") or {}).get("resources") or {}).get("requests") or {}
+    if "cpu" in requests:
+        requests["cpu"] = "500m"
     return yaml.safe_dump(body)
 
 
@@ -228,104 +207,98 @@ def _wait_established(kube: Kube, timeout: float = 60.0) -> None:
             time.sleep(0.5)
 
 
-def run(timeout: float, checkout: Checkout, object_store: bool = False) -> int:
-    from warmpool_devcluster import cluster
+def _local_cluster() -> tuple[Path, Path, str]:
+    """The demo's cluster, up with its real node: (kubeconfig, the node's state dir, its pod subnet)."""
+    from warmpool_devcluster import cluster, node
 
-    from warmpool_dev import demo_object_store as objects
+    if os.environ.get("WARMPOOL_KUBECONFIG"):
+        raise DemoError("the demo runs on a local cluster of its own (it builds images into its node and talks "
+                        "to its pods): unset WARMPOOL_KUBECONFIG")
+    _say("starting the local cluster with its real node (the first run builds the Kubernetes binaries and "
+         "installs nothing else: `make host-packages` brought containerd, runc, CNI, dockerd)")
+    kubeconfig = cluster.up(CLUSTER_NAME, node_runtime="containerd")
+    report = cluster.status(CLUSTER_NAME)
+    return kubeconfig, node.node_dir(cluster.state_dir(CLUSTER_NAME)), str(report["node"]["podCIDR"])
+
+
+def _service_url(kube: Kube, name: str) -> str:
+    service = kube.json("get", "service", name, "-n", NAMESPACE)
+    port = service["spec"]["ports"][0]["port"]
+    return f"http://{service['spec']['clusterIP']}:{port}"
+
+
+def run(timeout: float, checkout: Checkout, object_store: bool = False) -> int:
+    from warmpool_devcluster import images
+    from warmpool_devcluster.node_files import node_models_root, publish
+
+    from warmpool_dev import demo_install
     from warmpool_dev.model_fetch import ensure_model
 
     started = time.monotonic()
-    external = os.environ.get("WARMPOOL_KUBECONFIG")
-    if external:
-        kubeconfig = Path(external)
-        _say(f"using the cluster in WARMPOOL_KUBECONFIG={kubeconfig}")
-    else:
-        _say("starting the local control plane (first run builds its binaries: several minutes)")
-        kubeconfig = cluster.up(CLUSTER_NAME)
+    kubeconfig, node_state, pod_cidr = _local_cluster()
     kube = Kube(kubeconfig)
+    _say("building the images (operator, worker) and loading them into the node: the first run takes many "
+         "minutes (the worker image holds torch), a rerun with no change none")
+    try:
+        loaded = images.load(checkout.root, node_state)
+    except (images.ImageError, RuntimeError) as error:
+        raise DemoError(f"images: {error}") from error
+    _say(f"images on the node: {', '.join(f'{k} {v}' for k, v in loaded.items())}")
     _say("fetching the small real model (SmolLM2-135M-Instruct)")
-    model_dir = ensure_model()
-    _say("installing the WarmModel CRD")
-    kube.run("apply", "--server-side", "-f", str(checkout.crds))
-    _wait_established(kube)
+    model_dir = publish(ensure_model(), "smollm2-135m-instruct")
     kube.run("create", "namespace", NAMESPACE, check=False)
     out = _output_dir(checkout)
-    store: objects.ObjectStore | None = None
-    agent: subprocess.Popen[bytes] | None = None
-    extra: tuple[str, ...] = ()
     if object_store:
-        if external:
-            raise DemoError("--object-store runs on the local demo cluster only (its node agent and pods share "
-                            "this machine's cache directory): unset WARMPOOL_KUBECONFIG")
-        _say("starting the object store (SeaweedFS on loopback; its first use builds it: long)")
-        try:
-            store = objects.start_store(CLUSTER_NAME)
-            _say(f"pushing {model_dir.name} to s3://{store.bucket}/{objects.PREFIX} at {store.endpoint}")
-            _say(f"revision {objects.push(store, model_dir)} pushed")
-        except Exception as error:  # the store's own errors name what failed and where its log is
-            raise DemoError(f"object store: {error}") from error
-        kube.run("apply", "-f", "-", input_text=objects.secret_manifest(store, NAMESPACE))
-        _say(f"starting the node agent for {objects.NODE} (log: {out / 'node-agent.log'})")
-        agent = objects.start_agent(kubeconfig, NAMESPACE, out / "node-agent.log")
-        extra = (f"--block-cache-root={objects.node_cache_root()}",
-                 f"--allowed-host-path={objects.node_cache_root()}")
-    _say(f"starting the operator (log: {out / 'operator.log'})")
-    operator = _start_operator(kubeconfig, out / "operator.log", model_dir.parent, extra)
+        raise DemoError("--object-store is not yet wired to the real node's chart-installed node agent")
+    _say(f"installing the operator with the Helm chart (release {demo_install.RELEASE} in "
+         f"{demo_install.RELEASE_NAMESPACE}, watching {NAMESPACE})")
     try:
-        manifest = _manifest(model_dir, checkout)
-        if store is not None:
-            manifest = yaml.safe_dump(objects.from_store(yaml.safe_load(manifest), store))
-        name = yaml.safe_load(manifest)["metadata"]["name"]
-        source = f"from s3://{store.bucket}/{objects.PREFIX}" if store is not None else model_dir.name
-        _say(f"applying WarmModel {name} (builtin engine, {source})")
-        kube.run("apply", "-f", "-", input_text=manifest)
-        if store is not None and agent is not None:
-            try:
-                objects.wait_filled(lambda: kube.json("get", "warmmodel", name, "-n", NAMESPACE).get("status") or {},
-                                    _say, agent, timeout)
-            except RuntimeError as error:
-                raise DemoError(str(error)) from None
+        demo_install.install(kubeconfig, checkout.root / "helm" / "warmpool",
+                             demo_install.values(loaded, pod_cidr, NAMESPACE, node_models_root()))
+    except demo_install.InstallError as error:
+        raise DemoError(str(error)) from error
+    _wait_established(kube)
+    manifest = _manifest(model_dir, checkout)
+    name = yaml.safe_load(manifest)["metadata"]["name"]
+    _say(f"applying WarmModel {name} (builtin engine, {model_dir.name})")
+    kube.run("apply", "-f", "-", input_text=manifest)
+    try:
         _wait_warm(kube, name, timeout)
-        _say(f"pool is warm after {time.monotonic() - started:.1f}s of demo time")
-        print(kube.run("get", "warmmodel", name, "-n", NAMESPACE, "-o", "wide"))
+    except DemoError:
+        (out / "operator.log").parent.mkdir(parents=True, exist_ok=True)
+        (out / "operator.log").write_text(kube.run("logs", "-n", demo_install.RELEASE_NAMESPACE, "-l",
+                                                   demo_install.OPERATOR_SELECTOR, "--tail=500", check=False))
+        _say(f"the operator's log: {out / 'operator.log'}")
+        raise
+    _say(f"pool is warm after {time.monotonic() - started:.1f}s of demo time")
+    print(kube.run("get", "warmmodel", name, "-n", NAMESPACE, "-o", "wide"))
 
-        timelines: list[PodTimeline] = []
-        served_name = yaml.safe_load(manifest)["spec"]["model"].get("servedName", name)
-        for pod in _pods(kube, name):
-            ip = pod["status"].get("podIP")
-            if not ip or not pod["status"].get("conditions"):
-                continue
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
-            if not ready:
-                continue
-            base = f"http://{ip}:{DEFAULT_WORKER_PORT}"
-            line = PodTimeline(pod=pod["metadata"]["name"], phases=scrape_phases(base))
-            line.first_ttft_s = measure_ttft(base, served_name, PROMPT)
-            steady = sorted(measure_ttft(base, served_name, PROMPT) for _ in range(STEADY_REQUESTS))
-            line.steady_ttft_s = steady[len(steady) // 2]
-            timelines.append(line)
-        if not timelines:
-            raise DemoError("no Ready worker pod to send a request to")
-        completion = _complete(f"http://{_pods(kube, name)[0]['status']['podIP']}:{DEFAULT_WORKER_PORT}",
-                               served_name)
-        _say(f"completion from a warm pod: {completion!r}")
-        print("\nCold start per pod (seconds since the worker process started):")
-        print(phase_table(timelines))
-        png = render_waterfall(timelines, out / "coldstart-timeline.png", f"warmpool cold start: {name}")
-        (out / "coldstart.json").write_text(json.dumps([t.__dict__ for t in timelines], indent=2))
-        _say(f"timeline chart: {png}")
-        _say("the cluster stays up for you to explore: "
-             f"kubectl --kubeconfig {kubeconfig} -n {NAMESPACE} get wm,pods; `make demo-down` cleans up")
-        return 0
-    finally:
-        # The operator is a local process of the demo: stop it with the demo, the cluster stays.
-        if operator.poll() is None:
-            os.killpg(operator.pid, signal.SIGTERM)
-            try:
-                operator.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(operator.pid, signal.SIGKILL)
-        _state_file().unlink(missing_ok=True)
+    timelines: list[PodTimeline] = []
+    served_name = yaml.safe_load(manifest)["spec"]["model"].get("servedName", name)
+    for pod in _pods(kube, name):
+        ip = pod["status"].get("podIP")
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+        if not ip or not ready:
+            continue
+        base = f"http://{ip}:{DEFAULT_WORKER_PORT}"
+        line = PodTimeline(pod=pod["metadata"]["name"], phases=scrape_phases(base))
+        line.first_ttft_s = measure_ttft(base, served_name, PROMPT)
+        steady = sorted(measure_ttft(base, served_name, PROMPT) for _ in range(STEADY_REQUESTS))
+        line.steady_ttft_s = steady[len(steady) // 2]
+        timelines.append(line)
+    if not timelines:
+        raise DemoError("no Ready worker pod to send a request to")
+    service = _service_url(kube, name)
+    completion = _complete(service, served_name)
+    _say(f"completion through the Service ({service}): {completion!r}")
+    print("\nCold start per pod (seconds since the worker process started):")
+    print(phase_table(timelines))
+    png = render_waterfall(timelines, out / "coldstart-timeline.png", f"warmpool cold start: {name}")
+    (out / "coldstart.json").write_text(json.dumps([t.__dict__ for t in timelines], indent=2))
+    _say(f"timeline chart: {png}")
+    _say("the cluster stays up for you to explore: "
+         f"kubectl --kubeconfig {kubeconfig} -n {NAMESPACE} get wm,pods; `make demo-down` cleans up")
+    return 0
 
 
 def _complete(base_url: str, model: str) -> str:

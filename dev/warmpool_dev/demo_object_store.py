@@ -30,7 +30,7 @@ import yaml
 from warmpool import contract
 from warmpool.paths import cache_root
 
-#: The local kubelet's node whose cache the demo's agent fills (the pods are pinned to it).
+#: The local cluster's real node, whose cache the demo's agent fills (the pods are pinned to it).
 NODE = "warmpool-node-0"
 SECRET = "demo-models-s3"
 #: Where in the bucket the demo's model goes.
@@ -56,7 +56,7 @@ def agent_pid_file() -> Path:
 
 
 def node_cache_root() -> Path:
-    """The demo node's cache (a local directory: the local kubelet's pods are local processes)."""
+    """The demo node's cache: a directory of this machine, which the real node's pods mount by hostPath."""
     return state_dir() / "node-cache"
 
 
@@ -123,7 +123,9 @@ def start_agent(kubeconfig: Path, namespace: str, log_path: Path) -> subprocess.
         proc = subprocess.Popen(
             [sys.executable, "-m", "warmpool", "node-agent", "--node-name", NODE,
              "--cache-root", str(node_cache_root()), "--namespace", namespace, "--lease-namespace", namespace,
-             "--interval", "2"],
+             "--interval", "2",
+             # The demo's store listens on loopback, which the agent refuses for sources by default.
+             "--source-allow-network", "127.0.0.1/32"],
             env=dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1"),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     agent_pid_file().parent.mkdir(parents=True, exist_ok=True)

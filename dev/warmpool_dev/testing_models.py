@@ -53,6 +53,7 @@ def make_tiny_llama(
     std: float = 0.15,
     poison_layers: tuple[int, ...] = (),
     poison_value: float = float("nan"),
+    poison_tokens: tuple[int, ...] = (),
     with_eos: bool = True,
 ) -> Path:
     """Write a tiny checkpoint to `dest` (created) and return it.
@@ -61,6 +62,8 @@ def make_tiny_llama(
     flat, so greedy decoding would hinge on rounding noise and dtype comparisons flake.
     `poison_layers`: these layers' ``mlp.down_proj.weight`` gets one element set to
     `poison_value` (NaN by default, or an infinity), as a corrupt export would carry.
+    `poison_tokens`: these tokens' embedding rows get one element set to `poison_value`, so
+    only a prompt holding one of them meets non-finite logits.
     `with_eos=False` declares no EOS token (as some base models do): a completion then always
     runs to max_tokens, so a test decides how long a generation lasts.
     """
@@ -102,6 +105,8 @@ def make_tiny_llama(
         tensors[p + "mlp.down_proj.weight"] = rand(hidden, intermediate)
     for i in poison_layers:
         tensors[f"model.layers.{i}.mlp.down_proj.weight"][0, 0] = poison_value
+    for token in poison_tokens:
+        tensors["model.embed_tokens.weight"][token, 0] = poison_value
     tensors["model.norm.weight"] = norm(hidden)
     if not tie:
         tensors["lm_head.weight"] = rand(vocab_size, hidden)
