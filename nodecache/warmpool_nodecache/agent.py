@@ -20,9 +20,9 @@ from typing import Any
 
 from warmpool import cachekeys, contract
 from warmpool.heatmap import HeatMap, HeatMapError
+from warmpool.lease import LeaseLostError
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
 from warmpool_nodecache.layout import CacheLayout
-from warmpool_nodecache.lease import LeaseLostError
 from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.order import BlockOrder, LayerRanges, heat_block_order, layers_first

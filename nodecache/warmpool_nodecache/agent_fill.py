@@ -10,20 +10,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from warmpool.kube import KubeError
+from warmpool.lease import Lease, LeaseLostError
 from warmpool_nodecache import agent
-from warmpool_nodecache.agent_kube import FillLease
 from warmpool_nodecache.blocks import BlockStore
 from warmpool_nodecache.fill import FillOptions, FillResult, fill_revision
 from warmpool_nodecache.gclock import gc_lock
 from warmpool_nodecache.layout import CacheLayout
-from warmpool_nodecache.lease import LeaseLostError
 from warmpool_nodecache.manifest import Manifest
 from warmpool_nodecache.source import Source
 
 log = logging.getLogger("warmpool.node_agent")
 
 
-async def keep_renewing(lease: FillLease) -> None:
+async def keep_renewing(lease: Lease) -> None:
     """Renew the fill Lease every third of its duration until cancelled or lost."""
     while True:
         await asyncio.sleep(lease.duration_s / 3)

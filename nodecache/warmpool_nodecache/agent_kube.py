@@ -3,25 +3,22 @@
 Only the agent modules import this (the cache core stays standard-library only).  Like the
 operator it calls the API by path and works with plain dicts; every request is bounded in time.
 
-The fill Lease (:class:`FillLease`) guards one (node, revision) fill across agents: a
-``coordination.k8s.io`` Lease whose ``spec.leaseTransitions`` is the version -- it only ever
-grows, by one at each take-over -- and whose every write is made at the resourceVersion read,
-so two agents racing get one 201/200 and one 409, never two holders.  A holder checks itself
-(:meth:`FillLease.fence`) before it publishes: it renews at the version it holds, and a holder
-whose last renewal is older than the lease's duration, or whose renewal is refused (taken over
-by a higher version), gets LeaseLostError and publishes nothing.
+The fill Lease (:func:`agent_lease` under :func:`lease_name`) guards one (node, revision) fill
+across agents: a ``coordination.k8s.io`` Lease (``warmpool.lease``) whose version only ever
+grows, by one at each take-over, and whose every write is made at the resourceVersion read, so
+two agents racing get one success and one 409, never two holders.  A holder checks itself (its
+fence) before it publishes: it renews at the version it holds, and a holder whose last renewal
+is older than the lease's duration, or whose renewal is refused (taken over by a higher
+version), gets LeaseLostError and publishes nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -35,9 +32,8 @@ from warmpool.kube import (
     Obj,
     client_from_environment,
     micro_time,
-    parse_micro_time,
 )
-from warmpool_nodecache.lease import LeaseLostError
+from warmpool.lease import Lease, Observed
 
 #: A watch lasts WATCH_SECONDS (the server ends it) and is then opened again; a silent stream
 #: is given up after sock_read seconds.
@@ -160,106 +156,10 @@ def read_lease_name(uid: str) -> str:
     return f"{READ_LEASE_PREFIX}-{hashlib.sha256(uid.encode()).hexdigest()[:32]}"
 
 
-class FillLease:
-    """One agent's attempt at the (node, revision) fill Lease (see the module docstring); with a
-    ``name`` of its own, any other Lease the agents take the same way (the read Lease)."""
-
-    def __init__(self, kube: AgentKube, namespace: str, node: str, digest: str, duration_s: float,
-                 name: str | None = None) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.name = name or lease_name(node, digest)
-        self.duration_s = max(1, round(duration_s))
-        self.identity = f"{node}/{uuid.uuid4().hex[:12]}"
-        self.version: int | None = None
-        self._renewed = 0.0  # monotonic time of the last successful write
-        self._body: Obj | None = None
-        # The renewer task and the fill's fence both renew: one write at a time, or the second
-        # would carry a stale resourceVersion and read its own 409 as a take-over.
-        self._writing = asyncio.Lock()
-
-    @property
-    def _path(self) -> str:
-        return f"{LEASES}/namespaces/{self.namespace}/leases"
-
-    @property
-    def renewed_at(self) -> float:
-        """``time.monotonic()`` of the last write that took or renewed the Lease."""
-        return self._renewed
-
-    def _expired(self, lease: Mapping[str, Any], now: datetime) -> bool:
-        spec = lease.get("spec") or {}
-        if not spec.get("holderIdentity"):
-            return True  # released
-        renewed = parse_micro_time(spec.get("renewTime")) or parse_micro_time(spec.get("acquireTime"))
-        return renewed is None or now - renewed > timedelta(seconds=float(spec.get("leaseDurationSeconds") or 0))
-
-    async def try_acquire(self) -> bool:
-        """Take the Lease if it is absent, released or expired; the version goes up by one."""
-        now = datetime.now(UTC)
-        try:
-            lease = await self.kube.request("GET", f"{self._path}/{self.name}")
-        except KubeError as error:
-            if error.status != 404:
-                raise
-            lease = None
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_s,
-                "acquireTime": micro_time(now), "renewTime": micro_time(now)}
-        try:
-            if lease is None:
-                body: Obj = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                             "metadata": {"name": self.name, "namespace": self.namespace},
-                             "spec": {**spec, "leaseTransitions": 1}}
-                self._body = await self.kube.request("POST", self._path, body=body,
-                                                     query={"fieldManager": self.kube.manager})
-            else:
-                if not self._expired(lease, now):
-                    return False
-                version = int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
-                body = {**lease, "spec": {**(lease.get("spec") or {}), **spec, "leaseTransitions": version}}
-                self._body = await self.kube.request("PUT", f"{self._path}/{self.name}", body=body,
-                                                     query={"fieldManager": self.kube.manager})
-        except KubeError as error:
-            if error.status in (409, 422):
-                return False  # another agent wrote first
-            raise
-        self.version = int(self._body["spec"]["leaseTransitions"])
-        self._renewed = time.monotonic()
-        return True
-
-    async def renew(self) -> None:
-        """Renew at the version held; LeaseLostError when it expired here or was taken over."""
-        async with self._writing:
-            await self._renew()
-
-    async def _renew(self) -> None:
-        if self.version is None or self._body is None:
-            raise LeaseLostError(f"fill Lease {self.namespace}/{self.name}: not held")
-        if time.monotonic() - self._renewed > self.duration_s:
-            late = time.monotonic() - self._renewed - self.duration_s
-            raise LeaseLostError(f"fill Lease {self.name}: version {self.version} expired {late:.1f}s ago")
-        body = {**self._body, "spec": {**self._body["spec"], "renewTime": micro_time(datetime.now(UTC))}}
-        try:
-            self._body = await self.kube.request("PUT", f"{self._path}/{self.name}", body=body,
-                                                 query={"fieldManager": self.kube.manager})
-        except KubeError as error:
-            if error.status in (404, 409):
-                self.version = None
-                raise LeaseLostError(f"fill Lease {self.name}: taken over ({error})") from None
-            raise
-        self._renewed = time.monotonic()
-
-    async def release(self) -> None:
-        """Give the Lease up (the version stays recorded); a lost Lease is left alone."""
-        async with self._writing:
-            await self._release()
-
-    async def _release(self) -> None:
-        if self.version is None or self._body is None:
-            return
-        spec = {k: v for k, v in self._body["spec"].items() if k != "holderIdentity"}
-        body = {**self._body, "spec": spec}
-        with contextlib.suppress(KubeError):  # taken over or gone: either way no longer ours
-            await self.kube.request("PUT", f"{self._path}/{self.name}", body=body,
-                                    query={"fieldManager": self.kube.manager})
-        self.version = None
+def agent_lease(kube: AgentKube, namespace: str, name: str, duration_s: float, observed: Observed) -> Lease:
+    """One attempt of this agent at the Lease ``name`` (the shared implementation,
+    ``warmpool.lease``): a fresh identity per attempt, so a later attempt of the same agent takes
+    the Lease over at a higher version instead of renewing an abandoned one.  ``observed`` is what
+    the agent saw of that Lease in its earlier attempts (expiry is judged by the agent's own clock)."""
+    return Lease(kube, namespace, name, f"{kube.node}/{uuid.uuid4().hex[:12]}", duration_s,
+                 field_manager=kube.manager, observed=observed)

@@ -43,14 +43,14 @@ from typing import Any
 
 from warmpool import contract
 from warmpool.kube import KubeError
+from warmpool.lease import LeaseLostError, Observed
 from warmpool_nodecache import agent
 from warmpool_nodecache import agent_notices as notices
 from warmpool_nodecache.agent_fill import fill_blocking, keep_renewing
 from warmpool_nodecache.agent_housekeeping import Housekeeping
-from warmpool_nodecache.agent_kube import AgentKube, FillLease
+from warmpool_nodecache.agent_kube import AgentKube, agent_lease, lease_name
 from warmpool_nodecache.agent_reads import FirstReads, read_manifest, revision_reported
 from warmpool_nodecache.layout import CacheLayout
-from warmpool_nodecache.lease import LeaseLostError
 from warmpool_nodecache.manifest import Manifest
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.partial import point_link
@@ -113,6 +113,9 @@ class Agent:
     known: dict[str, _Known] = field(default_factory=dict)
     downloads: int = 0  # fills this process ran that fetched bytes (reported in the log)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: what this agent saw of each fill Lease another agent held, by Lease name (expiry is
+    #: judged by this process's own clock, across its attempts)
+    fill_leases_seen: dict[str, Observed] = field(default_factory=dict)
     notices: notices.Notices = field(init=False)
     first_reads: FirstReads = field(init=False)
     reads: asyncio.Semaphore = field(init=False)
@@ -316,11 +319,16 @@ class Agent:
 
     async def _fill(self, ref: agent.ModelRef, known: _Known, manifest: Manifest) -> None:
         assert known.source is not None
-        lease = FillLease(self.kube, self.config.lease_namespace, self.config.node, manifest.digest,
-                          self.config.lease_duration_s)
+        name = lease_name(self.config.node, manifest.digest)
+        lease = agent_lease(self.kube, self.config.lease_namespace, name, self.config.lease_duration_s,
+                            self.fill_leases_seen.setdefault(name, Observed()))
         try:
-            if self.layout.revision(manifest.digest_hex).is_dir() or not await lease.try_acquire():
+            if self.layout.revision(manifest.digest_hex).is_dir():
+                self.fill_leases_seen.pop(name, None)
+                return
+            if not await lease.try_acquire():
                 return  # another agent fills it; a later pass finds it published (or the Lease expired)
+            self.fill_leases_seen.pop(name, None)
             log.info("node agent: %s: filling %s (fill Lease %s version %s)", ref.key, manifest.digest,
                      lease.name, lease.version)
             heat = await self.kube.config_map_key(ref.namespace, f"{ref.name}{contract.CONFIGMAP_SUFFIX}",
@@ -355,8 +363,9 @@ class Agent:
             log.warning("node agent: %s: %s", ref.key, known.fill_error)
             await self.notices.warn(self.notices.model_object(ref), notices.REASON_FILL_FAILED, known.fill_error)
         finally:
-            with contextlib.suppress(Exception):  # a release that fails leaves the Lease to expire
-                await lease.release()
+            if lease.version is not None:
+                with contextlib.suppress(Exception):  # a release that fails leaves the Lease to expire
+                    await lease.release()
             self.wake.set()  # report, label and pin at once
 
 async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> None:

@@ -24,9 +24,9 @@ from typing import Any
 
 from warmpool.contract import MANIFEST_FILENAME
 from warmpool.kube import KubeError
+from warmpool.lease import Lease, LeaseLostError, Observed
 from warmpool_nodecache.agent import ModelRef
-from warmpool_nodecache.agent_kube import AgentKube, FillLease, read_lease_name
-from warmpool_nodecache.lease import LeaseLostError
+from warmpool_nodecache.agent_kube import AgentKube, agent_lease, read_lease_name
 from warmpool_nodecache.manifest import Manifest, parse_manifest
 from warmpool_nodecache.source import ReadLimits, Source
 
@@ -56,13 +56,16 @@ class FirstReads:
 
     def __init__(self, kube: AgentKube, namespace: str, node: str, duration_s: float) -> None:
         self.kube, self.namespace, self.node, self.duration_s = kube, namespace, node, duration_s
-        self.held: dict[str, FillLease] = {}
+        self.held: dict[str, Lease] = {}
+        #: what this agent saw of each read Lease another agent held, by WarmModel
+        self.seen: dict[str, Observed] = {}
         self.resting: set[str] = set()
 
     async def may_read(self, ref: ModelRef, reported: bool) -> bool:
         """Whether this agent reads ``ref``'s manifest for no pod of its own: only while no node has
         reported a revision of the current source, and only as the holder of its read Lease."""
         if reported:
+            self.seen.pop(ref.key, None)
             self.rest(ref.key)
             return False
         lease = self.held.get(ref.key)
@@ -77,9 +80,11 @@ class FirstReads:
             except LeaseLostError:  # expired while it rested, or taken over: ask for it again
                 self.held.pop(ref.key, None)
                 self.resting.discard(ref.key)
-        lease = FillLease(self.kube, self.namespace, self.node, "", self.duration_s, name=read_lease_name(ref.uid))
+        lease = agent_lease(self.kube, self.namespace, read_lease_name(ref.uid), self.duration_s,
+                            self.seen.setdefault(ref.key, Observed()))
         if await lease.try_acquire():
             self.held[ref.key] = lease
+            self.seen.pop(ref.key, None)
             return True
         return False
 
@@ -91,6 +96,7 @@ class FirstReads:
     async def release(self, key: str) -> None:
         """The WarmModel is gone (or this agent stops): give its Lease up."""
         self.resting.discard(key)
+        self.seen.pop(key, None)
         lease = self.held.pop(key, None)
         if lease is not None:
             with contextlib.suppress(KubeError, OSError, TimeoutError, LeaseLostError):

@@ -49,9 +49,9 @@ from pathlib import Path
 from warmpool.contract import MANIFEST_FILENAME
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore, fsync_dir
 from warmpool_nodecache.commits import BlockCommits
+from warmpool_nodecache.file_lease import FileLease
 from warmpool_nodecache.gclock import gc_lock
 from warmpool_nodecache.layout import CacheLayout
-from warmpool_nodecache.lease import Lease
 from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError, parse_manifest
 from warmpool_nodecache.materialise import materialise_file
 from warmpool_nodecache.order import BlockOrder
@@ -186,7 +186,7 @@ def _roll_back(layout: CacheLayout, store: BlockStore, manifest: Manifest, store
 
 
 def _fill_holding_lease(
-    layout: CacheLayout, source: Source, manifest: Manifest, lease: Lease, order: BlockOrder | None,
+    layout: CacheLayout, source: Source, manifest: Manifest, lease: FileLease, order: BlockOrder | None,
     options: FillOptions,
 ) -> FillResult:
     store = BlockStore(layout)
@@ -289,7 +289,7 @@ def fill_revision(
     if order is not None:
         order(manifest)  # an order naming unknown files is an error before anything is fetched
     _check_sizes(manifest, source)
-    lease = Lease(layout.leases, manifest.digest_hex, options.lease_ttl_s)
+    lease = FileLease(layout.leases, manifest.digest_hex, options.lease_ttl_s)
     deadline = time.monotonic() + options.wait_timeout_s
     while not lease.try_acquire():
         if final.is_dir():

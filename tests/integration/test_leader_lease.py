@@ -1,4 +1,4 @@
-"""Leader election's Lease on the real API server (app/leader.py), attempt by attempt: a standby
+"""Leader election's Lease on the real API server (app/leader.py over warmpool.lease), attempt by attempt: a standby
 takes a Lease only once it has seen the record stand still for the lease's duration by its own
 clock (whatever the holder's clock wrote), and a released Lease at its first attempt."""
 
@@ -14,6 +14,8 @@ from kubernetes_asyncio import config as kube_config
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.app import leader
 from warmpool_operator.io.kube import Kube
+
+from warmpool.lease import Lease, Observed
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +37,17 @@ async def connect(cluster: ClusterHandle) -> Kube:
     return Kube(await kube_config.new_client_from_config(config_file=str(cluster.kubeconfig)))
 
 
-async def take_over(kube: Kube, cfg: leader.LeaderConfig, observed: leader.Observed) -> float:
-    """Attempts every 0.1 s until ``cfg`` holds the Lease (at most 20 s); the seconds it took."""
+def hold(kube: Kube, cfg: leader.LeaderConfig, observed: Observed | None = None) -> Lease:
+    lease = leader.leader_lease(kube, cfg)
+    lease.observed = observed or lease.observed
+    return lease
+
+
+async def take_over(lease: Lease) -> float:
+    """Attempts every 0.1 s until ``lease`` is held (at most 20 s); the seconds it took."""
     began = time.monotonic()
-    while not await leader.try_acquire(kube, cfg, observed):
-        assert time.monotonic() - began < 20, f"{cfg.identity} never took the Lease"
+    while not await lease.try_acquire():
+        assert time.monotonic() - began < 20, f"{lease.identity} never took the Lease"
         await asyncio.sleep(0.1)
     return time.monotonic() - began
 
@@ -49,20 +57,20 @@ async def test_a_standby_waits_out_the_duration_by_its_own_clock_and_a_released_
     a, b = config(namespace, "a-1-aaaaaa"), config(namespace, "b-1-bbbbbb")
     kube = await connect(cluster)
     try:
-        assert await leader.try_acquire(kube, a, leader.Observed())
-        seen_by_b = leader.Observed()
-        assert not await leader.try_acquire(kube, b, seen_by_b)
+        assert await hold(kube, a).try_acquire()
+        b_lease = hold(kube, b)
+        assert not await b_lease.try_acquire()
         # A stops renewing: B takes over, never before the duration has passed since it first saw the record.
-        assert await take_over(kube, b, seen_by_b) >= a.lease_duration
+        assert await take_over(b_lease) >= a.lease_duration
         spec = lease_spec(cluster, namespace)
         assert spec["holderIdentity"] == b.identity and spec["leaseTransitions"] == 1
-        assert await leader.try_acquire(kube, b, seen_by_b)  # its own: renewed, no wait
+        assert await b_lease.try_acquire()  # its own: renewed, no wait
 
         # B releases it (SIGTERM): A takes it at its first attempt; B's release is not A's to undo.
-        assert await leader.release(b, kube)
+        assert await hold(kube, b).release()
         assert lease_spec(cluster, namespace)["holderIdentity"] == ""
-        assert await leader.try_acquire(kube, a, leader.Observed())
-        assert not await leader.release(b, kube)
+        assert await hold(kube, a).try_acquire()
+        assert not await hold(kube, b).release()
         spec = lease_spec(cluster, namespace)
         assert spec["holderIdentity"] == a.identity and spec["leaseTransitions"] == 2
     finally:
@@ -80,7 +88,7 @@ async def test_a_holder_whose_clock_runs_ahead_cannot_keep_the_lease_for_ever(
     b = config(namespace, "b-1-bbbbbb")
     kube = await connect(cluster)
     try:
-        assert await take_over(kube, b, leader.Observed()) >= 2.0
+        assert await take_over(hold(kube, b, Observed())) >= 2.0
         assert lease_spec(cluster, namespace)["holderIdentity"] == b.identity
     finally:
         await kube.close()

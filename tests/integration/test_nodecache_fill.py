@@ -20,7 +20,6 @@ from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
 from warmpool_nodecache.evict import evict
 from warmpool_nodecache.fill import FillOptions, fill_revision
 from warmpool_nodecache.layout import CacheLayout
-from warmpool_nodecache.lease import LeaseLostError
 from warmpool_nodecache.manifest import Manifest, ManifestError, build_manifest, write_manifest
 from warmpool_nodecache.order import files_first
 from warmpool_nodecache.source import HttpSource, HttpSourceConfig, SourceMissingError
@@ -28,6 +27,7 @@ from warmpool_nodecache.use import pinned
 
 from tests.support.range_server import RangeServer, serve_directory
 from warmpool.contract import MANIFEST_FILENAME
+from warmpool.lease import LeaseLostError
 
 pytestmark = pytest.mark.integration
 

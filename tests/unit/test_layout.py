@@ -73,6 +73,14 @@ def test_one_kubernetes_client_in_the_product() -> None:
     assert owners == {"warmpool.kube"}, sorted(owners)
 
 
+def test_one_lease_implementation_in_the_product() -> None:
+    """Leader election and the node agent's fill and read Leases share warmpool/lease.py: no other
+    product module reads or writes a Lease's holder or transitions."""
+    owners = {module for module, path in _modules(PRODUCT).items()
+              if re.search(r"holderIdentity|leaseTransitions", path.read_text())}
+    assert owners == {"warmpool.lease"}, sorted(owners)
+
+
 def test_no_import_circle_anywhere() -> None:
     modules = _modules({**PRODUCT, **DEVELOPER, **TESTS})
 

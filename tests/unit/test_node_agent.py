@@ -124,11 +124,11 @@ def test_names_fit_the_api_limits() -> None:
 def test_a_fence_that_refuses_stops_the_publish(model: Path, tmp_path: Path) -> None:
     """FillOptions.fence (the agent's Lease check) runs before the publish: refused, nothing is published."""
     from warmpool_nodecache.fill import FillOptions, fill_revision
-    from warmpool_nodecache.lease import LeaseLostError
     from warmpool_nodecache.manifest import write_manifest
     from warmpool_nodecache.source import HttpSourceConfig
 
     from tests.support.range_server import serve_directory
+    from warmpool.lease import LeaseLostError
 
     served = tmp_path / "served"
     shutil.copytree(model, served)

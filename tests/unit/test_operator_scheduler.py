@@ -14,6 +14,8 @@ from warmpool_operator.app import leader
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.worker_client import WorkerClient
 
+from warmpool.lease import Observed
+
 pytestmark = pytest.mark.unit
 
 
@@ -92,7 +94,7 @@ def _lease(holder: str, renewed: str, version: str, duration: int = 8) -> dict[s
 
 
 def test_a_standby_judges_expiry_by_its_own_clock_from_when_it_saw_the_record() -> None:
-    observed = leader.Observed()
+    observed = Observed()
     # The holder's renewTime is an hour in the past by our clock (its clock is behind): not expired
     # on sight, only after the record stood unchanged for the lease's duration as we measure it.
     stale = _lease("a-1-x", "2026-12-01T07:00:00.000000Z", "10")
@@ -105,7 +107,7 @@ def test_a_standby_judges_expiry_by_its_own_clock_from_when_it_saw_the_record() 
     assert not observed.expired(renewed, now=116.0)
     assert observed.expired(renewed, now=116.3)
     # A released Lease (no holder) is free at once.
-    assert leader.Observed().expired(_lease("", "", "12"), now=0.0)
+    assert Observed().expired(_lease("", "", "12"), now=0.0)
 
 
 def test_the_holder_stops_acting_before_a_standby_may_take_over() -> None:

@@ -4,9 +4,9 @@ A replica that starts waits until it holds the Lease, and only then runs kopf (s
 has no watch, writes nothing and scrapes nothing).  The holder renews every
 ``retry_period``.  Two rules keep two replicas from ever acting at once, as client-go's do:
 
-* a standby judges expiry by its own clock: the Lease is free once the standby has seen the
-  same record (holder, renewTime, resourceVersion) unchanged for ``lease_duration``, never
-  by comparing the holder's wall-clock ``renewTime`` with its own (clocks differ);
+* a standby judges expiry by its own clock (``warmpool.lease``, the Lease implementation the
+  node agent shares): the Lease is free once the standby has seen the same record unchanged
+  for ``lease_duration``, never by comparing the holder's wall-clock ``renewTime`` with its own;
 * the holder stops acting before that can happen: once ``renew_deadline`` (shorter than
   ``lease_duration``) has passed since its last successful renewal began, it exits at once
   (the kubelet restarts it as a standby).
@@ -28,12 +28,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from warmpool.kube import KubeError, micro_time
-from warmpool_operator.io.kube import LEASES, Kube
+from warmpool.kube import KubeClient, KubeError
+from warmpool.lease import Lease
+from warmpool_operator.io.kube import Kube
 
 log = logging.getLogger("warmpool.operator")
 
@@ -55,28 +55,6 @@ class LeaderConfig:
                              f"({self.renew_deadline:g}s) < lease duration ({self.lease_duration:g}s)")
 
 
-@dataclass
-class Observed:
-    """What a standby last saw of someone else's Lease, and when by its own monotonic clock."""
-
-    record: tuple[str, str, str] | None = None
-    at: float = 0.0
-
-    def expired(self, lease: dict[str, Any], now: float) -> bool:
-        """True once the record has stood unchanged for its leaseDurationSeconds since this process
-        first saw it (a released Lease, with no holder, at once)."""
-        spec = lease.get("spec") or {}
-        holder = str(spec.get("holderIdentity") or "")
-        if not holder:
-            return True
-        record = (holder, str(spec.get("renewTime") or spec.get("acquireTime") or ""),
-                  str((lease.get("metadata") or {}).get("resourceVersion") or ""))
-        if record != self.record:
-            self.record, self.at = record, now
-            return False
-        return now - self.at > float(spec.get("leaseDurationSeconds") or 0)
-
-
 def default_identity() -> str:
     """The pod's name in a pod (its hostname), the pid and a random suffix: unique per process (in
     a container the pid is 1 each time, so a restarted process would otherwise pass for the one
@@ -84,48 +62,23 @@ def default_identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-async def try_acquire(kube: Kube, cfg: LeaderConfig, observed: Observed) -> bool:
-    """One attempt: True when this process holds the Lease afterwards."""
-    now = datetime.now(UTC)
-    lease = await kube.get(LEASES, cfg.namespace, cfg.name)
-    spec = {"holderIdentity": cfg.identity, "leaseDurationSeconds": max(1, round(cfg.lease_duration)),
-            "renewTime": micro_time(now)}
-    try:
-        if lease is None:
-            await kube.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                               "metadata": {"name": cfg.name, "namespace": cfg.namespace},
-                               "spec": {**spec, "acquireTime": micro_time(now), "leaseTransitions": 0}})
-            return True
-        held = (lease.get("spec") or {}).get("holderIdentity")
-        if held != cfg.identity and not observed.expired(lease, time.monotonic()):
-            return False
-        body = dict(lease)
-        old = dict(lease.get("spec") or {})
-        if held != cfg.identity:
-            spec["acquireTime"] = micro_time(now)
-            spec["leaseTransitions"] = int(old.get("leaseTransitions") or 0) + 1
-            log.info("leader: taking the Lease %s/%s over from %s", cfg.namespace, cfg.name, held)
-        body["spec"] = {**old, **spec}
-        await kube.replace(body)  # at the read resourceVersion: a race is a 409, never two holders
-        return True
-    except KubeError as error:
-        if error.status in (409, 422):
-            return False
-        raise
+def leader_lease(kube: KubeClient, cfg: LeaderConfig) -> Lease:
+    """This replica's hold on the leader Lease (the shared implementation, ``warmpool.lease``)."""
+    return Lease(kube, cfg.namespace, cfg.name, cfg.identity, cfg.lease_duration)
 
 
 async def acquire(cfg: LeaderConfig) -> float:
     """Block until this process holds the Lease; when (monotonic) the winning attempt began."""
     kube = await Kube.connect()
-    observed = Observed()
+    lease = leader_lease(kube, cfg)
     try:
         log.info("leader: %s waiting for the Lease %s/%s", cfg.identity, cfg.namespace, cfg.name)
         while True:
-            began = time.monotonic()
             try:
-                if await try_acquire(kube, cfg, observed):
-                    log.info("leader: %s holds the Lease %s/%s: acting", cfg.identity, cfg.namespace, cfg.name)
-                    return began
+                if await lease.try_acquire():
+                    log.info("leader: %s holds the Lease %s/%s: acting (version %s)", cfg.identity, cfg.namespace,
+                             cfg.name, lease.version)
+                    return lease.renewed_at
             except (KubeError, OSError, TimeoutError) as error:
                 log.warning("leader: Lease not read (%s): trying again", error)
             await asyncio.sleep(cfg.retry_period)
@@ -162,7 +115,7 @@ class Renewal:
     async def _renew_forever(self) -> None:
         cfg = self.cfg
         kube = await Kube.connect()
-        observed = Observed()
+        lease = leader_lease(kube, cfg)
         reason = "no renewal yet"
         try:
             while not self._stop.is_set():
@@ -170,13 +123,14 @@ class Renewal:
                 await asyncio.sleep(max(0.0, min(cfg.retry_period, time_left(cfg, self.renewed, time.monotonic()))))
                 if self._stop.is_set():
                     return
-                began = time.monotonic()
-                left = time_left(cfg, self.renewed, began)
+                left = time_left(cfg, self.renewed, time.monotonic())
                 if left <= 0:
                     self._lose(f"no renewal within the {cfg.renew_deadline:g}s renew deadline: {reason}")
                 try:
-                    if await asyncio.wait_for(try_acquire(kube, cfg, observed), timeout=left):
-                        self.renewed = began
+                    # An attempt, not a renewal at the version held: this thread's client read
+                    # nothing yet, and a holder that finds its own record renews it all the same.
+                    if await asyncio.wait_for(lease.try_acquire(), timeout=left):
+                        self.renewed = lease.renewed_at
                         continue
                     self._lose("another replica holds the Lease")
                 except (KubeError, OSError, TimeoutError) as error:
@@ -198,28 +152,13 @@ class Renewal:
             log.info("leader: %s released the Lease %s/%s", self.cfg.identity, self.cfg.namespace, self.cfg.name)
 
 
-async def release(cfg: LeaderConfig, kube: Kube | None = None) -> bool:
-    """Give the Lease up when this process holds it (no holder: a standby takes it at once); at
-    the read resourceVersion, so a Lease someone took meanwhile is left alone.  True when released."""
-    own = kube is None
-    client = kube or await Kube.connect()
+async def release(cfg: LeaderConfig) -> bool:
+    """Give the Lease up when this process holds it (see :meth:`warmpool.lease.Lease.release`)."""
+    kube = await Kube.connect()
     try:
-        lease = await client.get(LEASES, cfg.namespace, cfg.name)
-        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != cfg.identity:
-            return False
-        body = dict(lease)
-        body["spec"] = {**(lease.get("spec") or {}), "holderIdentity": "", "leaseDurationSeconds": 1,
-                        "renewTime": micro_time(datetime.now(UTC))}
-        try:
-            await client.replace(body)
-        except KubeError as error:
-            if error.status == 409:
-                return False
-            raise
-        return True
+        return await leader_lease(kube, cfg).release()
     finally:
-        if own:
-            await client.close()
+        await kube.close()
 
 
 class _StandbyHealth(BaseHTTPRequestHandler):

@@ -22,15 +22,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmpool.lease import LeaseLostError
 from warmpool_nodecache.blocks import fsync_dir
 
 
-class LeaseLostError(RuntimeError):
-    """This writer no longer holds the lease (expired, or taken over by a higher version)."""
-
-
 @dataclass(frozen=True)
-class LeaseState:
+class FileLeaseState:
     version: int
     holder: str
     expires_at: float
@@ -49,7 +46,7 @@ def _mutex(path: Path) -> Iterator[None]:
         os.close(fd)  # closing drops the flock
 
 
-class Lease:
+class FileLease:
     """One (model, revision) fill lease under `directory` (the cache's leases/)."""
 
     def __init__(self, directory: Path, name: str, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
@@ -66,16 +63,16 @@ class Lease:
     def _file(self) -> Path:
         return self.directory / f"{self.name}.lease"
 
-    def read(self) -> LeaseState | None:
+    def read(self) -> FileLeaseState | None:
         try:
             body = json.loads(self._file.read_text())
-            return LeaseState(int(body["version"]), str(body["holder"]), float(body["expires_at"]))
+            return FileLeaseState(int(body["version"]), str(body["holder"]), float(body["expires_at"]))
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as exc:
             raise RuntimeError(f"{self._file}: unreadable lease file ({exc}); remove it by hand") from None
 
-    def _write(self, state: LeaseState) -> None:
+    def _write(self, state: FileLeaseState) -> None:
         tmp = self._file.with_suffix(f".tmp-{os.getpid()}")
         tmp.write_text(json.dumps({"version": state.version, "holder": state.holder, "expires_at": state.expires_at}))
         with open(tmp, "rb+") as fh:
@@ -92,11 +89,11 @@ class Lease:
             if current is not None and current.live(now):
                 return False
             version = (current.version if current else 0) + 1
-            self._write(LeaseState(version, self.holder, now + self.ttl_s))
+            self._write(FileLeaseState(version, self.holder, now + self.ttl_s))
             self.version = version
             return True
 
-    def _check(self, current: LeaseState | None, now: float) -> None:
+    def _check(self, current: FileLeaseState | None, now: float) -> None:
         if self.version is None:
             raise LeaseLostError(f"lease {self.name}: not held")
         if current is None or current.version != self.version or current.holder != self.holder:
@@ -113,7 +110,7 @@ class Lease:
             current = self.read()
             self._check(current, now)
             assert current is not None
-            self._write(LeaseState(current.version, self.holder, now + self.ttl_s))
+            self._write(FileLeaseState(current.version, self.holder, now + self.ttl_s))
 
     def publish(self, staging: Path, final: Path) -> None:
         """Rename `staging` to `final` only while this lease is held and live (the fence)."""
@@ -129,5 +126,5 @@ class Lease:
         with _mutex(self.directory / f"{self.name}.lock"):
             current = self.read()
             if current is not None and current.version == self.version and current.holder == self.holder:
-                self._write(LeaseState(current.version, self.holder, 0.0))
+                self._write(FileLeaseState(current.version, self.holder, 0.0))
         self.version = None

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from warmpool_nodecache.lease import Lease, LeaseLostError
+from warmpool_nodecache.file_lease import FileLease
+
+from warmpool.lease import LeaseLostError
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +30,7 @@ def _staging(tmp_path: Path, name: str) -> tuple[Path, Path]:
 
 def test_one_holder_at_a_time_and_versions_grow_across_releases(tmp_path: Path) -> None:
     clock = Clock()
-    first, second = (Lease(tmp_path / "leases", "rev", 10.0, clock) for _ in range(2))
+    first, second = (FileLease(tmp_path / "leases", "rev", 10.0, clock) for _ in range(2))
     assert first.try_acquire() and first.version == 1
     assert not second.try_acquire()
     first.release()
@@ -38,7 +40,7 @@ def test_one_holder_at_a_time_and_versions_grow_across_releases(tmp_path: Path) 
 
 def test_an_expired_lease_cannot_publish_and_the_taker_over_can(tmp_path: Path) -> None:
     clock = Clock()
-    slow, fresh = (Lease(tmp_path / "leases", "rev", 10.0, clock) for _ in range(2))
+    slow, fresh = (FileLease(tmp_path / "leases", "rev", 10.0, clock) for _ in range(2))
     assert slow.try_acquire()
     clock.now += 11  # slow's TTL runs out
     staging, final = _staging(tmp_path, "slow")
@@ -59,7 +61,7 @@ def test_an_expired_lease_cannot_publish_and_the_taker_over_can(tmp_path: Path) 
 
 def test_renewal_keeps_a_lease_alive_past_its_first_ttl(tmp_path: Path) -> None:
     clock = Clock()
-    lease, rival = (Lease(tmp_path / "leases", "rev", 10.0, clock) for _ in range(2))
+    lease, rival = (FileLease(tmp_path / "leases", "rev", 10.0, clock) for _ in range(2))
     assert lease.try_acquire()
     clock.now += 8
     lease.renew()
