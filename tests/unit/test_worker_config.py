@@ -3,6 +3,7 @@ an error naming the flag; nothing below the CLI sees an argparse namespace."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import subprocess
@@ -234,3 +235,23 @@ def test_partial_cache_is_off_by_default_and_its_timeout_is_checked() -> None:
     for bad in ("0", "-1", "nan", "inf"):
         with pytest.raises(ConfigError, match="--partial-cache-timeout"):
             serve_config(build_parser().parse_args([*SERVE, "--partial-cache", "--partial-cache-timeout", bad]))
+
+
+def _options(command: str) -> set[str]:
+    """Every option string ``warmpool worker <command>`` accepts."""
+    sub = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    return {option for action in sub.choices[command]._actions for option in action.option_strings}
+
+
+def test_the_flags_both_commands_take_are_declared_once() -> None:
+    """The shared flags come from one parent parser: a flag both commands accept is declared in it,
+    never once per command, and each flag appears once in the CLI's source."""
+    from warmpool_worker import cli
+
+    shared = {option for action in cli._shared_flags()._actions for option in action.option_strings}
+    assert _options("serve") & _options("sidecar") == shared | {"-h", "--help"}
+    assert len(shared) >= 21
+    source = Path(cli.__file__).read_text()
+    twice = sorted(flag for flag in _options("serve") | _options("sidecar")
+                   if flag.startswith("--") and source.count(f'"{flag}"') > 1)
+    assert not twice, twice

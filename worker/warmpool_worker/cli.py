@@ -78,30 +78,67 @@ def _buckets(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="warmpool worker", description="Run a warmpool worker.")
     commands = parser.add_subparsers(dest="command", required=True)
+    shared = _shared_flags()
+    _add_serve_parser(commands, shared)
+    _add_sidecar_parser(commands, shared)
+    return parser
 
-    serve = commands.add_parser("serve", help="load, warm and serve a model with the built-in engine")
+
+def _shared_flags() -> argparse.ArgumentParser:
+    """The flags both commands take, declared once (argparse's parent parser): where to listen,
+    how to warm up, when to tier, and how to log."""
+    flags = argparse.ArgumentParser(add_help=False)
+    listen = flags.add_argument_group("listening")
+    listen.add_argument("--host", default=os.environ.get(ENV_POD_IP) or DEFAULT_HOST,
+                        help=f"address to bind (default: ${ENV_POD_IP}, else {DEFAULT_HOST})")
+    listen.add_argument("--port", type=int, default=DEFAULT_WORKER_PORT, help="port to bind (0: any free port)")
+    listen.add_argument("--control-token-file", type=Path, default=None,
+                        help="bearer token for the /control endpoints")
+    flags.add_argument("--device", default="auto",
+                       help="auto | cpu | cuda | cuda:N (auto: cuda if available); serve runs the engine there, "
+                            "sidecar probes that device's memory")
+    flags.add_argument("--heat-map", type=Path, default=None,
+                       help="heat map JSON (the hottest layers load, or are prefetched, first)")
+    warmup = flags.add_argument_group("warm-up")
+    warmup.add_argument("--prompts", type=Path, default=None, help="warm-up prompts file (JSON list or text)")
+    warmup.add_argument("--buckets", type=_buckets, default=DEFAULT_LENGTH_BUCKETS,
+                        help="warm-up prompt lengths in tokens")
+    warmup.add_argument("--prompts-per-bucket", type=int, default=DEFAULT_PROMPTS_PER_BUCKET,
+                        help="warm-up prompts per bucket")
+    warmup.add_argument("--learned-buckets", type=Path, default=None, help=LEARNED_BUCKETS_HELP)
+    warmup.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE_TOKENS,
+                        help="tokens decoded per warm-up prompt")
+    warmup.add_argument("--warmup-timeout", type=float, default=float(DEFAULT_WARMUP_TIMEOUT_SECONDS),
+                        help="seconds of warm-up before ready with what is warm")
+    tiers = flags.add_argument_group("memory tiers")
+    tiers.add_argument("--tier-thresholds", default=None, help="'truncate,pause[,hysteresis]' in percent")
+    tiers.add_argument("--truncate-at", type=float, default=None, help=f"default {DEFAULT_TRUNCATE_AT_PERCENT}")
+    tiers.add_argument("--pause-at", type=float, default=None, help=f"default {DEFAULT_PAUSE_AT_PERCENT}")
+    tiers.add_argument("--hysteresis", type=float, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}")
+    tiers.add_argument("--hot-layer-percent", type=float, default=DEFAULT_HOT_LAYER_PERCENT,
+                       help="share of layers kept (or prefetched) when truncated")
+    tiers.add_argument("--memory-capacity-bytes", type=int, default=None,
+                       help="measure against this capacity: used = this process tree's real usage "
+                            "(+ --memory-account-pid)")
+    tiers.add_argument("--memory-account-pid", type=int, action="append", default=[],
+                       help="also count this process (and its children, e.g. the engine) against the capacity; "
+                            "repeatable")
+    tiers.add_argument("--guard-interval", type=float, default=DEFAULT_GUARD_INTERVAL_S,
+                       help="seconds between memory readings")
+    logs = flags.add_argument_group("logging")
+    logs.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    logs.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
+                      help="text, or json: one object per line, with trace_id/span_id while a span is active")
+    return flags
+
+
+def _add_serve_parser(commands: Any, shared: argparse.ArgumentParser) -> None:
+    """`warmpool worker serve`: the built-in engine (see warmpool_worker.runtime)."""
+    serve = commands.add_parser("serve", parents=[shared],
+                                help="load, warm and serve a model with the built-in engine")
     serve.add_argument("--model", required=True, type=Path, help="model directory (HF layout, safetensors)")
-    serve.add_argument(
-        "--host",
-        default=os.environ.get(ENV_POD_IP) or DEFAULT_HOST,
-        help=f"address to bind (default: ${ENV_POD_IP}, else {DEFAULT_HOST})",
-    )
-    serve.add_argument(
-        "--port", type=int, default=DEFAULT_WORKER_PORT, help="port to bind (0: any free port)"
-    )
-    serve.add_argument(
-        "--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda if available)"
-    )
-    serve.add_argument(
-        "--dtype", default=None, help="bfloat16 | float16 | float32 (default: per device/config)"
-    )
-    serve.add_argument(
-        "--model-name", default=None, help="name served on /v1/models (default: directory name)"
-    )
-    serve.add_argument(
-        "--heat-map", type=Path, default=None, help="heat map JSON (hottest layers load first)"
-    )
-    serve.add_argument("--prompts", type=Path, default=None, help="warm-up prompts file (JSON list or text)")
+    serve.add_argument("--dtype", default=None, help="bfloat16 | float16 | float32 (default: per device/config)")
+    serve.add_argument("--model-name", default=None, help="name served on /v1/models (default: directory name)")
     serve.add_argument(
         "--partial-cache", action="store_true",
         help="the model directory may be a node cache's partial view still filling: wait for each "
@@ -109,53 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--partial-cache-timeout", type=float, default=600.0,
                        help="seconds one --partial-cache wait may take before the load fails")
-    serve.add_argument(
-        "--buckets", type=_buckets, default=DEFAULT_LENGTH_BUCKETS, help="warm-up prompt lengths in tokens"
-    )
-    serve.add_argument(
-        "--prompts-per-bucket", type=int, default=DEFAULT_PROMPTS_PER_BUCKET, help="warm-up prompts per bucket"
-    )
-    serve.add_argument("--learned-buckets", type=Path, default=None, help=LEARNED_BUCKETS_HELP)
-    serve.add_argument(
-        "--decode-tokens", type=int, default=DEFAULT_DECODE_TOKENS, help="tokens decoded per warm-up prompt"
-    )
-    serve.add_argument("--tier-thresholds", default=None, help="'truncate,pause[,hysteresis]' in percent")
-    serve.add_argument(
-        "--truncate-at", type=float, default=None, help=f"default {DEFAULT_TRUNCATE_AT_PERCENT}"
-    )
-    serve.add_argument("--pause-at", type=float, default=None, help=f"default {DEFAULT_PAUSE_AT_PERCENT}")
-    serve.add_argument(
-        "--hysteresis", type=float, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}"
-    )
-    serve.add_argument(
-        "--hot-layer-percent",
-        type=float,
-        default=DEFAULT_HOT_LAYER_PERCENT,
-        help="layers kept when truncated",
-    )
-    serve.add_argument(
-        "--memory-capacity-bytes",
-        type=int,
-        default=None,
-        help="measure against this capacity: used = this process tree's real usage (+ --memory-account-pid)",
-    )
-    serve.add_argument(
-        "--memory-account-pid",
-        type=int,
-        action="append",
-        default=[],
-        help="also count this process (and its children) against the configured capacity; repeatable",
-    )
-    serve.add_argument("--guard-interval", type=float, default=DEFAULT_GUARD_INTERVAL_S,
-                       help="seconds between memory readings")
-    serve.add_argument("--control-token-file", type=Path, default=None, help="bearer token for /control/tier")
     serve.add_argument("--kv-prefix-dir", type=Path, default=None, help="persist/reload warm-prefix KV here")
-    serve.add_argument(
-        "--max-queued-requests",
-        type=int,
-        default=DEFAULT_MAX_QUEUED_REQUESTS,
-        help="requests that may wait for room in the running batch; beyond it a request gets 429 + Retry-After",
-    )
+    serve.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS,
+                       help="requests that may wait for room in the running batch; beyond it a request gets "
+                            "429 + Retry-After")
     serve.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
                        help="requests the engine runs together at most (continuous batching)")
     serve.add_argument("--kv-cache-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
@@ -164,51 +158,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefill-chunk-tokens", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS,
                        help="prompt tokens prefilled per batch step (a long prompt stalls running decodes by "
                             "one chunk at most)")
-    serve.add_argument(
-        "--max-tokens-limit",
-        type=int,
-        default=DEFAULT_MAX_TOKENS_LIMIT,
-        help="largest max_tokens a request may ask for (above it: 400 naming max_tokens)",
-    )
+    serve.add_argument("--max-tokens-limit", type=int, default=DEFAULT_MAX_TOKENS_LIMIT,
+                       help="largest max_tokens a request may ask for (above it: 400 naming max_tokens)")
     serve.add_argument("--wake-timeout", type=float, default=DEFAULT_WAKE_TIMEOUT_S,
                        help="seconds a completion waits for a sleeping engine to wake (then 503)")
     serve.add_argument("--sleep-drain-timeout", type=float, default=DEFAULT_SLEEP_DRAIN_TIMEOUT_S,
                        help="seconds a sleep waits for the running batch to drain (then 409, still awake)")
     serve.add_argument("--vllm-sleep-api", action="store_true",
                        help="also serve vLLM's unauthenticated dev-mode /sleep, /wake_up, /is_sleeping")
-    serve.add_argument(
-        "--graph-capture",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="capture CUDA graphs of the decode step after a full warm-up (CUDA only; graphs cost memory)",
-    )
-    serve.add_argument(
-        "--warmup-timeout",
-        type=float,
-        default=float(DEFAULT_WARMUP_TIMEOUT_SECONDS),
-        help="seconds of optional warm-up before ready anyway",
-    )
-    serve.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default: the container's CPU quota, cgroup v2 cpu.max, "
-        "capped by the CPUs this process may use; torch's own default is every core of the node)",
-    )
-    serve.add_argument(
-        "--cgroup-root", type=Path, default=Path(DEFAULT_CGROUP_ROOT), help="where cgroup v2 is mounted"
-    )
-    serve.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
-    serve.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
-                       help="text, or json: one object per line, with trace_id/span_id while a span is active")
-
-    _add_sidecar_parser(commands)
-    return parser
+    serve.add_argument("--graph-capture", action=argparse.BooleanOptionalAction, default=True,
+                       help="capture CUDA graphs of the decode step after a full warm-up (CUDA only; graphs "
+                            "cost memory)")
+    serve.add_argument("--threads", type=int, default=None,
+                       help="torch intra-op threads (default: the container's CPU quota, cgroup v2 cpu.max, "
+                            "capped by the CPUs this process may use; torch's own default is every core of the "
+                            "node)")
+    serve.add_argument("--cgroup-root", type=Path, default=Path(DEFAULT_CGROUP_ROOT),
+                       help="where cgroup v2 is mounted")
 
 
-def _add_sidecar_parser(commands: Any) -> None:
+def _add_sidecar_parser(commands: Any, shared: argparse.ArgumentParser) -> None:
     """`warmpool worker sidecar`: beside vLLM/SGLang/TGI (see warmpool_worker.sidecar)."""
-    sc = commands.add_parser("sidecar", help="prefetch, warm and gate readiness of an external engine")
+    sc = commands.add_parser("sidecar", parents=[shared],
+                             help="prefetch, warm and gate readiness of an external engine")
     sc.add_argument("--engine-url", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
     sc.add_argument("--model-dir", type=Path, default=None, help="the engine's weights (prefetched in heat order)")
     sc.add_argument("--health-path", default=DEFAULT_ENGINE_HEALTH_PATH,
@@ -218,36 +190,11 @@ def _add_sidecar_parser(commands: Any) -> None:
     sc.add_argument("--api-key-file", type=Path, default=None, help="bearer token for the engine's API")
     sc.add_argument("--max-context", type=int, default=None,
                     help="engine context in tokens (default: /v1/models, else config.json)")
-    sc.add_argument("--host", default=os.environ.get(ENV_POD_IP) or DEFAULT_HOST,
-                    help=f"address to bind (default: ${ENV_POD_IP}, else {DEFAULT_HOST})")
-    sc.add_argument("--port", type=int, default=DEFAULT_WORKER_PORT, help="port to bind (0: any free port)")
-    sc.add_argument("--device", default="auto", help="memory probe: auto | cpu | cuda | cuda:N")
-    sc.add_argument("--heat-map", type=Path, default=None, help="heat map JSON (hottest layers prefetched first)")
-    sc.add_argument("--prompts", type=Path, default=None, help="warm-up prompts file (JSON list or text)")
-    sc.add_argument("--buckets", type=_buckets, default=DEFAULT_LENGTH_BUCKETS, help="warm-up lengths in tokens")
-    sc.add_argument("--prompts-per-bucket", type=int, default=DEFAULT_PROMPTS_PER_BUCKET,
-                    help="warm-up prompts per bucket")
-    sc.add_argument("--learned-buckets", type=Path, default=None, help=LEARNED_BUCKETS_HELP)
-    sc.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE_TOKENS,
-                    help="tokens decoded per warm-up prompt")
     sc.add_argument("--chars-per-token", type=float, default=DEFAULT_CHARS_PER_TOKEN,
                     help=f"prompt sizing without a tokenizer.json (default {DEFAULT_CHARS_PER_TOKEN:g})")
-    sc.add_argument("--tier-thresholds", default=None, help="'truncate,pause[,hysteresis]' in percent")
-    sc.add_argument("--truncate-at", type=float, default=None, help=f"default {DEFAULT_TRUNCATE_AT_PERCENT}")
-    sc.add_argument("--pause-at", type=float, default=None, help=f"default {DEFAULT_PAUSE_AT_PERCENT}")
-    sc.add_argument("--hysteresis", type=float, default=None, help=f"default {DEFAULT_HYSTERESIS_PERCENT}")
-    sc.add_argument("--hot-layer-percent", type=float, default=DEFAULT_HOT_LAYER_PERCENT,
-                    help="share of layers prefetched when truncated")
     sc.add_argument("--memory-source", choices=("device", "engine-kv"), default="device",
                     help="tier from the device's memory (probe chain) or the engine's KV-cache usage "
                     "(vLLM pre-allocates the GPU, so device-wide readings sit near 90%%)")
-    sc.add_argument("--memory-capacity-bytes", type=int, default=None,
-                    help="measure against this capacity (used = this process tree + --memory-account-pid)")
-    sc.add_argument("--memory-account-pid", type=int, action="append", default=[],
-                    help="count this process (e.g. the engine) against the capacity; repeatable")
-    sc.add_argument("--guard-interval", type=float, default=DEFAULT_GUARD_INTERVAL_S,
-                    help="seconds between memory readings")
-    sc.add_argument("--control-token-file", type=Path, default=None, help="bearer token for /control/tier")
     sc.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                     help="page-cache prefetch of --model-dir (default on)")
     sc.add_argument("--prefetch-mode", choices=("read", "advise"), default="read",
@@ -264,13 +211,8 @@ def _add_sidecar_parser(commands: Any) -> None:
                     help="retries per warm-up request (5xx, garbage, refused)")
     sc.add_argument("--retry-backoff", type=float, default=DEFAULT_RETRY_BACKOFF_S,
                     help="first retry delay in seconds (doubles)")
-    sc.add_argument("--warmup-timeout", type=float, default=float(DEFAULT_WARMUP_TIMEOUT_SECONDS),
-                    help="seconds of warm-up before ready with what is warm (if any prompt passed)")
     sc.add_argument("--engine-sleep-api", choices=ENGINE_SLEEP_APIS, default="auto",
                     help="the engine's sleep API: vllm, sglang, none, or auto (probe vLLM's GET /is_sleeping)")
-    sc.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
-    sc.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
-                    help="text, or json: one object per line, with trace_id/span_id while a span is active")
 
 
 # -- from flags to configuration objects (the one place a flag meets its field) -------------
