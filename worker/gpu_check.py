@@ -49,7 +49,7 @@ def _evict(model_dir: Path) -> None:
 def _correctness(tmp: Path) -> dict[str, Any]:
     import torch
     from warmpool_dev.testing_models import make_tiny_llama
-    from warmpool_worker.engine import load_engine
+    from warmpool_worker.builtin.engine import load_engine
 
     model = make_tiny_llama(tmp / "tiny", layers=3, seed=5, qkv_bias=True, model_type="qwen2")
     cpu = load_engine(model, device="cpu", dtype="float32")
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"ok": False, "error": "CUDA is not available: this check needs an NVIDIA GPU"}))
         return 2
     from warmpool_dev.testing_models import make_tiny_llama
-    from warmpool_worker.engine import load_engine
+    from warmpool_worker.builtin.engine import load_engine
 
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0),

@@ -192,7 +192,7 @@ def _settings_json(settings: PredictBenchSettings) -> dict[str, Any]:
                          "token (predict_inputs.DERIVED_DECODE_TOKENS_PER_S)",
         "requests_per_pod": REQUESTS_PER_POD,
         "requests_per_pod_source": "the worker serialises generation behind one engine lock "
-                                   "(worker/warmpool_worker/completions.py): one request at a time per pod",
+                                   "(worker/warmpool_worker/builtin/completions.py): one request at a time per pod",
         "min_warm": settings.min_warm,
         "max_replicas": settings.max_replicas,
         "max_extra_replicas": settings.spec().max_extra_replicas,

@@ -14,7 +14,7 @@ files rather than copying numbers into code, and records where each came from.
 - **Decode speed** is not measured by any benchmark here; :data:`DERIVED_DECODE_TOKENS_PER_S`
   is derived (its comment says how) and the report says so.
 - **Requests per pod at once**: 1.  The worker serialises generation behind one engine lock
-  (``worker/warmpool_worker/completions.py``: requests beyond it wait in its queue), so a pod
+  (``worker/warmpool_worker/builtin/completions.py``: requests beyond it wait in its queue), so a pod
   serves one request at a time; there is no batching to model.
 """
 

@@ -47,7 +47,7 @@ def _inject_eager(engine: Any, state: dict[str, Any]) -> None:
     the very same model code, and must not pay an extra copy the real eager loaders would
     not make (the tensors are already private memory), only the dtype cast if one is due.
     """
-    from warmpool_worker.engine.linear import can_pack, pack
+    from warmpool_worker.builtin.engine.linear import can_pack, pack
 
     dtype = engine.dtype
     packs = can_pack(dtype, engine.weights.device)
@@ -83,7 +83,7 @@ def run_eager(spec: dict[str, Any], result: dict[str, Any]) -> None:
     import torch
 
     result["t_imported"] = time.time()
-    from warmpool_worker.engine import load_engine
+    from warmpool_worker.builtin.engine import load_engine
 
     model_dir = Path(spec["model_dir"])
     started = time.perf_counter()
@@ -147,7 +147,7 @@ def run_floor(spec: dict[str, Any], result: dict[str, Any]) -> None:
     # Not counted: load every weight, so the prefills below run on already-loaded weights.
     from dataclasses import replace
 
-    from warmpool_worker.engine import load_engine
+    from warmpool_worker.builtin.engine import load_engine
     from warmpool_worker.warmup import WarmupProgress, execute_plan, load_prompts, plan_warmup
 
     from warmpool.contract import Tier

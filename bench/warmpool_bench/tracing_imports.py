@@ -32,8 +32,8 @@ from warmpool_bench.stats import median, percentile
 START_PATH: tuple[str, ...] = (
     "warmpool.cli",
     "warmpool_worker.cli",
-    "warmpool_worker.runtime",
-    "warmpool_worker.engine.llama",
+    "warmpool_worker.builtin.runtime",
+    "warmpool_worker.builtin.engine.llama",
 )
 
 #: What `warmpool_worker.tracing.WorkerTracing` imports when tracing is on.

@@ -264,7 +264,7 @@ def convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
 
 def smoke_test(model_dir: Path) -> str:
     """Greedy-answer a factual question through our own engine: catches a wrong layout or tokenizer."""
-    from warmpool_worker.engine import load_engine
+    from warmpool_worker.builtin.engine import load_engine
 
     engine = load_engine(model_dir, device="cpu", dtype="float32")
     answer = "".join(step.text for step in engine.generate(engine.encode(SMOKE_PROMPT), 16))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from warmpool_dev.testing_models import make_tiny_llama
-from warmpool_worker.engine import LlamaEngine, load_engine
+from warmpool_worker.builtin.engine import LlamaEngine, load_engine
 
 pytestmark = pytest.mark.integration
 

@@ -37,7 +37,7 @@ CHILD = r"""
 import os, sys
 from pathlib import Path
 from warmpool_worker.checkpoint import read_safetensors_header
-from warmpool_worker.engine import load_engine
+from warmpool_worker.builtin.engine import load_engine
 from warmpool_worker.engine_api import WeightsChangedError
 
 model, mode, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -71,7 +71,7 @@ def _run_child(model: Path, mode: str, other: Path | str = "-") -> subprocess.Co
 
 
 def _greedy(model: Path) -> list[int]:
-    from warmpool_worker.engine import load_engine
+    from warmpool_worker.builtin.engine import load_engine
 
     engine = load_engine(model)
     return [step.token_id for step in engine.generate([5, 6, 7], 4)]
@@ -111,7 +111,7 @@ FAULT_IN_CHILD = r"""
 import sys
 from pathlib import Path
 from safetensors import safe_open
-from warmpool_worker.engine import fault_in
+from warmpool_worker.builtin.engine import fault_in
 from warmpool_worker.engine_api import WeightsChangedError
 
 weights, cut = Path(sys.argv[1]), int(sys.argv[2])

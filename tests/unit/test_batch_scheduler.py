@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from warmpool_dev.testing_models import make_tiny_llama
-from warmpool_worker.batch_scheduler import BatchJob, BatchScheduler, BatchSettings, SleepRefused
+from warmpool_worker.builtin.batch_scheduler import BatchJob, BatchScheduler, BatchSettings, SleepRefused
+from warmpool_worker.builtin.engine import LlamaEngine, load_engine
+from warmpool_worker.builtin.engine_gate import AwakeOnly, EngineAsleep, EngineGate
 from warmpool_worker.defaults import DEFAULT_KV_CACHE_BYTES
-from warmpool_worker.engine import LlamaEngine, load_engine
 from warmpool_worker.engine_api import GenerationStep, NonFiniteLogitsError, RequestError
-from warmpool_worker.engine_gate import AwakeOnly, EngineAsleep, EngineGate
 from warmpool_worker.warmup import WarmupProgress, execute_plan, plan_warmup
 
 from warmpool.contract import Tier

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from warmpool_dev.testing_models import make_tiny_llama
+from warmpool_worker.builtin.engine import load_engine
 from warmpool_worker.checkpoint import open_checkpoint, read_safetensors_header
-from warmpool_worker.engine import load_engine
 from warmpool_worker.engine_api import ModelLoadError, RequestError
 
 pytestmark = pytest.mark.unit
@@ -390,8 +390,8 @@ def test_a_tensor_the_weight_table_needs_but_the_checkpoint_lacks_fails_the_load
     table names q/k/v biases: loading without them would silently compute a different model.
     """
     from tokenizers import Tokenizer
+    from warmpool_worker.builtin.engine import LlamaEngine
     from warmpool_worker.checkpoint import CONFIG_FILE, TOKENIZER_FILE, Checkpoint
-    from warmpool_worker.engine import LlamaEngine
 
     validated = open_checkpoint(model)
     assert not validated.config.attention_bias

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from warmpool_dev.testing_models import make_tiny_llama
-from warmpool_worker.engine import LlamaEngine, bucket_for, load_engine, token_hash
+from warmpool_worker.builtin.engine import LlamaEngine, bucket_for, load_engine, token_hash
 from warmpool_worker.engine_api import RequestError
 
 from warmpool.heatmap import layer_order
@@ -262,7 +262,7 @@ def test_capture_graphs_is_a_noop_on_cpu(model_dir: Path) -> None:
 def test_worker_start_path_imports_no_transformers(model_dir: Path) -> None:
     code = (
         "import sys; from pathlib import Path;"
-        "from warmpool_worker.engine import load_engine;"
+        "from warmpool_worker.builtin.engine import load_engine;"
         f"e = load_engine(Path({str(model_dir)!r})); e.prefill([5, 6]);"
         "bad = [m for m in ('transformers', 'gguf', 'accelerate') if m in sys.modules];"
         "assert not bad, bad"
@@ -295,7 +295,7 @@ def test_the_weight_table_that_validates_is_the_one_that_loads(tmp_path: Path, v
 
 
 def test_worker_engine_package_imports_no_transformers() -> None:
-    code = ("import sys, warmpool_worker.engine;"
+    code = ("import sys, warmpool_worker.builtin.engine;"
             "bad = [m for m in ('transformers', 'gguf', 'accelerate') if m in sys.modules]; assert not bad, bad")
     env = {"PYTHONPATH": f"{REPO}:{REPO / 'worker'}", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

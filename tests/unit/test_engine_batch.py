@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from warmpool_dev.testing_models import make_tiny_llama
+from warmpool_worker.builtin.engine import KV_BLOCK_TOKENS, LlamaEngine, load_engine
+from warmpool_worker.builtin.engine.batch import SequenceState, StepOutcome
 from warmpool_worker.defaults import DEFAULT_KV_CACHE_BYTES
-from warmpool_worker.engine import KV_BLOCK_TOKENS, LlamaEngine, load_engine
-from warmpool_worker.engine.batch import SequenceState, StepOutcome
 from warmpool_worker.engine_api import NonFiniteLogitsError, RequestError
 
 pytestmark = pytest.mark.unit
@@ -172,7 +172,7 @@ def test_packed_weights_make_each_row_independent_of_its_batch(tmp_path: Path) -
     result for a row does not depend on the rows beside it, so a sequence's logits in a batch of
     twelve are bit for bit its logits alone."""
     import torch
-    from warmpool_worker.engine.maths import Segment, forward_segments
+    from warmpool_worker.builtin.engine.maths import Segment, forward_segments
 
     engine = _engine(make_tiny_llama(tmp_path / "bf16", layers=2, dtype="bfloat16", max_position_embeddings=256))
     assert engine.weights.layer(0)["w_up"].is_mkldnn and engine.weights.core()["head"].is_mkldnn

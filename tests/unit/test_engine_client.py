@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from warmpool_worker.engine_client import (
+from warmpool_worker.sidecar.engine_client import (
     MAX_BODY_BYTES,
     EngineClient,
     EngineError,

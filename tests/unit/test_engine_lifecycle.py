@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from warmpool_dev.testing_models import make_tiny_llama
-from warmpool_worker.engine import KV_BLOCK_TOKENS, LlamaEngine, load_engine
+from warmpool_worker.builtin.engine import KV_BLOCK_TOKENS, LlamaEngine, load_engine
 from warmpool_worker.engine_api import NonFiniteLogitsError
 from warmpool_worker.warmup import WarmupProgress, execute_plan, plan_warmup
 

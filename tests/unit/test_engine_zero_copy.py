@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from warmpool_dev.testing_models import make_tiny_llama
+from warmpool_worker.builtin.engine import LlamaEngine, load_engine
 from warmpool_worker.checkpoint import expected_tensors
-from warmpool_worker.engine import LlamaEngine, load_engine
 
 pytestmark = [
     pytest.mark.unit,

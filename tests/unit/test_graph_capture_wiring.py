@@ -11,9 +11,9 @@ import pytest
 from warmpool_operator.api.types import parse_spec
 from warmpool_operator.model import Target
 from warmpool_operator.rules import builders
+from warmpool_worker.builtin.runtime import WorkerRuntime
 from warmpool_worker.config import ServeConfig
 from warmpool_worker.engine_api import GraphCapture
-from warmpool_worker.runtime import WorkerRuntime
 
 from warmpool import contract
 from warmpool.contract import Tier

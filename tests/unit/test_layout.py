@@ -192,6 +192,27 @@ def test_the_operators_layers_import_only_the_layers_below_them() -> None:
     assert not offenders, offenders
 
 
+def _worker_part(module: str) -> str:
+    """``builtin``, ``sidecar``, or ``shared`` (the worker's modules both commands use)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in ("builtin", "sidecar") else "shared"
+
+
+def test_the_workers_built_in_and_sidecar_parts_stand_apart() -> None:
+    """The built-in engine's worker and the sidecar never import each other, and what they share
+    imports neither; only the command line (cli, the edge) starts one or the other."""
+    modules = {name: path for name, path in _modules(PRODUCT).items() if name.startswith("warmpool_worker")}
+    assert {_worker_part(name) for name in modules} == {"builtin", "sidecar", "shared"}
+    offenders = sorted(
+        f"{module} ({part}) imports {name}"
+        for module, path in modules.items()
+        if module != "warmpool_worker.cli" and (part := _worker_part(module))
+        for name in _imports(path)
+        if name.startswith("warmpool_worker.") and (target := _worker_part(name)) != "shared" and target != part
+    )
+    assert not offenders, offenders
+
+
 def test_the_api_model_does_not_import_the_forecasting_library() -> None:
     api = {name: path for name, path in _modules(PRODUCT).items() if name.startswith("warmpool_operator.api")}
     assert not [name for path in api.values() for name in _imports(path) if "forecast" in name]
@@ -222,7 +243,7 @@ def test_no_class_or_function_of_the_operator_is_too_long() -> None:
 
 #: Product modules that still keep state at module level, and why; each is to go, none to come.
 MUTABLE_STATE_EXCEPTIONS = {
-    "warmpool_worker.engine.mapped_pages": "the libc handle, loaded on first use (the worker's phase)",
+    "warmpool_worker.builtin.engine.mapped_pages": "the libc handle, loaded on first use (the worker's phase)",
     "warmpool_worker.prefetch": "the libc handle, loaded on first use (the worker's phase)",
     "warmpool_nodecache.use": "a process-wide pin counter (the node cache's phase)",
 }

@@ -1,7 +1,7 @@
 """What `pip install .` ships: every Python package under a product directory is listed.
 
 setuptools' explicit `packages` list does not pick up subpackages on its own: a package
-missing from it is absent from the image (the worker's `warmpool_worker.engine` was, once),
+missing from it is absent from the image (the worker's `warmpool_worker.builtin.engine` was, once),
 which a source checkout never shows.
 """
 

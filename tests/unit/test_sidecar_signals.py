@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from warmpool_worker.engine_client import parse_metrics
+from warmpool_worker.engine_signals import EngineSignals, rebin
 from warmpool_worker.metrics import SidecarMetrics, WorkerMetrics
-from warmpool_worker.sidecar_signals import EngineSignals, rebin
+from warmpool_worker.sidecar.engine_client import parse_metrics
 
 from tests.support.vllm_engine import VllmMetrics, buckets_1_2_5
 from warmpool import contract

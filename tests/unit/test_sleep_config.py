@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from warmpool_worker.config import ConfigError, SidecarConfig, SleepConfig
 from warmpool_worker.http_app import BadRequest
-from warmpool_worker.sleep import parse_level
+from warmpool_worker.sleep_request import parse_level
 
 
 @pytest.mark.parametrize("raw", [1, 2, "1", "2"])

@@ -133,7 +133,7 @@ def _shared_flags() -> argparse.ArgumentParser:
 
 
 def _add_serve_parser(commands: Any, shared: argparse.ArgumentParser) -> None:
-    """`warmpool worker serve`: the built-in engine (see warmpool_worker.runtime)."""
+    """`warmpool worker serve`: the built-in engine (see warmpool_worker.builtin.runtime)."""
     serve = commands.add_parser("serve", parents=[shared],
                                 help="load, warm and serve a model with the built-in engine")
     serve.add_argument("--model", required=True, type=Path, help="model directory (HF layout, safetensors)")
@@ -178,7 +178,7 @@ def _add_serve_parser(commands: Any, shared: argparse.ArgumentParser) -> None:
 
 
 def _add_sidecar_parser(commands: Any, shared: argparse.ArgumentParser) -> None:
-    """`warmpool worker sidecar`: beside vLLM/SGLang/TGI (see warmpool_worker.sidecar)."""
+    """`warmpool worker sidecar`: beside vLLM/SGLang/TGI (see warmpool_worker.sidecar.app)."""
     sc = commands.add_parser("sidecar", parents=[shared],
                              help="prefetch, warm and gate readiness of an external engine")
     sc.add_argument("--engine-url", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
@@ -350,9 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     import asyncio
 
     if isinstance(config, SidecarConfig):
-        from warmpool_worker.sidecar import serve_sidecar
+        from warmpool_worker.sidecar.app import serve_sidecar
 
         return asyncio.run(serve_sidecar(config))
-    from warmpool_worker.runtime import serve_worker
+    from warmpool_worker.builtin.runtime import serve_worker
 
     return asyncio.run(serve_worker(config))

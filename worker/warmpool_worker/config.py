@@ -285,7 +285,7 @@ class SidecarConfig:
     listen: ListenConfig = field(default_factory=ListenConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    engine_sleep_api: str = "auto"  # auto | vllm | sglang | none (sidecar_sleep's docstring)
+    engine_sleep_api: str = "auto"  # auto | vllm | sglang | none (sidecar.sleep's docstring)
 
     def __post_init__(self) -> None:
         if self.engine_sleep_api not in ENGINE_SLEEP_APIS:

@@ -32,7 +32,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.metrics import MetricWrapperBase
-from warmpool_worker.sidecar_signals import EngineSignals, EngineSignalsCollector
+from warmpool_worker.engine_signals import EngineSignals, EngineSignalsCollector
 
 from warmpool.contract import (
     LABEL_BUCKET,

@@ -15,7 +15,7 @@ What the sidecar needs from the engine, and nothing more:
   usage (vLLM under both of its names; absent -> None, never 0) and a process identity
   (``process_start_time_seconds``, or our own worker's process_start phase) so a restart
   between two health probes is still seen; and the request figures vLLM exports (requests,
-  running, waiting, generated tokens, token-length histograms: :mod:`.sidecar_signals`).
+  running, waiting, generated tokens, token-length histograms: :mod:`warmpool_worker.engine_signals`).
 
 Every body is read whole, to EOF, under MAX_BODY_BYTES (:mod:`warmpool.http_body`), then
 parsed: a body cut short, or longer than the bound, is an unusable answer (Unknown), never
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from warmpool_worker.sidecar_signals import EngineSignals, signals_from_samples
+from warmpool_worker.engine_signals import EngineSignals, signals_from_samples
 
 from warmpool.contract import METRIC_PHASE_TIMESTAMP, VLLM_KV_CACHE_USAGE_METRICS
 from warmpool.http_body import BodyTooLarge, read_bounded

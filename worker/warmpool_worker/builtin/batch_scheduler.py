@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from warmpool_worker.builtin.engine_gate import EngineGate
 from warmpool_worker.engine_api import BatchingEngine, GenerationStep, RequestError, Sleepable
-from warmpool_worker.engine_gate import EngineGate
 
 log = logging.getLogger(__name__)
 

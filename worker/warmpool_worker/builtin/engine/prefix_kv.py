@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from warmpool_worker.builtin.engine.kv_cache import KVCache
 from warmpool_worker.checkpoint import LlamaConfig, read_safetensors_header
-from warmpool_worker.engine.kv_cache import KVCache
 from warmpool_worker.engine_api import ModelLoadError
 
 PREFIX_KV_FORMAT = "warmpool-prefix-kv"

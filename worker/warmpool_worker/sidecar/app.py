@@ -8,7 +8,7 @@ The pod's readiness probe points here, not at the engine.  Start-up, all at once
 * the local tier guard ticks (shared `TierGuard`: memory probe, hysteresis, operator
   directive, stricter wins);
 * the page-cache prefetch of the engine's weight files runs in a thread, hottest layers
-  first, bounded by the tier (`sidecar_prefetch`, `prefetch`), and tops up if the tier relaxes;
+  first, bounded by the tier (`sidecar.weight_prefetch`, `prefetch`), and tops up if the tier relaxes;
 * the engine supervisor waits for the engine's health endpoint, then sends the warm-up
   plan of the shared core (`warmup.plan_warmup`: buckets and prompt counts by tier,
   prompts sized to buckets with the model's tokenizer.json when there is one) through
@@ -44,14 +44,14 @@ from typing import Any
 from aiohttp import web
 from warmpool_worker.config import SidecarConfig
 from warmpool_worker.control import ControlEndpoint
-from warmpool_worker.engine_client import EngineClient, EngineError, EngineScrape, EngineUnavailable
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import cancel_tasks, json_errors, start_site, stop_on_signals
 from warmpool_worker.memory import MemoryProbe, MemoryReading, make_probe
 from warmpool_worker.metrics import CONTENT_TYPE, ENGINE_KV_SOURCE, SidecarMetrics
-from warmpool_worker.sidecar_prefetch import WeightPrefetch
-from warmpool_worker.sidecar_proxy import EngineProxy
-from warmpool_worker.sidecar_sleep import EngineSleep
+from warmpool_worker.sidecar.engine_client import EngineClient, EngineError, EngineScrape, EngineUnavailable
+from warmpool_worker.sidecar.proxy import EngineProxy
+from warmpool_worker.sidecar.sleep import EngineSleep
+from warmpool_worker.sidecar.weight_prefetch import WeightPrefetch
 from warmpool_worker.warmup import (
     WarmupPlan,
     WarmupProgress,

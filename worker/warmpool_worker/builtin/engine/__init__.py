@@ -26,14 +26,14 @@ Layer heat (decayed access counts) is ``warmpool_worker.layer_heat``, shared wit
 
 from __future__ import annotations
 
-from warmpool_worker.engine.graphs import DEFAULT_BATCH_BUCKETS, bucket_for
-from warmpool_worker.engine.kv_cache import KV_BLOCK_TOKENS, KVCache, kv_capacity
-from warmpool_worker.engine.llama import LlamaEngine
-from warmpool_worker.engine.loader import DTYPES, load_engine, resolve_dtype
-from warmpool_worker.engine.mapped_pages import fault_in
-from warmpool_worker.engine.maths import rope_inv_freq
-from warmpool_worker.engine.pinned_stager import STAGING_BYTES
-from warmpool_worker.engine.prefix_kv import PREFIX_KV_FORMAT, PREFIX_KV_VERSION, PrefixHit, token_hash
+from warmpool_worker.builtin.engine.graphs import DEFAULT_BATCH_BUCKETS, bucket_for
+from warmpool_worker.builtin.engine.kv_cache import KV_BLOCK_TOKENS, KVCache, kv_capacity
+from warmpool_worker.builtin.engine.llama import LlamaEngine
+from warmpool_worker.builtin.engine.loader import DTYPES, load_engine, resolve_dtype
+from warmpool_worker.builtin.engine.mapped_pages import fault_in
+from warmpool_worker.builtin.engine.maths import rope_inv_freq
+from warmpool_worker.builtin.engine.pinned_stager import STAGING_BYTES
+from warmpool_worker.builtin.engine.prefix_kv import PREFIX_KV_FORMAT, PREFIX_KV_VERSION, PrefixHit, token_hash
 from warmpool_worker.layer_heat import DEFAULT_HEAT_HALF_LIFE_S
 
 __all__ = [

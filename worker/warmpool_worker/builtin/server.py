@@ -19,15 +19,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from warmpool_worker.batch_scheduler import BatchScheduler
-from warmpool_worker.completions import CompletionsApi
+from warmpool_worker.builtin.batch_scheduler import BatchScheduler
+from warmpool_worker.builtin.completions import CompletionsApi
+from warmpool_worker.builtin.sleep import SleepController, SleepEndpoint
 from warmpool_worker.config import ServingLimits
 from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.engine_api import BatchingEngine, KVCacheStats
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import error_response, json_errors
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
-from warmpool_worker.sleep import SleepController, SleepEndpoint
 from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import PATH_HEALTH, PATH_LIVEZ, PATH_METRICS, PATH_READYZ

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from warmpool_worker.batch_scheduler import BatchJob, BatchScheduler, SchedulerStopped
-from warmpool_worker.completion_request import CompletionRequest, parse_completion
+from warmpool_worker.builtin.batch_scheduler import BatchJob, BatchScheduler, SchedulerStopped
+from warmpool_worker.builtin.completion_request import CompletionRequest, parse_completion
 from warmpool_worker.config import ServingLimits
 from warmpool_worker.engine_api import (
     Engine,

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from warmpool_worker.builtin.engine.kv_cache import KVCache
+from warmpool_worker.builtin.engine.linear import linear
 from warmpool_worker.checkpoint import LlamaConfig
-from warmpool_worker.engine.kv_cache import KVCache
-from warmpool_worker.engine.linear import linear
 
 Weights = Mapping[str, torch.Tensor]
 LayerWeights = Callable[[int], Weights]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from warmpool_worker.engine.kv_cache import KVCache
+from warmpool_worker.builtin.engine.kv_cache import KVCache
 from warmpool_worker.engine_api import RequestError
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8)

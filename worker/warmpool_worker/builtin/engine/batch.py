@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from warmpool_worker.engine.decoding import check_generation, check_prompt, sample, text_increment
-from warmpool_worker.engine.kv_cache import KVBlockPool, KVCache, KVLease, blocks_for, kv_capacity
-from warmpool_worker.engine.maths import LayerWeights, Model, Segment, Weights, forward_segments
-from warmpool_worker.engine.prefix_kv import PrefixKVStore
+from warmpool_worker.builtin.engine.decoding import check_generation, check_prompt, sample, text_increment
+from warmpool_worker.builtin.engine.kv_cache import KVBlockPool, KVCache, KVLease, blocks_for, kv_capacity
+from warmpool_worker.builtin.engine.maths import LayerWeights, Model, Segment, Weights, forward_segments
+from warmpool_worker.builtin.engine.prefix_kv import PrefixKVStore
 from warmpool_worker.engine_api import GenerationStep, NonFiniteLogitsError, RequestError
 
 #: Prompt tokens one step may prefill (and where a prompt's chunks end): a decode beside a

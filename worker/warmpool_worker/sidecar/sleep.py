@@ -25,10 +25,10 @@ from typing import Any
 
 from aiohttp import web
 from warmpool_worker.control import ControlEndpoint
-from warmpool_worker.engine_client import EngineClient, EngineUnavailable
 from warmpool_worker.http_app import BadRequest
 from warmpool_worker.metrics import WorkerMetrics
-from warmpool_worker.sleep import requested_level
+from warmpool_worker.sidecar.engine_client import EngineClient, EngineUnavailable
+from warmpool_worker.sleep_request import requested_level
 
 from warmpool.contract import (
     PATH_CONTROL_SLEEP,

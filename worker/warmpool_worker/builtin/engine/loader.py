@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from warmpool_worker.builtin.engine.llama import LlamaEngine
 from warmpool_worker.checkpoint import DIGEST_SAMPLE_BYTES, TOKENIZER_FILE, LlamaConfig, open_checkpoint
-from warmpool_worker.engine.llama import LlamaEngine
 from warmpool_worker.engine_api import ModelLoadError
 
 if TYPE_CHECKING:

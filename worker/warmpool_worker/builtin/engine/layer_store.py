@@ -35,10 +35,10 @@ import time
 from collections.abc import Iterator, Sequence
 
 import torch
+from warmpool_worker.builtin.engine.linear import LINEAR_KEYS, can_pack, dense, pack
+from warmpool_worker.builtin.engine.mapped_pages import fault_in, read_ahead
+from warmpool_worker.builtin.engine.pinned_stager import PinnedStager
 from warmpool_worker.checkpoint import Checkpoint
-from warmpool_worker.engine.linear import LINEAR_KEYS, can_pack, dense, pack
-from warmpool_worker.engine.mapped_pages import fault_in, read_ahead
-from warmpool_worker.engine.pinned_stager import PinnedStager
 from warmpool_worker.engine_api import LayerProgress, ModelLoadError, WeightsChangedError
 from warmpool_worker.weight_table import WeightTable, weight_table
 

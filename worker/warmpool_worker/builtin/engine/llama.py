@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from warmpool_worker.builtin.engine.batch import DEFAULT_CHUNK_TOKENS, BatchRunner, SequenceState, StepOutcome
+from warmpool_worker.builtin.engine.decoding import check_generation, check_prompt, sample, text_increment
+from warmpool_worker.builtin.engine.graphs import DEFAULT_BATCH_BUCKETS, DecodeGraph, DecodeGraphs, bucket_for
+from warmpool_worker.builtin.engine.kv_cache import KV_BLOCK_TOKENS, KVBlockPool, KVCache, blocks_for, kv_capacity
+from warmpool_worker.builtin.engine.layer_store import LayerStore, Weights
+from warmpool_worker.builtin.engine.maths import Model, decode_step, forward
+from warmpool_worker.builtin.engine.prefix_kv import PrefixKVStore
 from warmpool_worker.checkpoint import Checkpoint, read_generation_eos
 from warmpool_worker.defaults import DEFAULT_KV_CACHE_BYTES
-from warmpool_worker.engine.batch import DEFAULT_CHUNK_TOKENS, BatchRunner, SequenceState, StepOutcome
-from warmpool_worker.engine.decoding import check_generation, check_prompt, sample, text_increment
-from warmpool_worker.engine.graphs import DEFAULT_BATCH_BUCKETS, DecodeGraph, DecodeGraphs, bucket_for
-from warmpool_worker.engine.kv_cache import KV_BLOCK_TOKENS, KVBlockPool, KVCache, blocks_for, kv_capacity
-from warmpool_worker.engine.layer_store import LayerStore, Weights
-from warmpool_worker.engine.maths import Model, decode_step, forward
-from warmpool_worker.engine.prefix_kv import PrefixKVStore
 from warmpool_worker.engine_api import (
     GenerationStep,
     KVBlockStats,

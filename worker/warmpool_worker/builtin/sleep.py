@@ -19,28 +19,26 @@ allocator's allocated bytes on CUDA.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from warmpool_worker.batch_scheduler import BatchScheduler, SleepRefused
+from warmpool_worker.builtin.batch_scheduler import BatchScheduler, SleepRefused
 from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.engine_api import Engine, Sleepable
 from warmpool_worker.http_app import BadRequest
 from warmpool_worker.metrics import WorkerMetrics
+from warmpool_worker.sleep_request import parse_level, requested_level
 from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import (
-    CONTROL_FIELD_SLEEP_LEVEL,
     PATH_CONTROL_SLEEP,
     PATH_CONTROL_WAKE,
     PATH_VLLM_IS_SLEEPING,
     PATH_VLLM_SLEEP,
     PATH_VLLM_WAKE_UP,
-    SLEEP_LEVELS,
 )
 
 log = logging.getLogger(__name__)
@@ -59,28 +57,6 @@ def memory_held_bytes(device: str, proc_status: Path = Path("/proc/self/status")
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def parse_level(raw: object) -> int:
-    """A sleep level from a body or a query (1 or 2), or a 400 naming the field."""
-    if isinstance(raw, str) and raw.strip().isdigit():
-        raw = int(raw)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw not in SLEEP_LEVELS:
-        raise BadRequest(400, f"{CONTROL_FIELD_SLEEP_LEVEL} must be one of {list(SLEEP_LEVELS)}, got {raw!r}",
-                         param=CONTROL_FIELD_SLEEP_LEVEL)
-    return raw
-
-
-async def requested_level(request: web.Request) -> int:
-    """The level a ``/control/sleep`` body asks for (1 when the body is empty, as vLLM does),
-    or a 400 naming what is wrong; the worker and the sidecar both read it here."""
-    try:
-        body = await request.json() if request.can_read_body else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BadRequest(400, f"malformed JSON body: {error}") from None
-    if not isinstance(body, dict):
-        raise BadRequest(400, "request body must be a JSON object")
-    return parse_level(body.get(CONTROL_FIELD_SLEEP_LEVEL, 1))
 
 
 class SleepController:

@@ -38,7 +38,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from warmpool_worker.batch_scheduler import BatchScheduler, BatchSettings
+from warmpool_worker.builtin.batch_scheduler import BatchScheduler, BatchSettings
+from warmpool_worker.builtin.engine_gate import AwakeOnly, EngineAsleep, EngineGate
+from warmpool_worker.builtin.server import WorkerServer
+from warmpool_worker.builtin.sleep import SleepController
+from warmpool_worker.builtin.weight_leases import WeightLeases
 from warmpool_worker.config import ServeConfig
 from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.cpu_threads import choose_threads
@@ -52,13 +56,10 @@ from warmpool_worker.engine_api import (
     NonFiniteLogitsError,
     Sleepable,
 )
-from warmpool_worker.engine_gate import AwakeOnly, EngineAsleep, EngineGate
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import cancel_tasks, start_site, stop_on_signals
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
-from warmpool_worker.server import WorkerServer
-from warmpool_worker.sleep import SleepController
 from warmpool_worker.tracing import ColdStartRecorder, TraceSink
 from warmpool_worker.warmup import (
     PromptsError,
@@ -68,7 +69,6 @@ from warmpool_worker.warmup import (
     load_prompts,
     plan_for_tier,
 )
-from warmpool_worker.weight_leases import WeightLeases
 from warmpool_worker.worker_status import WorkerStatus
 
 from warmpool.contract import STAGE_FAILED, STAGE_LOADING, STAGE_READY, STAGE_WARMING, Tier
@@ -168,7 +168,7 @@ class WorkerRuntime:
         config = self.config
         self.prompts = load_prompts(config.warmup.prompts_file)
         set_torch_threads(config.threads, config.cgroup_root)
-        from warmpool_worker.engine import load_engine  # torch and the engine: after the thread sizing
+        from warmpool_worker.builtin.engine import load_engine  # torch and the engine: after the thread sizing
 
         started = time.monotonic()
         if self.recorder is not None:
