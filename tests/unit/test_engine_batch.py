@@ -179,7 +179,7 @@ def test_packed_weights_make_each_row_independent_of_its_batch(tmp_path: Path) -
     prompts = [_prompt(n, offset=n) for n in (1, 5, 16, 23, 40, 3, 9, 64, 2, 31, 17, 8)]
 
     def logits(batch: list[list[int]]) -> torch.Tensor:
-        segments = [Segment(p, 0, engine._new_cache(1, len(p)), True) for p in batch]
+        segments = [Segment(p, 0, engine.new_cache(1, len(p)), True) for p in batch]
         with torch.inference_mode():
             return forward_segments(engine._model, engine.weights.core(), engine.weights.layer, segments)
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 from warmpool_worker.builtin.engine.batch import DEFAULT_CHUNK_TOKENS, BatchRunner, SequenceState, StepOutcome
-from warmpool_worker.builtin.engine.decoding import check_generation, check_prompt, sample, text_increment
-from warmpool_worker.builtin.engine.graphs import DEFAULT_BATCH_BUCKETS, DecodeGraph, DecodeGraphs, bucket_for
-from warmpool_worker.builtin.engine.kv_cache import KV_BLOCK_TOKENS, KVBlockPool, KVCache, blocks_for, kv_capacity
+from warmpool_worker.builtin.engine.decoding import check_prompt, sample
+from warmpool_worker.builtin.engine.graphed import generate_on_graph, generate_padded_batch
+from warmpool_worker.builtin.engine.graphs import DEFAULT_BATCH_BUCKETS, DecodeGraph, DecodeGraphs
+from warmpool_worker.builtin.engine.kv_cache import KV_BLOCK_TOKENS, KVBlockPool, KVCache
 from warmpool_worker.builtin.engine.layer_store import LayerStore, Weights
 from warmpool_worker.builtin.engine.maths import Model, decode_step, forward
 from warmpool_worker.builtin.engine.prefix_kv import PrefixKVStore
@@ -25,7 +26,6 @@ from warmpool_worker.engine_api import (
     LayerProgress,
     ModelLoadError,
     NonFiniteLogitsError,
-    RequestError,
 )
 from warmpool_worker.layer_heat import DEFAULT_HEAT_HALF_LIFE_S, LayerHeat
 
@@ -67,7 +67,7 @@ class LlamaEngine:
         self._sample_generator = torch.Generator(device="cpu")
         self._sample_generator.seed()
         self.kv_pool = KVBlockPool(self._kv_blocks_within(kv_cache_bytes), self._kv_block_bytes())
-        self.batch = BatchRunner(self._model, self.weights.core, self._layer_in_use, self.kv_pool, self._new_cache,
+        self.batch = BatchRunner(self._model, self.weights.core, self._layer_in_use, self.kv_pool, self.new_cache,
                                  self.prefix_kv, self.decode, lambda: self.eos_token_ids, self._explain_non_finite,
                                  self._sample_generator, chunk_tokens)
         self._sleep_level: int | None = None
@@ -149,37 +149,37 @@ class LlamaEngine:
         core = self.weights.core()
         return forward(self._model, core, self._layer_in_use, token_ids, start, cache, all_logits)
 
-    def _decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         return decode_step(self._model, self.weights.core(), self._layer_in_use, tokens, positions, cache)
 
-    def _tensor(self, values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
+    def long_tensor(self, values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self._device)
 
-    def _check_prompt(self, token_ids: Sequence[int]) -> list[int]:
+    def checked_prompt(self, token_ids: Sequence[int]) -> list[int]:
         return check_prompt(token_ids, self.max_context, self.config.vocab_size)
 
-    def _new_cache(self, batch: int, capacity: int) -> KVCache:
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
         cfg = self.config
         return KVCache.empty(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim,
                              self.dtype, self._device)
 
     def forward_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Logits [T, vocab] for every position of one prompt (tests and evaluation)."""
-        ids = self._check_prompt(token_ids)
+        ids = self.checked_prompt(token_ids)
         with torch.inference_mode():
-            return self._forward(self._tensor([ids]), 0, self._new_cache(1, len(ids)), all_logits=True)[0]
+            return self._forward(self.long_tensor([ids]), 0, self.new_cache(1, len(ids)), all_logits=True)[0]
 
     def prefill(self, token_ids: Sequence[int]) -> None:
-        ids = self._check_prompt(token_ids)
+        ids = self.checked_prompt(token_ids)
         with torch.inference_mode():
-            logits = self._forward(self._tensor([ids]), 0, self._new_cache(1, len(ids)))
-            self._check_finite(logits, f"at the prefill of a {len(ids)}-token prompt")
+            logits = self._forward(self.long_tensor([ids]), 0, self.new_cache(1, len(ids)))
+            self.check_finite(logits, f"at the prefill of a {len(ids)}-token prompt")
 
-    def _prefill_into(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+    def prefill_into(self, ids: list[int], cache: KVCache) -> torch.Tensor:
         start = self.prefix_kv.seed(ids, cache)  # a stored warm prefix skips its positions
-        return self._forward(self._tensor([ids[start:]]), start, cache)
+        return self._forward(self.long_tensor([ids[start:]]), start, cache)
 
-    def _check_finite(self, logits: torch.Tensor, where: str) -> None:
+    def check_finite(self, logits: torch.Tensor, where: str) -> None:
         """Raise NonFiniteLogitsError if any logit is NaN/Inf: never sample from garbage.
 
         One reduction over [B, V] per step (the sampler syncs on the same values anyway).
@@ -208,14 +208,14 @@ class LlamaEngine:
         """Make sampling (temperature > 0) repeatable from here on."""
         self._sample_generator.manual_seed(seed)
 
-    def _sample(self, logits: torch.Tensor, temperature: float) -> list[int]:
+    def sample_tokens(self, logits: torch.Tensor, temperature: float) -> list[int]:
         return sample(logits, temperature, self._sample_generator)
 
-    def _take_graph(self, bucket: int, positions: int) -> DecodeGraph | None:
+    def take_graph(self, bucket: int, positions: int) -> DecodeGraph | None:
         graph = self.graphs.get(bucket)
         return graph if graph is not None and graph.try_acquire(positions) else None
 
-    def _replay(self, graph: DecodeGraph, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def replay_graph(self, graph: DecodeGraph, tokens: list[int], positions: list[int]) -> torch.Tensor:
         logits = self.graphs.replay(graph, tokens, positions)
         self.heat.touch_all()  # the graph skips Python, so count the heat here
         return logits
@@ -236,9 +236,9 @@ class LlamaEngine:
         """One generation on its own: a batch of one (the same steps as served), or the
         single-row CUDA graph when one is captured."""
         sequence = self.batch.open(token_ids, max_new_tokens, temperature)
-        graph = self._take_graph(1, sequence.limit)
+        graph = self.take_graph(1, sequence.limit)
         if graph is not None:
-            return self._generate_graphed(sequence, graph)
+            return generate_on_graph(self, sequence, graph)
         return self._generate_alone(sequence)
 
     def _generate_alone(self, sequence: SequenceState) -> Iterator[GenerationStep]:
@@ -252,88 +252,11 @@ class LlamaEngine:
         finally:
             self.batch.close(sequence)
 
-    def _generate_graphed(self, sequence: SequenceState, graph: DecodeGraph) -> Iterator[GenerationStep]:
-        ids, budget, temperature = sequence.ids, sequence.budget, sequence.temperature
-        try:
-            with torch.inference_mode():
-                logits = self._prefill_into(ids, graph.cache)  # the graph's static cache
-            self._check_finite(logits, f"at the prefill of a {len(ids)}-token prompt")
-            generated: list[int] = []
-            emitted = ""
-            position = len(ids)
-            while True:
-                token = self._sample(logits, temperature)[0]
-                generated.append(token)
-                if token in self.eos_token_ids:
-                    yield GenerationStep(token, "", True, "stop")
-                    return
-                final = len(generated) >= budget
-                text, emitted = text_increment(self.decode, generated, emitted, final)
-                if final:
-                    yield GenerationStep(token, text, True, "length")
-                    return
-                yield GenerationStep(token, text, False)
-                with torch.inference_mode():
-                    logits = self._replay(graph, [token], [position])
-                self._check_finite(logits, f"at decode step {len(generated)}")
-                position += 1
-        finally:
-            graph.lock.release()
-
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0,
                        buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> list[list[int]]:
-        """Decode several prompts together, padded up to a batch bucket (CUDA graph when captured).
-
-        Returns the generated ids of each prompt (EOS included when one stopped it).
-        """
-        if not prompts:
-            return []
-        checked = [self._check_prompt(p) for p in prompts]
-        check_generation(max_new_tokens, temperature)
-        bucket = bucket_for(len(checked), buckets)
-        longest = max(len(p) for p in checked)
-        if longest >= self.max_context:
-            raise RequestError(f"a prompt of {longest} tokens leaves no room in the context of {self.max_context}")
-        budget = min(max_new_tokens, self.max_context - longest)
-        limit = longest + budget
-        graph = self._take_graph(bucket, limit)
-        lease = self.kv_pool.lease()
-        if graph is None:
-            lease.force_reserve(bucket * blocks_for(limit))
-        try:
-            with torch.inference_mode():
-                cache = graph.cache if graph is not None else lease.hold(
-                    self._new_cache(bucket, kv_capacity(longest, 0, limit)))
-                logits = torch.cat([self._prefill_into(p, cache.row(r)) for r, p in enumerate(checked)], dim=0)
-                outputs: list[list[int]] = [[] for _ in checked]
-                done = [False] * len(checked)
-                positions = [len(p) for p in checked]
-                pad = [0] * (bucket - len(checked))
-                for step_index in range(budget):
-                    self._check_finite(logits, f"at batch step {step_index}")
-                    tokens = self._sample(logits, temperature)
-                    for r, token in enumerate(tokens):
-                        if not done[r]:
-                            outputs[r].append(token)
-                            done[r] = token in self.eos_token_ids or len(outputs[r]) >= budget
-                    if all(done):
-                        break
-                    # pad rows (and finished ones) decode token 0 at position 0 of their own row:
-                    # harmless, their output is ignored, and shapes stay those of the bucket.
-                    step_tokens = [t if not d else 0 for t, d in zip(tokens, done, strict=True)] + pad
-                    step_pos = [p if not d else 0 for p, d in zip(positions, done, strict=True)] + pad
-                    if graph is not None:
-                        logits = self._replay(graph, step_tokens, step_pos)[: len(checked)]
-                    else:
-                        lease.grow(cache, max(positions) + 1, limit)
-                        logits = self._decode_static(self._tensor(step_tokens), self._tensor(step_pos),
-                                                     cache)[: len(checked)]
-                    positions = [p + 1 for p in positions]
-                return outputs
-        finally:
-            lease.release()
-            if graph is not None:
-                graph.lock.release()
+        """Decode several prompts together, padded up to a batch bucket (CUDA graph when captured);
+        the generated ids of each prompt (EOS included when one stopped it)."""
+        return generate_padded_batch(self, prompts, max_new_tokens, temperature, buckets)
 
     # ---- CUDA graphs ---------------------------------------------------------------------
     def capture_graphs(self, buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> dict[int, float]:
@@ -344,7 +267,7 @@ class LlamaEngine:
         if self._device.type != "cuda" or not torch.cuda.is_available():
             return {}
         self.load_all()
-        return self.graphs.capture(buckets, self._decode_static, self._new_cache)
+        return self.graphs.capture(buckets, self.decode_static, self.new_cache)
 
     @property
     def graph_buckets(self) -> list[int]:
@@ -376,7 +299,7 @@ class LlamaEngine:
             return
         self.weights.restore()
         if self._graphs_before_sleep:
-            self.graphs.capture(self._graphs_before_sleep, self._decode_static, self._new_cache)
+            self.graphs.capture(self._graphs_before_sleep, self.decode_static, self.new_cache)
             self._graphs_before_sleep = []
         self.prefill(self.encode(WAKE_CHECK_PROMPT) or [0])
         self._sleep_level = None
@@ -385,14 +308,14 @@ class LlamaEngine:
     def save_prefix_kv(self, token_ids: Sequence[int], path: Path) -> None:
         """Persist this prefix's KV; a filesystem failure (ENOSPC, EROFS, ...) raises OSError
         with its errno, and leaves no partial file behind."""
-        ids = self._check_prompt(token_ids)
+        ids = self.checked_prompt(token_ids)
         with torch.inference_mode():
-            cache = self._new_cache(1, len(ids))
-            self._forward(self._tensor([ids]), 0, cache)
+            cache = self.new_cache(1, len(ids))
+            self._forward(self.long_tensor([ids]), 0, cache)
         self.prefix_kv.save(ids, cache, path)
 
     def load_prefix_kv(self, token_ids: Sequence[int], path: Path) -> bool:
-        return self.prefix_kv.load(self._check_prompt(token_ids), path)
+        return self.prefix_kv.load(self.checked_prompt(token_ids), path)
 
     def forget_prefixes(self) -> None:
         self.prefix_kv.forget()
