@@ -138,12 +138,12 @@ def run_cache(size: str, rounds: int, work_dir: Path | None = None,
               block_size: int = DEFAULT_BLOCK_SIZE, first_layer_rounds: int = 2,
               source_mib_s: float = 0.0) -> dict[str, Any]:
     """Run the benchmark (module docstring); `block_size` below the default only for the smoke test."""
+    from warmpool_dev.paths import cache_root
     from warmpool_devcluster.seaweedfs import start_seaweedfs
     from warmpool_nodecache.manifest import build_manifest
     from warmpool_nodecache.push import push_model
     from warmpool_nodecache.s3 import S3Credentials, S3Source, S3SourceConfig, make_client
 
-    from warmpool.paths import cache_root
     from warmpool_bench.coldstart import find_model
 
     work = work_dir or Path(tempfile.mkdtemp(prefix="warmpool-bench-cache-"))

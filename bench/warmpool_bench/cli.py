@@ -169,9 +169,9 @@ def _render(path: Path) -> int:
 
 
 def _coldstart(args: argparse.Namespace) -> int:
+    from warmpool_dev.paths import cache_root
     from warmpool_worker.warmup import parse_buckets
 
-    from warmpool.paths import cache_root
     from warmpool_bench.coldstart import CACHE_STATES, VARIANTS, Settings, run_coldstart
     from warmpool_bench.report import render_coldstart
 
@@ -215,9 +215,9 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _wake(args: argparse.Namespace) -> int:
+    from warmpool_dev.paths import cache_root
     from warmpool_worker.warmup import parse_buckets
 
-    from warmpool.paths import cache_root
     from warmpool_bench.wake import run_wake
     from warmpool_bench.wake_report import render_wake
     from warmpool_bench.wake_settings import VARIANTS, WakeSettings

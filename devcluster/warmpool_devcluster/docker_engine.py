@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmpool.paths import cache_root
+from warmpool_dev.paths import cache_root
+
 from warmpool_devcluster import processes
 
 DOCKERD = Path("/usr/sbin/dockerd")

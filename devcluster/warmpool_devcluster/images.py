@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from warmpool.paths import cache_root
+from warmpool_dev.paths import cache_root
+
 from warmpool_devcluster import docker_engine, node_containerd, processes
 
 REGISTRY = "warmpool.local"

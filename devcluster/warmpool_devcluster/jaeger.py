@@ -25,7 +25,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmpool.paths import cache_root
+from warmpool_dev.paths import cache_root
+
 from warmpool_devcluster import build, processes
 
 #: Every Jaeger listener binds here (tests and the dev cluster talk to loopback only).

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
-from warmpool.paths import cache_root
+from warmpool_dev.paths import cache_root
 
 CONTAINERD = Path("/usr/bin/containerd")
 CTR = Path("/usr/bin/ctr")

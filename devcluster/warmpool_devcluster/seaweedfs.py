@@ -34,7 +34,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmpool.paths import cache_root
+from warmpool_dev.paths import cache_root
+
 from warmpool_devcluster import build, processes
 
 LOOPBACK = processes.LOOPBACK

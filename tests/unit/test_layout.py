@@ -218,18 +218,18 @@ def test_the_api_model_does_not_import_the_forecasting_library() -> None:
     assert not [name for path in api.values() for name in _imports(path) if "forecast" in name]
 
 
-#: The most lines a class and a function of the operator may have; past them a unit has more than
-#: one job.  Declarative tables (a schema, a flag list) would be named here as exceptions: none is.
+#: The most lines a class and a function of the product may have; past them a unit has more than
+#: one job.  Declarative tables are named here as exceptions, each with what it declares.
 MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 80
-SIZE_EXCEPTIONS: frozenset[str] = frozenset()
+SIZE_EXCEPTIONS = {
+    "warmpool_worker.metrics.__init__": "the worker's metric families, one constructor call each",
+}
 
 
-def test_no_class_or_function_of_the_operator_is_too_long() -> None:
+def test_no_class_or_function_of_the_product_is_too_long() -> None:
     too_long: list[str] = []
     for module, path in _modules(PRODUCT).items():
-        if not module.startswith("warmpool_operator"):
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES

@@ -212,6 +212,28 @@ def _check_tensor_name(path: Path, name: str) -> None:
 
 def read_safetensors_header(path: Path) -> SafetensorsHeader:
     """Parse and fully validate one safetensors file's header without mapping the file."""
+    identity, header_len, raw = _read_header_bytes(path)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _fail(path, f"malformed safetensors header JSON: {error}") from None
+    if not isinstance(header, dict):
+        raise _fail(path, "safetensors header is not a JSON object")
+
+    metadata_raw = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata_raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata_raw.items()
+    ):
+        raise _fail(path, "__metadata__ must map strings to strings")
+    data_len = identity.size - 8 - header_len
+    tensors = {name: _tensor_entry(path, name, entry, data_len) for name, entry in header.items()}
+    _check_tiling(path, tensors, data_len)
+    return SafetensorsHeader(path, header_len, data_len, tensors, dict(metadata_raw), identity)
+
+
+def _read_header_bytes(path: Path) -> tuple[FileIdentity, int, bytes]:
+    """The file's identity, its header length and the header's bytes, with the length checked
+    against the file's size and the limit."""
     try:
         with path.open("rb") as handle:
             identity = FileIdentity.of(os.fstat(handle.fileno()))
@@ -228,65 +250,57 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
                 )
             if header_len > MAX_HEADER_BYTES:
                 raise _fail(path, f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit")
-            raw = handle.read(header_len)
+            return identity, header_len, handle.read(header_len)
     except FileNotFoundError:
         raise _fail(path, "file is missing") from None
     except OSError as error:
         raise _fail(path, f"cannot read: {error}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise _fail(path, f"malformed safetensors header JSON: {error}") from None
-    if not isinstance(header, dict):
-        raise _fail(path, "safetensors header is not a JSON object")
 
-    metadata_raw = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata_raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata_raw.items()
+
+def _tensor_entry(path: Path, name: str, entry: object, data_len: int) -> TensorInfo:
+    """One tensor's header entry, checked: a known dtype, a shape, offsets that span exactly
+    its bytes and lie within the data section."""
+    _check_tensor_name(path, name)
+    if not isinstance(entry, dict):
+        raise _fail(path, f"tensor {name!r}: header entry is not an object")
+    dtype = entry.get("dtype")
+    shape = entry.get("shape")
+    offsets = entry.get("data_offsets")
+    if dtype not in DTYPE_SIZES:
+        raise _fail(path, f"tensor {name!r}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
-        raise _fail(path, "__metadata__ must map strings to strings")
-    data_len = size - 8 - header_len
-    tensors: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-        _check_tensor_name(path, name)
-        if not isinstance(entry, dict):
-            raise _fail(path, f"tensor {name!r}: header entry is not an object")
-        dtype = entry.get("dtype")
-        shape = entry.get("shape")
-        offsets = entry.get("data_offsets")
-        if dtype not in DTYPE_SIZES:
-            raise _fail(path, f"tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise _fail(path, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-        ):
-            raise _fail(path, f"tensor {name!r}: data_offsets {offsets!r} is not a pair of integers")
-        begin, end = offsets
-        if begin < 0 or end < begin:
-            raise _fail(path, f"tensor {name!r}: data_offsets [{begin}, {end}] are inverted or negative")
-        expected = math.prod(shape) * DTYPE_SIZES[dtype]
-        if end - begin != expected:
-            raise _fail(
-                path,
-                f"tensor {name!r}: dtype {dtype} shape {shape} needs {expected} bytes "
-                f"but data_offsets [{begin}, {end}] span {end - begin}",
-            )
-        if end > data_len:
-            raise _fail(
-                path,
-                f"truncated file: tensor {name!r} ends at data byte {end} "
-                f"but the file holds only {data_len} bytes of data",
-            )
-        tensors[name] = TensorInfo(name, dtype, tuple(shape), path, begin, end)
+        raise _fail(path, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+    ):
+        raise _fail(path, f"tensor {name!r}: data_offsets {offsets!r} is not a pair of integers")
+    begin, end = offsets
+    if begin < 0 or end < begin:
+        raise _fail(path, f"tensor {name!r}: data_offsets [{begin}, {end}] are inverted or negative")
+    expected = math.prod(shape) * DTYPE_SIZES[dtype]
+    if end - begin != expected:
+        raise _fail(
+            path,
+            f"tensor {name!r}: dtype {dtype} shape {shape} needs {expected} bytes "
+            f"but data_offsets [{begin}, {end}] span {end - begin}",
+        )
+    if end > data_len:
+        raise _fail(
+            path,
+            f"truncated file: tensor {name!r} ends at data byte {end} "
+            f"but the file holds only {data_len} bytes of data",
+        )
+    return TensorInfo(name, dtype, tuple(shape), path, begin, end)
 
-    # Like the safetensors reference implementation: tensors tile the data section exactly,
-    # in offset order, with no gap and no overlap.  An overlap means two tensors alias
-    # the same bytes (a lying header); a gap or a short tail means a damaged file.
+
+def _check_tiling(path: Path, tensors: Mapping[str, TensorInfo], data_len: int) -> None:
+    """Like the safetensors reference implementation: tensors tile the data section exactly,
+    in offset order, with no gap and no overlap.  An overlap means two tensors alias the same
+    bytes (a lying header); a gap or a short tail means a damaged file."""
     cursor = 0
     for info in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
         if info.begin < cursor:
@@ -299,7 +313,6 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
     if cursor != data_len:
         raise _fail(path, f"data section is {data_len} bytes but tensors cover {cursor}: "
                     "trailing bytes or truncated file")
-    return SafetensorsHeader(path, header_len, data_len, tensors, dict(metadata_raw), identity)
 
 
 def _positive_int(path: Path, raw: Mapping[str, Any], key: str, default: int | None = None) -> int:

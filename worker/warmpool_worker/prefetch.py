@@ -476,28 +476,7 @@ class Prefetcher:
                 on_progress(report)
 
         try:
-            self._advise(todo[0])
-            for position, group in enumerate(todo):
-                if should_stop():
-                    raise PrefetchStopped("stop requested")
-                if position + 1 < len(todo):
-                    self._advise(todo[position + 1])  # the kernel reads ahead while we read this one
-                if self.mode == "read":
-                    try:
-                        self._read(group, buffer, should_stop, on_bytes)
-                    except OSError as error:
-                        message = f"{group.name}: {error}"
-                        log.warning("prefetch: %s", message)
-                        report.errors.append(message)
-                        self.failed.add(group.name)
-                        continue
-                else:
-                    on_bytes(group.nbytes)
-                self.done.add(group.name)
-                report.groups_done = len([g for g in groups if g.name in self.done])
-                report.layers_done = len([g for g in self.weights.layers.values() if g.name in self.done])
-                if on_progress is not None:
-                    on_progress(report)
+            self._fetch(todo, groups, buffer, should_stop, on_bytes, on_progress)
             report.state = "done"
         except PrefetchStopped:
             report.state = "stopped"
@@ -522,3 +501,32 @@ class Prefetcher:
             report.target_bytes >> 20,
         )
         return report
+
+    def _fetch(self, todo: Sequence[PrefetchGroup], groups: Sequence[PrefetchGroup], buffer: memoryview,
+               should_stop: Callable[[], bool], on_bytes: Callable[[int], None],
+               on_progress: ProgressCallback | None) -> None:
+        """Fetch ``todo`` in order, advising the next group while reading this one; a group whose
+        read fails is reported and skipped (not retried every tick)."""
+        report = self.report
+        self._advise(todo[0])
+        for position, group in enumerate(todo):
+            if should_stop():
+                raise PrefetchStopped("stop requested")
+            if position + 1 < len(todo):
+                self._advise(todo[position + 1])  # the kernel reads ahead while we read this one
+            if self.mode == "read":
+                try:
+                    self._read(group, buffer, should_stop, on_bytes)
+                except OSError as error:
+                    message = f"{group.name}: {error}"
+                    log.warning("prefetch: %s", message)
+                    report.errors.append(message)
+                    self.failed.add(group.name)
+                    continue
+            else:
+                on_bytes(group.nbytes)
+            self.done.add(group.name)
+            report.groups_done = len([g for g in groups if g.name in self.done])
+            report.layers_done = len([g for g in self.weights.layers.values() if g.name in self.done])
+            if on_progress is not None:
+                on_progress(report)

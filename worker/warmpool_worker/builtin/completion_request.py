@@ -70,3 +70,22 @@ def parse_completion(body: object, model_name: str) -> CompletionRequest:
     if not isinstance(stream, bool):
         raise BadRequest(400, "stream must be true or false", param="stream")
     return CompletionRequest(prompt_ids, prompt_text, max_tokens, float(temperature), stream)
+
+
+def check_room(prompt_tokens: int, max_tokens: int, max_context: int, max_tokens_limit: int) -> None:
+    """A 400 when the prompt and ``max_tokens`` do not fit the model's context, or ``max_tokens``
+    is above this worker's ceiling (``--max-tokens-limit``)."""
+    if prompt_tokens + max_tokens > max_context:
+        raise BadRequest(
+            400,
+            f"prompt too long: {prompt_tokens} prompt tokens + max_tokens {max_tokens} "
+            f"exceeds the model's context of {max_context}",
+            "context_length_exceeded",
+            "prompt",
+        )
+    if max_tokens > max_tokens_limit:
+        raise BadRequest(
+            400,
+            f"max_tokens {max_tokens} exceeds this worker's limit of {max_tokens_limit} (--max-tokens-limit)",
+            param="max_tokens",
+        )

@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import web
 from warmpool_worker.builtin.batch_scheduler import BatchJob, BatchScheduler, SchedulerStopped
-from warmpool_worker.builtin.completion_request import CompletionRequest, parse_completion
+from warmpool_worker.builtin.completion_request import CompletionRequest, check_room, parse_completion
 from warmpool_worker.config import ServingLimits
 from warmpool_worker.engine_api import (
     Engine,
@@ -156,20 +156,9 @@ class CompletionsApi:
         return engine
 
     async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.status.model_name,
-                        "object": "model",
-                        "created": int(self.status.started_at),
-                        "owned_by": "warmpool",
-                        "ready": self.status.ready,
-                    }
-                ],
-            }
-        )
+        model = {"id": self.status.model_name, "object": "model", "created": int(self.status.started_at),
+                 "owned_by": "warmpool", "ready": self.status.ready}
+        return web.json_response({"object": "list", "data": [model]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         arrived = time.monotonic()
@@ -259,21 +248,7 @@ class CompletionsApi:
             prompt_ids = await loop.run_in_executor(self.executor, engine.encode, parsed.prompt_text or "")
             if not prompt_ids:
                 raise BadRequest(400, "prompt encodes to no tokens", param="prompt")
-        if len(prompt_ids) + parsed.max_tokens > engine.max_context:
-            raise BadRequest(
-                400,
-                f"prompt too long: {len(prompt_ids)} prompt tokens + max_tokens {parsed.max_tokens} "
-                f"exceeds the model's context of {engine.max_context}",
-                "context_length_exceeded",
-                "prompt",
-            )
-        if parsed.max_tokens > self.limits.max_tokens_limit:
-            raise BadRequest(
-                400,
-                f"max_tokens {parsed.max_tokens} exceeds this worker's limit of "
-                f"{self.limits.max_tokens_limit} (--max-tokens-limit)",
-                param="max_tokens",
-            )
+        check_room(len(prompt_ids), parsed.max_tokens, engine.max_context, self.limits.max_tokens_limit)
         return prompt_ids
 
     def _mark_unhealthy(self, error: NonFiniteLogitsError) -> None:

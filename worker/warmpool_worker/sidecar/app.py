@@ -118,6 +118,21 @@ class SidecarStatus(WarmupStatus):
     def note_error(self, message: str) -> None:
         self.errors = [*self.errors, message][-RECENT_ERRORS:]
 
+    def describe(self) -> dict[str, Any]:
+        """The sidecar's own part of /readyz: readiness, stage and the warm-up's progress."""
+        return {
+            "ready": self.ready,
+            "stage": self.stage,
+            "mode": "sidecar",
+            "warmup": {
+                **self.describe_warmup(),
+                "seconds": None if self.warmup_seconds is None else round(self.warmup_seconds, 3),
+                "skipped_buckets": {str(b): why for b, why in sorted(self.skipped.items())},
+                "recent_errors": list(self.errors),
+            },
+            "error": self.error,
+        }
+
 
 #: Scale of the engine-KV "reading": the guard's probe speaks bytes, the engine gives a ratio.
 ENGINE_KV_SCALE = 1_000_000
@@ -210,25 +225,9 @@ class Sidecar:
         self.metrics.engine_up.set(1 if up else 0)
 
     def readiness(self) -> dict[str, Any]:
-        status = self.status
-        body: dict[str, Any] = {
-            "ready": status.ready,
-            "stage": status.stage,
-            "mode": "sidecar",
-            "engine": self.engine.describe(),
-            "warmup": {
-                **status.describe_warmup(),
-                "seconds": None if status.warmup_seconds is None else round(status.warmup_seconds, 3),
-                "skipped_buckets": {str(b): why for b, why in sorted(status.skipped.items())},
-                "recent_errors": list(status.errors),
-            },
-            "prefetch": self.prefetch.describe(),
-            "layers_total": self.prefetch.num_layers,
-            "error": status.error,
-            "sleep": self.sleep.describe(),
-        }
-        body.update(self.guard.state.describe())
-        return body
+        return {**self.status.describe(), "engine": self.engine.describe(), "prefetch": self.prefetch.describe(),
+                "layers_total": self.prefetch.num_layers, "sleep": self.sleep.describe(),
+                **self.guard.state.describe()}
 
     # -- HTTP -------------------------------------------------------------------------------
     def app(self) -> web.Application:

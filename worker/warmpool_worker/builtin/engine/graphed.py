@@ -6,20 +6,37 @@ graph or the eager decode step.  Both run on the engine's steps (prefill, sampli
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from warmpool_worker.builtin.engine.batch import SequenceState
 from warmpool_worker.builtin.engine.decoding import check_generation, text_increment
 from warmpool_worker.builtin.engine.graphs import DecodeGraph, bucket_for
-from warmpool_worker.builtin.engine.kv_cache import blocks_for, kv_capacity
+from warmpool_worker.builtin.engine.kv_cache import KVBlockPool, KVCache, blocks_for, kv_capacity
 from warmpool_worker.engine_api import GenerationStep, RequestError
 
-if TYPE_CHECKING:
-    from warmpool_worker.builtin.engine.llama import LlamaEngine
+
+class EngineSteps(Protocol):
+    """What these paths use of the engine (`LlamaEngine`): its limits and its steps."""
+
+    eos_token_ids: frozenset[int]
+    kv_pool: KVBlockPool
+
+    @property
+    def max_context(self) -> int: ...
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+    def checked_prompt(self, token_ids: Sequence[int]) -> list[int]: ...
+    def new_cache(self, batch: int, capacity: int) -> KVCache: ...
+    def long_tensor(self, values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor: ...
+    def prefill_into(self, ids: list[int], cache: KVCache) -> torch.Tensor: ...
+    def decode_static(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+    def check_finite(self, logits: torch.Tensor, where: str) -> None: ...
+    def sample_tokens(self, logits: torch.Tensor, temperature: float) -> list[int]: ...
+    def take_graph(self, bucket: int, positions: int) -> DecodeGraph | None: ...
+    def replay_graph(self, graph: DecodeGraph, tokens: list[int], positions: list[int]) -> torch.Tensor: ...
 
 
-def generate_on_graph(engine: LlamaEngine, sequence: SequenceState, graph: DecodeGraph) -> Iterator[GenerationStep]:
+def generate_on_graph(engine: EngineSteps, sequence: SequenceState, graph: DecodeGraph) -> Iterator[GenerationStep]:
     """One sequence decoded on the single-row CUDA graph it holds (released at the end)."""
     ids, budget, temperature = sequence.ids, sequence.budget, sequence.temperature
     try:
@@ -49,7 +66,7 @@ def generate_on_graph(engine: LlamaEngine, sequence: SequenceState, graph: Decod
         graph.lock.release()
 
 
-def generate_padded_batch(engine: LlamaEngine, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+def generate_padded_batch(engine: EngineSteps, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                           temperature: float, buckets: Sequence[int]) -> list[list[int]]:
     """Several prompts decoded together, padded up to a batch bucket: on the bucket's CUDA graph
     when one is captured, else with the eager decode step; the generated ids of each prompt."""
