@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from warmpool import contract
+from warmpool.contract.nodecache import CACHE_NODE_LABEL_HEX, CACHE_NODE_LABEL_PREFIX
 
 
 def cache_node_label(digest: str) -> str:
@@ -18,7 +18,7 @@ def cache_node_label(digest: str) -> str:
     hex_ = digest.removeprefix("sha256:")
     if len(hex_) != 64 or any(c not in "0123456789abcdef" for c in hex_):
         raise ValueError(f"{digest!r} is not a sha256 digest")
-    return f"{contract.CACHE_NODE_LABEL_PREFIX}/sha256-{hex_[:contract.CACHE_NODE_LABEL_HEX]}"
+    return f"{CACHE_NODE_LABEL_PREFIX}/sha256-{hex_[:CACHE_NODE_LABEL_HEX]}"
 
 
 def source_fingerprint(source: Mapping[str, object]) -> str:

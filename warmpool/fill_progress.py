@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmpool.contract import FILL_PROGRESS_FORMAT, FILL_PROGRESS_SUFFIX
+from warmpool.contract.nodecache import FILL_PROGRESS_FORMAT, FILL_PROGRESS_SUFFIX
 
 STATE_FILLING = "filling"
 STATE_FAILED = "failed"

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmpool.contract import HEATMAP_FORMAT
+from warmpool.contract.files import HEATMAP_FORMAT
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warmpool.contract import (
+from warmpool.contract.api import (
     DEFAULT_HYSTERESIS_PERCENT,
     DEFAULT_PAUSE_AT_PERCENT,
     DEFAULT_TRUNCATE_AT_PERCENT,

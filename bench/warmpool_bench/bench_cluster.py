@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from warmpool.contract import API_GROUP, API_VERSION, PLURAL
+from warmpool.contract.api import API_GROUP, API_VERSION, PLURAL
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "warmmodels.warmpool.dev.yaml"

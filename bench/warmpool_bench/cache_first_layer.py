@@ -68,7 +68,7 @@ def _get(url: str, body: object | None = None) -> tuple[int, bytes]:
 def _phases(base: str) -> dict[str, float]:
     from warmpool_dev.timeline import parse_phase_metric
 
-    from warmpool.contract import METRIC_PHASE_TIMESTAMP
+    from warmpool.contract.metrics import METRIC_PHASE_TIMESTAMP
 
     return parse_phase_metric(_get(base + "/metrics")[1].decode(), METRIC_PHASE_TIMESTAMP)
 

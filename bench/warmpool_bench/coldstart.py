@@ -266,7 +266,7 @@ def _http(url: str, body: object | None = None, timeout: float = 600.0) -> tuple
 def _phase_timestamps(metrics_text: str) -> dict[str, float]:
     from warmpool_dev.timeline import parse_phase_metric
 
-    from warmpool.contract import METRIC_PHASE_TIMESTAMP
+    from warmpool.contract.metrics import METRIC_PHASE_TIMESTAMP
 
     return parse_phase_metric(metrics_text, METRIC_PHASE_TIMESTAMP)
 

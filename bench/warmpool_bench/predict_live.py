@@ -35,7 +35,7 @@ from warmpool_operator.control.forecasting import forecaster_config
 from warmpool_operator.rules.forecast.decision import PredictiveSpec
 from warmpool_operator.rules.forecast.forecaster import Forecaster
 
-from warmpool.contract import API_GROUP, API_VERSION
+from warmpool.contract.api import API_GROUP_VERSION
 from warmpool_bench.coldstart import find_model, machine_info, request_ids
 from warmpool_bench.predict import figures as offline_figures
 from warmpool_bench.predict_live_cluster import SCRAPE_INTERVAL_S, LiveCluster
@@ -97,7 +97,7 @@ def warmmodel(name: str, policy: str, model_dir: Path, s: LiveSettings) -> dict[
             f"--threads={s.threads}"]
     replicas = s.fixed_replicas if policy == "fixed" else s.min_warm
     return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "WarmModel",
+        "apiVersion": API_GROUP_VERSION, "kind": "WarmModel",
         "metadata": {"name": name},
         "spec": {
             "model": {"hostPath": {"path": str(model_dir)}, "revision": "r1"},

@@ -19,8 +19,9 @@ from typing import Any
 from warmpool_operator.io.history_store import history_configmap_name, history_labels
 from warmpool_operator.rules.forecast.history import History, dumps
 
-from warmpool import contract
-from warmpool.contract import API_GROUP, API_VERSION, KIND, LABEL_MODEL, PLURAL
+from warmpool.contract.api import API_GROUP, API_GROUP_VERSION, API_VERSION, KIND, PLURAL
+from warmpool.contract.files import CONFIGMAP_KEY_HISTORY
+from warmpool.contract.pods import LABEL_MODEL
 from warmpool_bench.bench_cluster import BenchCluster
 from warmpool_bench.predict_live_pool import PoolWatch
 
@@ -60,9 +61,9 @@ class LiveCluster(BenchCluster):
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": history_configmap_name(name), "namespace": self.namespace,
                          "labels": history_labels(name),
-                         "ownerReferences": [{"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "name": name,
+                         "ownerReferences": [{"apiVersion": API_GROUP_VERSION, "kind": KIND, "name": name,
                                               "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
-            "data": {contract.CONFIGMAP_KEY_HISTORY: dumps(history)},
+            "data": {CONFIGMAP_KEY_HISTORY: dumps(history)},
         }
         self.core.create_namespaced_config_map(self.namespace, configmap, _request_timeout=10)
 

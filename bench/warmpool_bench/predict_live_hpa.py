@@ -32,7 +32,8 @@ from typing import Any
 
 from warmpool_operator.io.worker_metrics import parse_metrics
 
-from warmpool.contract import API_GROUP, API_VERSION, DEFAULT_WORKER_PORT, PATH_METRICS, PLURAL
+from warmpool.contract.api import API_GROUP, API_VERSION, PLURAL
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_METRICS
 from warmpool_bench.dialable import check_dialable
 from warmpool_bench.predict_live_pool import PoolWatch
 from warmpool_bench.predict_policies import HpaSettings

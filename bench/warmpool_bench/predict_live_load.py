@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from warmpool.contract import DEFAULT_WORKER_PORT
+from warmpool.contract.http import DEFAULT_WORKER_PORT
 from warmpool_bench.dialable import NotDialable, check_dialable
 from warmpool_bench.predict_trace import TraceRequest
 

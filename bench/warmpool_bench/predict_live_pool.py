@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmpool.contract import API_GROUP, API_VERSION, DEFAULT_WORKER_PORT, LABEL_MODEL, PATH_READYZ, PLURAL
+from warmpool.contract.api import API_GROUP, API_VERSION, PLURAL
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_READYZ
+from warmpool.contract.pods import LABEL_MODEL
 from warmpool_bench.dialable import NotDialable, check_dialable
 
 POD_POLL_S = 0.5

@@ -150,7 +150,7 @@ def run_floor(spec: dict[str, Any], result: dict[str, Any]) -> None:
     from warmpool_worker.builtin.engine import load_engine
     from warmpool_worker.warmup import WarmupProgress, execute_plan, load_prompts, plan_warmup
 
-    from warmpool.contract import Tier
+    from warmpool.contract.api import Tier
 
     engine = load_engine(Path(spec["model_dir"]), "cpu", spec["dtype"])
     engine.load_all()

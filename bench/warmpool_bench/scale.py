@@ -96,7 +96,7 @@ def reconcile_histograms(metrics_text: str) -> dict[str, list[tuple[float, float
     """kind -> cumulative buckets of the operator's reconcile-duration histogram."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from warmpool.contract import LABEL_KIND, METRIC_OPERATOR_RECONCILE_SECONDS
+    from warmpool.contract.metrics import LABEL_KIND, METRIC_OPERATOR_RECONCILE_SECONDS
 
     out: dict[str, list[tuple[float, float]]] = {}
     for family in text_string_to_metric_families(metrics_text):
@@ -151,7 +151,8 @@ def measure_status_lag(kubeconfig: Path, namespace: str, names: list[str]) -> di
 
     from kubernetes import client, config, watch
 
-    from warmpool.contract import API_GROUP, LABEL_MODEL
+    from warmpool.contract.api import API_GROUP
+    from warmpool.contract.pods import LABEL_MODEL
 
     # The client's Python package is untyped where it matters here: its objects are handled as Any.
     api: Any = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]

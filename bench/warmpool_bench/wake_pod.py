@@ -29,7 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmpool.contract import API_GROUP, API_VERSION, DEFAULT_WORKER_PORT, LABEL_MODEL, PATH_READYZ, PLURAL
+from warmpool.contract.api import API_GROUP, API_GROUP_VERSION, API_VERSION, PLURAL
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_READYZ
+from warmpool.contract.pods import LABEL_MODEL
 from warmpool_bench.bench_cluster import BenchCluster
 from warmpool_bench.coldstart import BenchModel
 from warmpool_bench.dialable import check_dialable
@@ -61,7 +63,7 @@ def warmmodel_manifest(model: BenchModel, namespace: str, settings: WakeSettings
     if settings.threads is not None:
         args.append(f"--threads={settings.threads}")
     return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "apiVersion": API_GROUP_VERSION,
         "kind": "WarmModel",
         "metadata": {"name": warmmodel_name(model), "namespace": namespace},
         "spec": {

@@ -37,7 +37,8 @@ from typing import Any
 
 import yaml
 
-from warmpool.contract import DEFAULT_WORKER_PORT, LABEL_MODEL, PATH_READYZ
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_READYZ
+from warmpool.contract.pods import LABEL_MODEL
 from warmpool_dev.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
 
 CLUSTER_NAME = "demo"

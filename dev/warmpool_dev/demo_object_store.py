@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from warmpool import contract
+from warmpool.contract.files import S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
 from warmpool_dev.paths import cache_root
 
 #: The local cluster's real node, whose cache the demo's agent fills (the pods are pinned to it).
@@ -101,8 +101,8 @@ def secret_manifest(store: ObjectStore, namespace: str) -> str:
     return yaml.safe_dump({
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": {"name": SECRET, "namespace": namespace},
-        "data": {contract.S3_SECRET_ACCESS_KEY_ID_KEY: encode(store.key_id),
-                 contract.S3_SECRET_SECRET_ACCESS_KEY_KEY: encode(store.secret)},
+        "data": {S3_SECRET_ACCESS_KEY_ID_KEY: encode(store.key_id),
+                 S3_SECRET_SECRET_ACCESS_KEY_KEY: encode(store.secret)},
     })
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from warmpool.contract import LABEL_PHASE, METRIC_PHASE_DURATION, PATH_METRICS, PHASES
+from warmpool.contract.http import PATH_METRICS
+from warmpool.contract.metrics import LABEL_PHASE, METRIC_PHASE_DURATION, PHASES
 
 SCRAPE_TIMEOUT_S = 3.0
 

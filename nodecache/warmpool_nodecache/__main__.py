@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from warmpool.contract import DEFAULT_BLOCK_CACHE_ROOT
+from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
 from warmpool_nodecache.blocks import BlockCorruptError
 from warmpool_nodecache.evict import evict
 from warmpool_nodecache.fill import FillOptions, FillTimeoutError, fill_revision

@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from warmpool import cachekeys, contract
+from warmpool import cachekeys
+from warmpool.contract.nodecache import CACHE_NODE_LABEL_PREFIX, CACHE_NODE_LABEL_VALUE
+from warmpool.contract.pods import ANNOTATION_CACHE_REVISION
 from warmpool.heatmap import HeatMap, HeatMapError
 from warmpool.lease import LeaseLostError
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
@@ -66,7 +68,7 @@ def mounted_revisions(pods: Iterable[Mapping[str, Any]]) -> set[str]:
     for pod in pods:
         if (pod.get("status") or {}).get("phase") in _FINISHED_PHASES:
             continue
-        value = ((pod.get("metadata") or {}).get("annotations") or {}).get(contract.ANNOTATION_CACHE_REVISION)
+        value = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_CACHE_REVISION)
         match = _REVISION_DIGEST_RE.fullmatch(value) if isinstance(value, str) else None
         if match:
             found.add(match.group(1))
@@ -248,8 +250,8 @@ def published_digests(layout: CacheLayout) -> set[str]:
 
 def label_changes(labels: Mapping[str, str], published: set[str]) -> dict[str, str | None]:
     """The node-label patch (None drops a label) that makes the cache labels match ``published``."""
-    want = {cachekeys.cache_node_label(d): contract.CACHE_NODE_LABEL_VALUE for d in published}
-    prefix = contract.CACHE_NODE_LABEL_PREFIX + "/"
+    want = {cachekeys.cache_node_label(d): CACHE_NODE_LABEL_VALUE for d in published}
+    prefix = CACHE_NODE_LABEL_PREFIX + "/"
     patch: dict[str, str | None] = {k: None for k in labels if k.startswith(prefix) and k not in want}
     patch.update({k: v for k, v in want.items() if labels.get(k) != v})
     return patch

@@ -10,7 +10,7 @@ import os
 import signal
 from pathlib import Path
 
-from warmpool.contract import DEFAULT_BLOCK_CACHE_ROOT
+from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
 from warmpool_nodecache.agent_loop import AgentConfig, run_agent
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.source import ReadLimits

@@ -23,7 +23,9 @@ from typing import Any
 
 import aiohttp
 
-from warmpool import contract
+from warmpool.contract.api import API_GROUP, API_GROUP_VERSION, API_VERSION, PLURAL
+from warmpool.contract.nodecache import FILL_LEASE_PREFIX, NODE_AGENT_FIELD_MANAGER
+from warmpool.contract.pods import LABEL_MANAGED_BY, MANAGED_BY
 from warmpool.kube import (
     APPLY_PATCH,
     MERGE_PATCH,
@@ -39,13 +41,13 @@ from warmpool.lease import Lease, Observed
 #: is given up after sock_read seconds.
 WATCH_SECONDS = 50
 WATCH_TIMEOUT = aiohttp.ClientTimeout(total=WATCH_SECONDS + 15, connect=5.0, sock_read=WATCH_SECONDS + 10)
-WARMMODELS = f"/apis/{contract.API_GROUP}/{contract.API_VERSION}"
+WARMMODELS = f"/apis/{API_GROUP}/{API_VERSION}"
 LEASES = "/apis/coordination.k8s.io/v1"
 
 
 def field_manager(node: str) -> str:
     """This node's agent's field manager: one per node, so an agent's apply never drops another's entry."""
-    return f"{contract.NODE_AGENT_FIELD_MANAGER}.{hashlib.sha256(node.encode()).hexdigest()[:12]}"
+    return f"{NODE_AGENT_FIELD_MANAGER}.{hashlib.sha256(node.encode()).hexdigest()[:12]}"
 
 
 class AgentKube(KubeClient):
@@ -64,13 +66,13 @@ class AgentKube(KubeClient):
     @staticmethod
     def warmmodels_path(namespace: str | None) -> str:
         scope = f"/namespaces/{namespace}" if namespace else ""
-        return f"{WARMMODELS}{scope}/{contract.PLURAL}"
+        return f"{WARMMODELS}{scope}/{PLURAL}"
 
     def pods_here_query(self, namespace: str | None) -> tuple[str, dict[str, str]]:
         """Where the worker pods bound to this node are listed (the operator's, by their managed-by label)."""
         path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
         return path, {"fieldSelector": f"spec.nodeName={self.node}",
-                      "labelSelector": f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"}
+                      "labelSelector": f"{LABEL_MANAGED_BY}={MANAGED_BY}"}
 
     async def warmmodels(self, namespace: str | None) -> list[Obj]:
         items: list[Obj] = (await self.request("GET", self.warmmodels_path(namespace))).get("items") or []
@@ -125,17 +127,17 @@ class AgentKube(KubeClient):
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{involved.get('name', 'object')[:200]}.", "namespace": namespace},
             "involvedObject": dict(involved), "type": type_, "reason": reason, "message": message[:1024],
-            "source": {"component": contract.NODE_AGENT_FIELD_MANAGER, "host": self.node},
-            "reportingComponent": contract.NODE_AGENT_FIELD_MANAGER, "reportingInstance": self.node[:128],
+            "source": {"component": NODE_AGENT_FIELD_MANAGER, "host": self.node},
+            "reportingComponent": NODE_AGENT_FIELD_MANAGER, "reportingInstance": self.node[:128],
             "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z", "count": 1,
         }
         await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
 
     async def apply_cache_entry(self, namespace: str, name: str, entry: Mapping[str, Any]) -> None:
         """Server-side apply of this node's status.cacheNodes entry, as this node's field manager."""
-        body = {"apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": "WarmModel",
+        body = {"apiVersion": API_GROUP_VERSION, "kind": "WarmModel",
                 "metadata": {"name": name, "namespace": namespace}, "status": {"cacheNodes": [dict(entry)]}}
-        await self.request("PATCH", f"{WARMMODELS}/namespaces/{namespace}/{contract.PLURAL}/{name}/status",
+        await self.request("PATCH", f"{WARMMODELS}/namespaces/{namespace}/{PLURAL}/{name}/status",
                            body=body, query={"fieldManager": self.manager, "force": "true"},
                            content_type=APPLY_PATCH)
 
@@ -143,7 +145,7 @@ class AgentKube(KubeClient):
 def lease_name(node: str, digest: str) -> str:
     """``warmpool-fill-<node hash>-<digest prefix>``: a DNS-1123 name for any node name."""
     node_hash = hashlib.sha256(node.encode()).hexdigest()[:12]
-    return f"{contract.FILL_LEASE_PREFIX}-{node_hash}-{digest.removeprefix('sha256:')[:32]}"
+    return f"{FILL_LEASE_PREFIX}-{node_hash}-{digest.removeprefix('sha256:')[:32]}"
 
 
 #: The Lease one agent holds while it reads a WarmModel's manifest for no pod of its own (the

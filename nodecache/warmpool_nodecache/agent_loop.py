@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmpool import contract
+from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP
+from warmpool.contract.pods import CONFIGMAP_SUFFIX, LABEL_MODEL
 from warmpool.kube import KubeError
 from warmpool.lease import LeaseLostError, Observed
 from warmpool_nodecache import agent
@@ -180,7 +181,7 @@ class Agent:
     async def tick(self) -> None:
         objects = await self.kube.warmmodels(self.config.namespace)
         pods = await self.kube.pods_here(self.config.namespace)
-        here = {(str(meta.get("namespace")), str((meta.get("labels") or {}).get(contract.LABEL_MODEL)))
+        here = {(str(meta.get("namespace")), str((meta.get("labels") or {}).get(LABEL_MODEL)))
                 for meta in (p.get("metadata") or {} for p in pods)}
         # Every revision a pod here mounts, an older revision's pods during a rollout included.
         wanted: set[str] = agent.mounted_revisions(pods)
@@ -331,8 +332,8 @@ class Agent:
             self.fill_leases_seen.pop(name, None)
             log.info("node agent: %s: filling %s (fill Lease %s version %s)", ref.key, manifest.digest,
                      lease.name, lease.version)
-            heat = await self.kube.config_map_key(ref.namespace, f"{ref.name}{contract.CONFIGMAP_SUFFIX}",
-                                                  contract.CONFIGMAP_KEY_HEATMAP)
+            heat = await self.kube.config_map_key(ref.namespace, f"{ref.name}{CONFIGMAP_SUFFIX}",
+                                                  CONFIGMAP_KEY_HEATMAP)
             renewer = asyncio.create_task(keep_renewing(lease))
             loop = asyncio.get_running_loop()
 

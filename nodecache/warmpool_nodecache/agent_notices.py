@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from warmpool import contract
+from warmpool.contract.api import API_GROUP_VERSION, KIND
 from warmpool_nodecache.agent import ModelRef
 from warmpool_nodecache.agent_kube import AgentKube
 
@@ -46,7 +46,7 @@ class Notices:
 
     @staticmethod
     def model_object(ref: ModelRef) -> dict[str, str]:
-        return {"apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+        return {"apiVersion": API_GROUP_VERSION, "kind": KIND,
                 "name": ref.name, "namespace": ref.namespace, "uid": ref.uid}
 
     async def warn(self, involved: Mapping[str, str], reason: str, message: str, topic: str = "") -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from warmpool.contract import MANIFEST_FILENAME
+from warmpool.contract.files import MANIFEST_FILENAME
 from warmpool.kube import KubeError
 from warmpool.lease import Lease, LeaseLostError, Observed
 from warmpool_nodecache.agent import ModelRef

@@ -25,7 +25,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from warmpool.contract import FILL_PROGRESS_SUFFIX
+from warmpool.contract.nodecache import FILL_PROGRESS_SUFFIX
 from warmpool_nodecache.blocks import BlockStore
 from warmpool_nodecache.gclock import gc_lock
 from warmpool_nodecache.layout import CacheLayout

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmpool.contract import MANIFEST_FILENAME
+from warmpool.contract.files import MANIFEST_FILENAME
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore, fsync_dir
 from warmpool_nodecache.commits import BlockCommits
 from warmpool_nodecache.file_lease import FileLease

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmpool.contract import CACHE_PARTIAL_DIR, CACHE_REVISIONS_DIR, DEFAULT_BLOCK_CACHE_ROOT
+from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
+from warmpool.contract.nodecache import CACHE_PARTIAL_DIR, CACHE_REVISIONS_DIR
 
 
 @dataclass(frozen=True)

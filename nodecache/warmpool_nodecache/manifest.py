@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from warmpool.contract import DEFAULT_BLOCK_SIZE, MANIFEST_FILENAME, MANIFEST_FORMAT
+from warmpool.contract.files import DEFAULT_BLOCK_SIZE, MANIFEST_FILENAME, MANIFEST_FORMAT
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from warmpool.contract import MANIFEST_FILENAME
+from warmpool.contract.files import MANIFEST_FILENAME
 from warmpool_nodecache.http_exchange import ReadLimits, parse_url
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.s3_transport import BoundedTransport

@@ -18,7 +18,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from warmpool.contract import MANIFEST_FILENAME
+from warmpool.contract.files import MANIFEST_FILENAME
 from warmpool_nodecache.http_exchange import ReadLimits, Reply, SourceUnreachableError, exchange, parse_url
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.source_errors import SourceError, SourceLimitError, SourceMissingError

@@ -30,7 +30,7 @@ import binascii
 from collections.abc import Mapping
 from typing import Any
 
-from warmpool.contract import S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
+from warmpool.contract.files import S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.s3 import S3Credentials, S3Source, S3SourceConfig
 from warmpool_nodecache.source import HttpSource, HttpSourceConfig, ReadLimits, Source, SourceError

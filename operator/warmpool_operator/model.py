@@ -11,8 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import DEFAULT_WORKER_IMAGE, Tier
+from warmpool.contract.files import MODEL_MOUNT_PATH
+from warmpool.contract.nodecache import (
+    CACHE_PARTIAL_DIR,
+    CACHE_REVISIONS_DIR,
+    CACHE_REVISIONS_MOUNT_PATH,
+    CACHE_ROOT_MOUNT_PATH,
+)
 from warmpool_operator.api.types import WarmModelSpec
 
 Obj = dict[str, Any]
@@ -33,7 +39,7 @@ class CacheRevision:
 
     @property
     def revisions_dir(self) -> str:
-        return f"{self.root.rstrip('/')}/{contract.CACHE_REVISIONS_DIR}"
+        return f"{self.root.rstrip('/')}/{CACHE_REVISIONS_DIR}"
 
     @property
     def host_dir(self) -> str:
@@ -44,12 +50,12 @@ class CacheRevision:
     def model_path(self) -> str:
         """The worker's --model inside the container."""
         if self.partial:
-            return f"{contract.CACHE_ROOT_MOUNT_PATH}/{contract.CACHE_PARTIAL_DIR}/{self.hex}"
-        return contract.MODEL_MOUNT_PATH
+            return f"{CACHE_ROOT_MOUNT_PATH}/{CACHE_PARTIAL_DIR}/{self.hex}"
+        return MODEL_MOUNT_PATH
 
     @property
     def wait_mount(self) -> str:
-        return contract.CACHE_ROOT_MOUNT_PATH if self.partial else contract.CACHE_REVISIONS_MOUNT_PATH
+        return CACHE_ROOT_MOUNT_PATH if self.partial else CACHE_REVISIONS_MOUNT_PATH
 
     @property
     def waited_path(self) -> str:
@@ -57,7 +63,7 @@ class CacheRevision:
         partial start the link to its view."""
         if self.partial:
             return self.model_path
-        return f"{contract.CACHE_REVISIONS_MOUNT_PATH}/{self.hex}"
+        return f"{CACHE_REVISIONS_MOUNT_PATH}/{self.hex}"
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ class Target:
     #: For an http/s3 source: the node cache root and the revision's digest (rules/object_store_pods.py).
     cache: CacheRevision | None = None
     #: The operator's default worker image (--worker-image), for a spec that names none.
-    default_worker_image: str = contract.DEFAULT_WORKER_IMAGE
+    default_worker_image: str = DEFAULT_WORKER_IMAGE
 
     @property
     def worker_image(self) -> str:

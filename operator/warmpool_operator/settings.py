@@ -10,7 +10,13 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from warmpool import contract
+from warmpool.contract.api import (
+    DEFAULT_DIRECTIVE_TTL_SECONDS,
+    DEFAULT_SCRAPE_INTERVAL_SECONDS,
+    DEFAULT_WORKER_IMAGE,
+    MAX_DIRECTIVE_TTL_SECONDS,
+)
+from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -19,7 +25,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 @dataclass(frozen=True)
 class OperatorConfig:
     #: Seconds between scrape rounds of every WarmModel's worker pods (and passes on their samples).
-    scrape_interval: float = contract.DEFAULT_SCRAPE_INTERVAL_SECONDS
+    scrape_interval: float = DEFAULT_SCRAPE_INTERVAL_SECONDS
     #: Seconds a scrape of one pod may take (connect + read), and pods scraped at once.
     scrape_timeout: float = 3.0
     scrape_concurrency: int = 16
@@ -29,7 +35,7 @@ class OperatorConfig:
     #: Least seconds between two writes of a WarmModel's heat map into its ConfigMap.
     heat_write_interval: float = 60.0
     #: How long a tier directive holds in a worker if the operator stops re-sending it.
-    directive_ttl: float = contract.DEFAULT_DIRECTIVE_TTL_SECONDS
+    directive_ttl: float = DEFAULT_DIRECTIVE_TTL_SECONDS
     #: Seconds before a WarmModel that failed for good (a child refused with 400/422) is tried
     #: again without a spec change, so that an outside fix (a policy relaxed, a name freed) heals it.
     permanent_retry_interval: float = 300.0
@@ -50,9 +56,9 @@ class OperatorConfig:
     #: a watch seen listing again asks for one at once.
     resync_interval: float = 600.0
     #: The node agents' block cache root on every node (an http/s3 source's pods mount its revisions/).
-    block_cache_root: str = contract.DEFAULT_BLOCK_CACHE_ROOT
+    block_cache_root: str = DEFAULT_BLOCK_CACHE_ROOT
     #: The worker image of pods whose WarmModel names none (spec.pod.image).
-    worker_image: str = contract.DEFAULT_WORKER_IMAGE
+    worker_image: str = DEFAULT_WORKER_IMAGE
     #: The Secret holding the key the workers' control tokens derive from (io/control_key.py).
     control_key_namespace: str = "default"
     control_key_secret: str = "warmpool-control-key"
@@ -69,4 +75,4 @@ class OperatorConfig:
 
     def ttl(self) -> float:
         """A directive's TTL: long enough to survive a few missed rounds, bounded by what the worker accepts."""
-        return min(contract.MAX_DIRECTIVE_TTL_SECONDS, max(self.directive_ttl, 6 * self.scrape_interval))
+        return min(MAX_DIRECTIVE_TTL_SECONDS, max(self.directive_ttl, 6 * self.scrape_interval))

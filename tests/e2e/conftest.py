@@ -15,7 +15,7 @@ import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import Operator, World, install_crd, operator_installed
-from warmpool import contract
+from warmpool.contract.api import PLURAL
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -54,8 +54,8 @@ def world(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path,
         # collector then takes every child and pod.
         if not operator.running():
             operator.start()
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
-        leftovers = cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout
+        cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)
+        leftovers = cluster.kubectl("-n", namespace, "get", PLURAL, "-o", "name", check=False).stdout
         for ref in leftovers.split():
             cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
                             check=False)

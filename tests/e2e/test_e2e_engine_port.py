@@ -16,7 +16,9 @@ import json
 import pytest
 
 from tests.support.e2e import World, run_pod, tiny_model, warmmodel
-from warmpool import contract
+from warmpool.contract.files import MODEL_MOUNT_PATH
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_READYZ
+from warmpool.contract.pods import ENGINE_CONTAINER, ENV_POD_IP
 
 ENGINE_PORT = 8000
 
@@ -46,30 +48,30 @@ def test_a_sleeping_pools_engine_port_is_closed_to_other_pods(world: World) -> N
     model = tiny_model()
     wm = warmmodel("engine-port", model)
     wm["spec"]["engine"] = {
-        "kind": "sidecar", "image": image, "port": ENGINE_PORT, "healthPath": contract.PATH_READYZ,
-        "args": ["serve", f"--model={contract.MODEL_MOUNT_PATH}", f"--port={ENGINE_PORT}", "--device=cpu",
+        "kind": "sidecar", "image": image, "port": ENGINE_PORT, "healthPath": PATH_READYZ,
+        "args": ["serve", f"--model={MODEL_MOUNT_PATH}", f"--port={ENGINE_PORT}", "--device=cpu",
                  "--buckets=16", "--prompts-per-bucket=1", "--decode-tokens=1", "--vllm-sleep-api"],
         # Bind every address unless told otherwise, as vLLM does (the worker's own default is the
         # pod IP, else loopback): only the operator's --host keeps it on loopback.
-        "env": [{"name": contract.ENV_POD_IP, "value": "0.0.0.0"}],
+        "env": [{"name": ENV_POD_IP, "value": "0.0.0.0"}],
     }
     wm["spec"]["pool"]["sleep"] = {"afterIdleSeconds": 3600}
     wm["spec"]["pod"]["workerArgs"] = ["--prompts-per-bucket=1", "--decode-tokens=1"]
     world.apply(wm)
     world.wait_ready("engine-port", warm=1, timeout=360)
     pod = world.pods("engine-port")[0]
-    engine = next(c for c in pod["spec"]["containers"] if c["name"] == contract.ENGINE_CONTAINER)
+    engine = next(c for c in pod["spec"]["containers"] if c["name"] == ENGINE_CONTAINER)
     assert "--host=127.0.0.1" in engine["args"] and "ports" not in engine, engine
 
     # Inside the pod the engine answers on loopback: the sidecar warmed it through there.
     url = f"http://127.0.0.1:{ENGINE_PORT}/is_sleeping"
-    inside = world.kubectl("exec", pod["metadata"]["name"], "-c", contract.ENGINE_CONTAINER, "--", "python3", "-c",
+    inside = world.kubectl("exec", pod["metadata"]["name"], "-c", ENGINE_CONTAINER, "--", "python3", "-c",
                            f"import urllib.request as u; print(u.urlopen({url!r}, timeout=10).read().decode())")
     assert json.loads(inside) == {"is_sleeping": False}
 
     ip = pod["status"]["podIP"]
     phase, log = run_pod(world.cluster, world.ns, "engine-port-probe", image,
-                         ["python3", "-c", PROBE, ip, str(ENGINE_PORT), str(contract.DEFAULT_WORKER_PORT)])
+                         ["python3", "-c", PROBE, ip, str(ENGINE_PORT), str(DEFAULT_WORKER_PORT)])
     assert phase == "Succeeded", log
     result = json.loads(log.split("PROBE ", 1)[1].splitlines()[0])
     assert result == {"engine": "ConnectionRefusedError", "sidecar": "open", "readyz": 200}, result

@@ -29,7 +29,10 @@ from tests.support.e2e import (
     tiny_model,
     warmmodel,
 )
-from warmpool import contract
+from warmpool.contract.api import CONDITION_READY, CONDITION_WARMUP_GATED, PLURAL
+from warmpool.contract.http import PATH_METRICS
+from warmpool.contract.metrics import METRIC_MEMORY_USED_RATIO, METRIC_PHASE_TIMESTAMP, METRIC_TIER
+from warmpool.contract.pods import ANNOTATION_TIER
 
 WARM_COST = 1000  # the operator's deletion cost of a verified-warm pod is at least this
 
@@ -43,13 +46,13 @@ def test_scale_up_down_coldest_first_and_worker_restart(world: World) -> None:
 
     # -- scale up through the scale subresource (as `kubectl scale`, an HPA or KEDA would);
     # the pool never stops being Ready while the new pods warm.
-    world.kubectl("scale", f"{contract.PLURAL}/pool", "--replicas=3")
+    world.kubectl("scale", f"{PLURAL}/pool", "--replicas=3")
     readiness: list[str] = []
 
     def three_warm() -> bool:
         wm = world.wm("pool")
         conds = {c["type"]: c for c in wm["status"]["conditions"]}
-        readiness.append(conds[contract.CONDITION_READY]["status"])
+        readiness.append(conds[CONDITION_READY]["status"])
         return bool(wm["status"].get("warmReplicas") == 3)
 
     world.wait(three_warm, 180, "three warm pods after scaling to 3")
@@ -81,7 +84,7 @@ def test_scale_up_down_coldest_first_and_worker_restart(world: World) -> None:
             still_ready = pod_ready(cold)
             others = [p for p in world.pods("pool") if p["metadata"]["name"] != frozen_name]
             assert all((deletion_cost(p) or 0) >= WARM_COST for p in others)
-            world.kubectl("scale", f"{contract.PLURAL}/pool", "--replicas=2")
+            world.kubectl("scale", f"{PLURAL}/pool", "--replicas=2")
             world.wait(lambda: frozen_name not in {p["metadata"]["name"] for p in world.pods("pool")}, 30,
                        f"the cold pod {frozen_name} removed first")
         finally:
@@ -92,7 +95,7 @@ def test_scale_up_down_coldest_first_and_worker_restart(world: World) -> None:
         world.wait(lambda: {p["metadata"]["name"] for p in world.pods("pool")} == kept, 60,
                    "exactly the two warm pods kept")
     else:
-        world.kubectl("scale", f"{contract.PLURAL}/pool", "--replicas=2")
+        world.kubectl("scale", f"{PLURAL}/pool", "--replicas=2")
         world.wait(lambda: len(world.pods("pool")) == 2, 60, "two pods after scaling to 2")
     world.wait_ready("pool", warm=2, timeout=60)
     world.wait(lambda: world.wm("pool")["status"]["replicas"] == 2, 60, "status.replicas 2 (the removed pod gone)")
@@ -100,8 +103,8 @@ def test_scale_up_down_coldest_first_and_worker_restart(world: World) -> None:
 
     # -- a worker killed: its pod restarts the container, drops out of Ready, warms again.
     def started_at(pod: dict[str, Any]) -> float | None:
-        text = http(world.base(pod) + contract.PATH_METRICS, timeout=5)[1]
-        return metric(text, contract.METRIC_PHASE_TIMESTAMP, phase="process_start")
+        text = http(world.base(pod) + PATH_METRICS, timeout=5)[1]
+        return metric(text, METRIC_PHASE_TIMESTAMP, phase="process_start")
 
     if not world.local:
         pytest.skip("killing a worker process needs the local cluster's kubelet (processes on this host)")
@@ -119,7 +122,7 @@ def test_scale_up_down_coldest_first_and_worker_restart(world: World) -> None:
         if not pod_ready(pod):
             seen_unready = True
         conds = {c["type"]: c for c in world.wm("pool")["status"]["conditions"]}
-        seen_pool_ready.add(conds[contract.CONDITION_READY]["status"])
+        seen_pool_ready.add(conds[CONDITION_READY]["status"])
         return pod if seen_unready and restarts(pod) > before_restarts and world.verified_warm(pod) else None
 
     pod = world.wait(back_warm, 120, f"killed worker of {victim_name} restarted and warm again", every=0.3)
@@ -162,10 +165,10 @@ def test_memory_pressure_moves_tiers_and_warmup_depth(world: World, tmp_path: Pa
         world.wait_ready("gated", warm=1, timeout=120)
         pod = world.pods("gated")[0]
         charge_to_container(held.pid, world.worker_pid(pod))
-        metrics_url = world.base(pod) + contract.PATH_METRICS
+        metrics_url = world.base(pod) + PATH_METRICS
 
         def level() -> float:
-            value = metric(http(metrics_url, timeout=5)[1], contract.METRIC_MEMORY_USED_RATIO)
+            value = metric(http(metrics_url, timeout=5)[1], METRIC_MEMORY_USED_RATIO)
             assert value is not None
             return value
 
@@ -183,14 +186,14 @@ def test_memory_pressure_moves_tiers_and_warmup_depth(world: World, tmp_path: Pa
 
         def tier_is(tier: str) -> bool:
             annotated = (world.get("pod", pod["metadata"]["name"])["metadata"].get("annotations") or {}).get(
-                contract.ANNOTATION_TIER)
-            return annotated == tier and metric(http(metrics_url)[1], contract.METRIC_TIER, tier=tier) == 1
+                ANNOTATION_TIER)
+            return annotated == tier and metric(http(metrics_url)[1], METRIC_TIER, tier=tier) == 1
 
         world.wait(lambda: tier_is("truncated"), 30, f"tier truncated at {reached:.2f}")
         _, body = world.readyz(pod)
         print(f"\nat {reached:.0%}: memory {body['memory']}, warm-up {body['warmup']}")
         assert body["memory"]["source"] == "cgroup", body["memory"]
-        gated = world.condition("gated", contract.CONDITION_WARMUP_GATED)
+        gated = world.condition("gated", CONDITION_WARMUP_GATED)
         assert gated["status"] == "True" and gated["reason"] == "MemoryPressure", gated
 
         reached = drive(0.95)
@@ -211,4 +214,4 @@ def test_memory_pressure_moves_tiers_and_warmup_depth(world: World, tmp_path: Pa
         body = world.wait(topped_up, 60, "the worker's warm-up topped up to the full plan")
         print(f"back at {reached:.0%}: warm-up {body['warmup']}")
         assert body["layers_resident"] == body["layers_total"]
-        assert world.condition("gated", contract.CONDITION_WARMUP_GATED)["reason"] == "FullWarmup"
+        assert world.condition("gated", CONDITION_WARMUP_GATED)["reason"] == "FullWarmup"

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.support.e2e import World, corrupt_copy, tiny_model, warmmodel
-from warmpool import contract
+from warmpool.contract.api import CONDITION_PROGRESSING, CONDITION_READY
+from warmpool.contract.pods import ANNOTATION_REVISION, LABEL_MODEL
 
 
 class WarmWatch:
@@ -52,7 +53,7 @@ class WarmWatch:
 
 
 def revisions(world: World, name: str) -> list[str]:
-    return sorted((p["metadata"].get("annotations") or {}).get(contract.ANNOTATION_REVISION, "")
+    return sorted((p["metadata"].get("annotations") or {}).get(ANNOTATION_REVISION, "")
                   for p in world.pods(name))
 
 
@@ -77,7 +78,7 @@ def test_rollout_keeps_min_warm_through_an_operator_crash(world: World) -> None:
         def rolled() -> dict[str, Any] | None:
             wm = world.wait_ready("roll", warm=2, timeout=5)
             pods = world.pods("roll", include_terminating=True)
-            progressing = {c["type"]: c for c in wm["status"]["conditions"]}[contract.CONDITION_PROGRESSING]
+            progressing = {c["type"]: c for c in wm["status"]["conditions"]}[CONDITION_PROGRESSING]
             done = (revisions(world, "roll") == ["r2", "r2"] and len(pods) == 2
                     and progressing["reason"] == "Stable")
             return wm if done else None
@@ -96,7 +97,7 @@ def test_rollout_keeps_min_warm_through_an_operator_crash(world: World) -> None:
     assert {k: v for k, v in kids.items() if k != "replicasets"} == {
         "deployments": ["roll"], "services": ["roll"], "configmaps": ["roll-warmup"],
         "secrets": ["roll-control"], "poddisruptionbudgets": ["roll"]}, kids
-    active = [rs["metadata"]["name"] for rs in world.get("replicasets", "-l", f"{contract.LABEL_MODEL}=roll")["items"]
+    active = [rs["metadata"]["name"] for rs in world.get("replicasets", "-l", f"{LABEL_MODEL}=roll")["items"]
               if rs["spec"].get("replicas")]
     assert len(active) == 1, f"one active ReplicaSet after the rollout, got {active}"
     if not world.operator.installed:
@@ -116,7 +117,7 @@ def test_corrupt_revision_stalls_with_a_clear_condition_and_old_pods_serve(world
     world.apply(bad_spec)
 
     def stalled() -> dict[str, Any] | None:
-        cond = world.condition("weights", contract.CONDITION_PROGRESSING)
+        cond = world.condition("weights", CONDITION_PROGRESSING)
         return cond if cond.get("reason") == "RolloutStalled" and cond.get("status") == "False" else None
 
     cond = world.wait(stalled, 150, "Progressing=False RolloutStalled for the corrupt revision")
@@ -130,7 +131,7 @@ def test_corrupt_revision_stalls_with_a_clear_condition_and_old_pods_serve(world
 
     # The old pods are still there, warm, and answer; the WarmModel stays Ready.
     wm = world.wm("weights")
-    ready = {c["type"]: c for c in wm["status"]["conditions"]}[contract.CONDITION_READY]
+    ready = {c["type"]: c for c in wm["status"]["conditions"]}[CONDITION_READY]
     assert ready["status"] == "True", ready
     still = [p for p in world.pods("weights") if p["metadata"]["name"] in old]
     assert len(still) == 2 and all(world.verified_warm(p) for p in still)
@@ -140,6 +141,6 @@ def test_corrupt_revision_stalls_with_a_clear_condition_and_old_pods_serve(world
     # Fixing the revision recovers: the pool rolls to it and the condition clears.
     world.apply(warmmodel("weights", good, revision="fixed", replicas=2, min_warm=2, max_replicas=3))
     world.wait(lambda: revisions(world, "weights") == ["fixed", "fixed"]
-               and world.condition("weights", contract.CONDITION_PROGRESSING).get("reason") == "Stable",
+               and world.condition("weights", CONDITION_PROGRESSING).get("reason") == "Stable",
                180, "the fixed revision rolled out")
     world.wait_ready("weights", warm=2, timeout=60)

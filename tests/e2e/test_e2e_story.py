@@ -20,7 +20,8 @@ from warmpool_dev import demo
 from warmpool_dev.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
 
 from tests.support.e2e import World, http
-from warmpool import contract
+from warmpool.contract.api import CONDITION_READY
+from warmpool.contract.metrics import PHASES
 
 STEADY_REQUESTS = 5
 
@@ -48,7 +49,7 @@ def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_
           f"cold start {status.get('coldStart')}")
     assert status["warmReplicas"] == wm["spec"]["pool"]["minWarm"] == 1
     assert status["observedGeneration"] == wm["metadata"]["generation"]
-    ready = {c["type"]: c for c in status["conditions"]}[contract.CONDITION_READY]
+    ready = {c["type"]: c for c in status["conditions"]}[CONDITION_READY]
     assert ready["reason"] == "MinWarmReached", ready
 
     pods = world.pods(name)
@@ -77,8 +78,8 @@ def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_
 
     table = phase_table([line])
     print("cold start (seconds since the worker process started):\n" + table)
-    assert set(contract.PHASES[1:]) <= set(line.phases), line.phases
-    ordered = [line.phases[p] for p in contract.PHASES[1:]]
+    assert set(PHASES[1:]) <= set(line.phases), line.phases
+    ordered = [line.phases[p] for p in PHASES[1:]]
     assert ordered == sorted(ordered), f"phases out of order: {line.phases}"
     # Speed is measured in bench/, never asserted in a test (shared CPUs make timings noise); what
     # "warm" means is checked exactly instead: before /readyz said 200, every prefill the plan asked

@@ -32,7 +32,19 @@ from warmpool_operator.io import control_key
 
 from tests.integration.test_helm_chart import CHART, helm
 from tests.support.node_agent import Agent, agent_processes
-from warmpool import contract
+from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
+from warmpool.contract.nodecache import CACHE_NODE_LABEL_HEX, CACHE_NODE_LABEL_PREFIX, CACHE_NODE_LABEL_VALUE
+from warmpool.contract.pods import (
+    ANNOTATION_POD_DELETION_COST,
+    ANNOTATION_TIER,
+    AWAKE_FALSE,
+    AWAKE_TRUE,
+    CONTROL_SECRET_KEY,
+    CONTROL_SECRET_SUFFIX,
+    LABEL_AWAKE,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +54,7 @@ KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBin
 CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 OWN_NODE = kwok.node_name(0)
 #: A label the agent would publish (a revision digest's label key).
-CACHE_LABEL = f"{contract.CACHE_NODE_LABEL_PREFIX}/{'ab' * (contract.CACHE_NODE_LABEL_HEX // 2)}"
+CACHE_LABEL = f"{CACHE_NODE_LABEL_PREFIX}/{'ab' * (CACHE_NODE_LABEL_HEX // 2)}"
 
 
 @dataclass
@@ -181,12 +193,12 @@ def test_the_node_agent_patches_only_its_own_nodes_cache_labels(cluster: Cluster
     assert "may change only the node labels under cache.warmpool.dev/" in refused, refused
 
     # Its own node's cache label: published and withdrawn.
-    publish = {"metadata": {"labels": {CACHE_LABEL: contract.CACHE_NODE_LABEL_VALUE}}}
+    publish = {"metadata": {"labels": {CACHE_LABEL: CACHE_NODE_LABEL_VALUE}}}
     allowed, out = agent.patch("node", OWN_NODE, publish)
     assert allowed, out
     try:
         node = json.loads(cluster.kubectl("get", "node", OWN_NODE, "-o", "json").stdout)
-        assert node["metadata"]["labels"][CACHE_LABEL] == contract.CACHE_NODE_LABEL_VALUE
+        assert node["metadata"]["labels"][CACHE_LABEL] == CACHE_NODE_LABEL_VALUE
     finally:
         allowed, out = agent.patch("node", OWN_NODE, {"metadata": {"labels": {CACHE_LABEL: None}}})
         assert allowed, out
@@ -211,47 +223,47 @@ def test_the_node_agent_patches_only_its_own_nodes_cache_labels(cluster: Cluster
 
 def test_the_operator_patches_only_its_own_pods_tier_cost_and_awake(cluster: ClusterHandle, namespace: str,
                                                                     release: Release) -> None:
-    worker_labels = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_AWAKE: contract.AWAKE_TRUE,
+    worker_labels = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_AWAKE: AWAKE_TRUE,
                      "team": "a"}
     pod_on_the_kwok_node(cluster, namespace, "worker", labels=worker_labels)
     pod_on_the_kwok_node(cluster, namespace, "stranger", labels={"team": "a"})
     operator = As(cluster, token(cluster, release.namespace, release.sa("")))
 
     def someone_elses_pod() -> tuple[bool, str]:
-        return operator.patch("pod", "stranger", {"metadata": {"annotations": {contract.ANNOTATION_TIER: "full"}}},
+        return operator.patch("pod", "stranger", {"metadata": {"annotations": {ANNOTATION_TIER: "full"}}},
                               namespace)
 
     _, refused = active(someone_elses_pod, "a tier annotation on a pod that is not the operator's")
     assert "may patch only its own worker pods" in refused, refused
 
     allowed, out = operator.patch("pod", "worker", {"metadata": {
-        "annotations": {contract.ANNOTATION_TIER: "full", contract.ANNOTATION_POD_DELETION_COST: "1000"},
-        "labels": {contract.LABEL_AWAKE: contract.AWAKE_FALSE}}}, namespace)
+        "annotations": {ANNOTATION_TIER: "full", ANNOTATION_POD_DELETION_COST: "1000"},
+        "labels": {LABEL_AWAKE: AWAKE_FALSE}}}, namespace)
     assert allowed, out
     for patch, message in (
         ({"metadata": {"labels": {"team": "b"}}}, "may change only the pod label warmpool.dev/awake"),
-        ({"metadata": {"labels": {contract.LABEL_MANAGED_BY: None}}}, "may change only the pod label"),
+        ({"metadata": {"labels": {LABEL_MANAGED_BY: None}}}, "may change only the pod label"),
         ({"metadata": {"annotations": {"other": "x"}}}, "may change only the pod annotations"),
         ({"spec": {"activeDeadlineSeconds": 5}}, "may not change a pod's spec"),
     ):
         allowed, out = operator.patch("pod", "worker", patch, namespace)
         assert not allowed and message in out, (patch, out)
     live = json.loads(cluster.kubectl("get", "pod", "worker", "-n", namespace, "-o", "json").stdout)
-    assert live["metadata"]["labels"] == {**worker_labels, contract.LABEL_AWAKE: contract.AWAKE_FALSE}
-    assert live["metadata"]["annotations"] == {contract.ANNOTATION_TIER: "full",
-                                               contract.ANNOTATION_POD_DELETION_COST: "1000"}
+    assert live["metadata"]["labels"] == {**worker_labels, LABEL_AWAKE: AWAKE_FALSE}
+    assert live["metadata"]["annotations"] == {ANNOTATION_TIER: "full",
+                                               ANNOTATION_POD_DELETION_COST: "1000"}
     assert "activeDeadlineSeconds" not in live["spec"]
 
 
 def test_the_operator_writes_only_its_warmmodels_control_secrets(cluster: ClusterHandle, namespace: str,
                                                                  release: Release) -> None:
     operator = As(cluster, token(cluster, release.namespace, release.sa("")))
-    owner = {"apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND, "name": "m",
+    owner = {"apiVersion": API_GROUP_VERSION, "kind": KIND, "name": "m",
              "uid": "00000000-0000-0000-0000-000000000001", "controller": True}
     ours: dict[str, Any] = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": f"m{contract.CONTROL_SECRET_SUFFIX}",
-                         "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}, "ownerReferences": [owner]},
-            "data": {contract.CONTROL_SECRET_KEY: "dG9rZW4="}}
+            "metadata": {"name": f"m{CONTROL_SECRET_SUFFIX}",
+                         "labels": {LABEL_MANAGED_BY: MANAGED_BY}, "ownerReferences": [owner]},
+            "data": {CONTROL_SECRET_KEY: "dG9rZW4="}}
 
     def someone_elses_secret() -> tuple[bool, str]:
         allowed, out = operator.create("secret", {**ours, "metadata": {"name": "db-password"}}, namespace)
@@ -266,24 +278,24 @@ def test_the_operator_writes_only_its_warmmodels_control_secrets(cluster: Cluste
     allowed, out = operator.create("secret", ours, namespace)
     assert allowed, out
     allowed, out = operator.patch("secret", ours["metadata"]["name"],
-                                  {"data": {contract.CONTROL_SECRET_KEY: "bmV3"}}, namespace)
+                                  {"data": {CONTROL_SECRET_KEY: "bmV3"}}, namespace)
     assert allowed or "NotFound" in out or "404" in out, out
     # A control-looking name on a Secret the operator did not make: not taken over by a patch that
     # adds the label, and not writable as it is.
-    cluster.kubectl("create", "secret", "generic", f"theirs{contract.CONTROL_SECRET_SUFFIX}", "-n", namespace,
+    cluster.kubectl("create", "secret", "generic", f"theirs{CONTROL_SECRET_SUFFIX}", "-n", namespace,
                     "--from-literal=k=v")
-    for patch in ({"metadata": {"labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+    for patch in ({"metadata": {"labels": {LABEL_MANAGED_BY: MANAGED_BY},
                                 "ownerReferences": [owner]}},
                   {"data": {"k": "bmV3"}}):
-        allowed, out = operator.patch("secret", f"theirs{contract.CONTROL_SECRET_SUFFIX}", patch, namespace)
+        allowed, out = operator.patch("secret", f"theirs{CONTROL_SECRET_SUFFIX}", patch, namespace)
         assert not allowed and "Forbidden" in out, (patch, out)
-    data = json.loads(cluster.kubectl("get", "secret", f"theirs{contract.CONTROL_SECRET_SUFFIX}", "-n", namespace,
+    data = json.loads(cluster.kubectl("get", "secret", f"theirs{CONTROL_SECRET_SUFFIX}", "-n", namespace,
                                       "-o", "json").stdout)
     assert data["data"] == {"k": "dg=="} and "labels" not in data["metadata"]
 
     # It reads no Secret (its workers' tokens are derived from its key), not even its own control
     # Secret; only its control key, by name, which the first replica may make.
-    for name in (f"theirs{contract.CONTROL_SECRET_SUFFIX}", ours["metadata"]["name"]):
+    for name in (f"theirs{CONTROL_SECRET_SUFFIX}", ours["metadata"]["name"]):
         allowed, out = operator.get("secret", name, namespace)
         assert not allowed and out.startswith("403"), (name, out)
     key_name = f"{release.sa('')}-control-key"
@@ -316,7 +328,7 @@ def test_an_agent_kept_out_of_a_namespaces_secrets_says_so_in_the_warmmodels_sta
     with installed(cluster, namespace, tmp_path, values) as made, agent_processes(tmp_path) as agents:
         cluster.kubectl("create", "secret", "generic", "s3-creds", "-n", namespace,
                         "--from-literal=accessKeyId=a", "--from-literal=secretAccessKey=b")
-        wm = {"apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+        wm = {"apiVersion": API_GROUP_VERSION, "kind": KIND,
               "metadata": {"name": "from-s3", "namespace": namespace},
               "spec": {"model": {"s3": {"endpoint": "http://127.0.0.1:9", "bucket": "models", "prefix": "m",
                                         "secretRef": {"name": "s3-creds"}}}}}
@@ -327,7 +339,7 @@ def test_an_agent_kept_out_of_a_namespaces_secrets_says_so_in_the_warmmodels_sta
                             tmp_path / "cache", tmp_path / "agent-0.log", interval_s=1))
 
         def message() -> str | None:
-            status = json.loads(cluster.kubectl("get", contract.PLURAL, "from-s3", "-n", namespace,
+            status = json.loads(cluster.kubectl("get", PLURAL, "from-s3", "-n", namespace,
                                                 "-o", "json").stdout).get("status") or {}
             texts = [str(e.get("message")) for e in status.get("cacheNodes") or [] if e.get("node") == OWN_NODE]
             return texts[0] if texts and texts[0] != "None" else None
@@ -337,4 +349,4 @@ def test_an_agent_kept_out_of_a_namespaces_secrets_says_so_in_the_warmmodels_sta
             time.sleep(1)
         assert text is not None, "no status entry from the agent within 60 s"
         assert f"may not read Secret {namespace}/s3-creds" in text and "nodeAgent.secretNamespaces" in text, text
-        cluster.kubectl("delete", contract.PLURAL, "from-s3", "-n", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", PLURAL, "from-s3", "-n", namespace, "--wait=false", check=False)

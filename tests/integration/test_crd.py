@@ -21,7 +21,9 @@ from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.api import types as api
 
 from tests.support.e2e import install_crd
-from warmpool import contract
+from warmpool.contract.api import API_GROUP, API_GROUP_VERSION, CONDITION_READY, KIND, PLURAL, SHORT_NAME, SINGULAR
+from warmpool.contract.http import DEFAULT_WORKER_PORT
+from warmpool.contract.pods import LABEL_MODEL
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +42,7 @@ def _documents(path: Path) -> list[dict[str, Any]]:
 
 
 def _get(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any]:
-    proc = cluster.kubectl("get", f"{contract.PLURAL}.{contract.API_GROUP}", name, "-n", namespace, "-o", "json")
+    proc = cluster.kubectl("get", f"{PLURAL}.{API_GROUP}", name, "-n", namespace, "-o", "json")
     body: dict[str, Any] = json.loads(proc.stdout)
     return body
 
@@ -49,7 +51,7 @@ def _get(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any]:
 def crd(cluster: ClusterHandle) -> str:
     """Install (or update) the CRD and wait until kubectl's discovery (and the published
     OpenAPI that `kubectl explain` reads) know the short name too."""
-    return install_crd(cluster, field_manager="warmpool-tests", discovery=("explain", contract.SHORT_NAME))
+    return install_crd(cluster, field_manager="warmpool-tests", discovery=("explain", SHORT_NAME))
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +91,8 @@ def test_example_is_created_and_defaulted_as_documented(
 
 def test_minimal_object_gets_the_documented_defaults(cluster: ClusterHandle, crd: str, namespace: str) -> None:
     manifest = {
-        "apiVersion": api.API_VERSION,
-        "kind": contract.KIND,
+        "apiVersion": API_GROUP_VERSION,
+        "kind": KIND,
         "metadata": {"name": "minimal"},
         "spec": {"model": {"hostPath": {"path": "/data/models/m"}}},
     }
@@ -112,7 +114,7 @@ def test_minimal_object_gets_the_documented_defaults(cluster: ClusterHandle, crd
         "hysteresisPercent": 5,
         "hotLayerPercent": 30,
     }
-    assert spec["pod"] == {"port": contract.DEFAULT_WORKER_PORT}
+    assert spec["pod"] == {"port": DEFAULT_WORKER_PORT}
 
 
 def test_catalogue_is_big_enough() -> None:
@@ -179,7 +181,7 @@ def test_status_subresource_and_printer_columns(cluster: ClusterHandle, crd: str
         tier_summary=api.TierCounts(full=1, truncated=1).summary(),
         conditions=[
             api.Condition(
-                type=contract.CONDITION_READY,
+                type=CONDITION_READY,
                 status="True",
                 reason="MinWarmReached",
                 message="1 of 2 pods warm",
@@ -187,7 +189,7 @@ def test_status_subresource_and_printer_columns(cluster: ClusterHandle, crd: str
             )
         ],
         cold_start=api.ColdStart(last_seconds=3.5, p50_seconds=3.2, p95_seconds=4.9),
-        selector=f"{contract.LABEL_MODEL}=smollm2",
+        selector=f"{LABEL_MODEL}=smollm2",
     )
     patch = {"status": api.dump_status(status), "spec": {"pool": {"replicas": 4}}}
     cluster.kubectl(
@@ -228,12 +230,12 @@ def test_status_subresource_and_printer_columns(cluster: ClusterHandle, crd: str
     scale = json.loads(
         cluster.kubectl("get", "-n", namespace, "wm/smollm2", "--subresource=scale", "-o", "json").stdout
     )
-    assert scale["status"] == {"replicas": 2, "selector": f"{contract.LABEL_MODEL}=smollm2"}
+    assert scale["status"] == {"replicas": 2, "selector": f"{LABEL_MODEL}=smollm2"}
 
 
 def test_short_name_and_category(cluster: ClusterHandle, crd: str, namespace: str) -> None:
     _create_example(cluster, namespace, "builtin-smollm2")
     assert cluster.kubectl("get", "-n", namespace, "wm", "-o", "name").stdout.strip() == (
-        f"{contract.SINGULAR}.{contract.API_GROUP}/smollm2"
+        f"{SINGULAR}.{API_GROUP}/smollm2"
     )
     assert "smollm2" in cluster.kubectl("get", "-n", namespace, "warmpool").stdout

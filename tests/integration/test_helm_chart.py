@@ -24,7 +24,28 @@ from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.rules import status
 from warmpool_operator.rules.forecast import report as forecast_report
 
-from warmpool import contract
+from tests.support.contract_names import contract_values
+from warmpool.contract.api import API_GROUP, CONDITION_TYPES, KIND
+from warmpool.contract.http import PATH_METRICS, WORKER_PORT_NAME
+from warmpool.contract.metrics import (
+    METRIC_MEMORY_USED_RATIO,
+    METRIC_OPERATOR_RECONCILE_ERRORS,
+    METRIC_OPERATOR_WARM_PODS,
+    METRIC_PHASE_DURATION,
+    METRIC_TIER,
+    METRIC_TTFT,
+)
+from warmpool.contract.nodecache import CACHE_NODE_LABEL_PREFIX
+from warmpool.contract.pods import (
+    ANNOTATION_POD_DELETION_COST,
+    ANNOTATION_TIER,
+    COMPONENT_WORKER,
+    CONTROL_SECRET_SUFFIX,
+    LABEL_AWAKE,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -448,20 +469,20 @@ def test_monitors_and_dashboard(tmp_path: Path) -> None:
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     # The labels the operator puts on worker pods, and the port it names.
     assert pod_monitor["spec"]["selector"]["matchLabels"] == {
-        contract.LABEL_COMPONENT: contract.COMPONENT_WORKER, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+        LABEL_COMPONENT: COMPONENT_WORKER, LABEL_MANAGED_BY: MANAGED_BY}
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
-    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["path"] == contract.PATH_METRICS
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["path"] == PATH_METRICS
 
     (dashboard_cm,) = [o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
     assert dashboard_cm["metadata"]["namespace"] == "monitoring"
     dashboard = json.loads(dashboard_cm["data"]["warmpool.json"])
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
-    for metric in (contract.METRIC_PHASE_DURATION, contract.METRIC_TIER, contract.METRIC_MEMORY_USED_RATIO,
-                   contract.METRIC_TTFT, contract.METRIC_OPERATOR_WARM_PODS, contract.METRIC_OPERATOR_RECONCILE_ERRORS):
+    for metric in (METRIC_PHASE_DURATION, METRIC_TIER, METRIC_MEMORY_USED_RATIO,
+                   METRIC_TTFT, METRIC_OPERATOR_WARM_PODS, METRIC_OPERATOR_RECONCILE_ERRORS):
         assert metric in exprs, f"dashboard lacks {metric}"
     for word in re.findall(r"warmpool_[a-z_]+", exprs):  # no invented metric names
         base = re.sub(r"_(bucket|count|sum)$", "", word)
-        assert base in vars(contract).values(), f"dashboard uses {word}, which warmpool/contract.py does not name"
+        assert base in contract_values().values(), f"dashboard uses {word}, which warmpool/contract/ does not name"
 
 
 def _operator_args(tmp_path: Path, values: Mapping[str, Any] | None = None) -> list[str]:
@@ -548,15 +569,15 @@ def test_admission_policies_name_the_contracts_keys_and_can_be_left_out(tmp_path
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
     operator = json.dumps(policies["wp-warmpool-operator-pod-patches"])
-    for key in (contract.LABEL_MANAGED_BY, contract.MANAGED_BY, contract.LABEL_AWAKE, contract.ANNOTATION_TIER,
-                contract.ANNOTATION_POD_DELETION_COST, "system:serviceaccount:warmpool-system:wp-warmpool"):
+    for key in (LABEL_MANAGED_BY, MANAGED_BY, LABEL_AWAKE, ANNOTATION_TIER,
+                ANNOTATION_POD_DELETION_COST, "system:serviceaccount:warmpool-system:wp-warmpool"):
         assert key in operator, key
     secrets = json.dumps(policies["wp-warmpool-operator-secret-writes"])
-    for key in (contract.CONTROL_SECRET_SUFFIX, contract.LABEL_MANAGED_BY, contract.MANAGED_BY, contract.KIND,
-                contract.API_GROUP):
+    for key in (CONTROL_SECRET_SUFFIX, LABEL_MANAGED_BY, MANAGED_BY, KIND,
+                API_GROUP):
         assert key in secrets, key
     agent = json.dumps(policies["wp-warmpool-node-agent-own-node"])
-    for key in (contract.CACHE_NODE_LABEL_PREFIX + "/", "system:serviceaccount:warmpool-system:wp-warmpool-node-agent"):
+    for key in (CACHE_NODE_LABEL_PREFIX + "/", "system:serviceaccount:warmpool-system:wp-warmpool-node-agent"):
         assert key in agent, key
     assert not by_kind(objects(render(tmp_path, {"rbac": {"create": True, "admissionPolicies": False}})),
                        "ValidatingAdmissionPolicy")
@@ -577,11 +598,11 @@ def test_network_policies_open_only_the_workers_port_and_the_operators(tmp_path:
     assert set(policies) == {("team-a", "wp-warmpool-workers"), ("team-b", "wp-warmpool-workers"),
                              ("warmpool-system", "wp-warmpool-operator")}
     workers = policies[("team-a", "wp-warmpool-workers")]["spec"]
-    # The labels every worker pod carries, the port name its container declares (contract.py's).
-    assert workers["podSelector"] == {"matchLabels": {contract.LABEL_COMPONENT: contract.COMPONENT_WORKER,
-                                                      contract.LABEL_MANAGED_BY: contract.MANAGED_BY}}
+    # The labels every worker pod carries, the port name its container declares (warmpool/contract/).
+    assert workers["podSelector"] == {"matchLabels": {LABEL_COMPONENT: COMPONENT_WORKER,
+                                                      LABEL_MANAGED_BY: MANAGED_BY}}
     assert workers["policyTypes"] == ["Ingress"]
-    assert _ingress_ports(policies[("team-a", "wp-warmpool-workers")]) == [[contract.WORKER_PORT_NAME]]
+    assert _ingress_ports(policies[("team-a", "wp-warmpool-workers")]) == [[WORKER_PORT_NAME]]
     operator_peer, *rest = workers["ingress"][0]["from"]
     assert operator_peer == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "warmpool-system"}},
@@ -715,7 +736,7 @@ RUNBOOKS = REPO / "docs" / "runbooks"
 
 def test_runbooks_use_real_names() -> None:
     """Metric names, condition reasons and annotations in the runbooks are the code's own."""
-    names = {v for v in vars(contract).values() if isinstance(v, str)}
+    names = {v for v in contract_values().values() if isinstance(v, str)}
     # The condition reasons: the core conditions' (status) and the Forecast condition's own.
     reasons = {v for module in (status, forecast_report) for k, v in vars(module).items()
                if k.startswith("REASON_") and isinstance(v, str)}
@@ -727,12 +748,12 @@ def test_runbooks_use_real_names() -> None:
             if metric.endswith("_"):  # a prefix in a grep pattern
                 continue
             base = re.sub(r"_(bucket|count|sum)$", "", metric)
-            assert base in names, f"{page}: metric {metric} is not in warmpool/contract.py"
+            assert base in names, f"{page}: metric {metric} is not in warmpool/contract/"
         for annotation in re.findall(r"\bwarmpool\.dev/[a-z-]+(?![0-9a-z-])", text):
-            assert annotation in names, f"{page}: {annotation} is not a name from warmpool/contract.py"
+            assert annotation in names, f"{page}: {annotation} is not a name from warmpool/contract/"
     # The reasons table covers every reason the operator writes, and nothing else.
     table = pages["README.md"][pages["README.md"].index("| `Ready` |"):]
-    mentioned = set(re.findall(r"`([A-Z][A-Za-z]+)`", table)) - set(contract.CONDITION_TYPES)
+    mentioned = set(re.findall(r"`([A-Z][A-Za-z]+)`", table)) - set(CONDITION_TYPES)
     assert mentioned == reasons, (mentioned - reasons, reasons - mentioned)
     for page, text in pages.items():
         for word in re.findall(r"reason `([A-Z][A-Za-z]+)`", text):

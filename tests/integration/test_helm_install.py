@@ -28,13 +28,13 @@ from warmpool_devcluster.chart_values import local_values
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import model_root, tiny_model
-from warmpool import contract
+from warmpool.contract.api import API_GROUP_VERSION, CONDITION_READY, CRD_NAME, KIND
+from warmpool.contract.pods import ANNOTATION_TIER, LABEL_MODEL, WORKER_CONTAINER
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "warmpool"
-CRD_NAME = contract.CRD_NAME
 
 
 def helm(
@@ -117,8 +117,8 @@ def models_namespace(cluster: ClusterHandle) -> Iterator[str]:
 
 def warm_model_manifest(name: str, model_dir: Path) -> str:
     return yaml.safe_dump({
-        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
-        "kind": contract.KIND,
+        "apiVersion": API_GROUP_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": {
             "model": {"hostPath": {"path": str(model_dir)}},
@@ -242,7 +242,7 @@ def test_install_run_rbac_warm_uninstall(
         def warm() -> dict[str, Any] | None:
             status = json.loads(cluster.kubectl("get", "wm", "tiny", "-n", models_namespace, "-o", "json").stdout
                                 ).get("status") or {}
-            ready = {c["type"]: c for c in status.get("conditions") or []}.get(contract.CONDITION_READY) or {}
+            ready = {c["type"]: c for c in status.get("conditions") or []}.get(CONDITION_READY) or {}
             return status if ready.get("status") == "True" and status.get("warmReplicas", 0) >= 1 else None
 
         try:
@@ -253,17 +253,17 @@ def test_install_run_rbac_warm_uninstall(
             raise
         assert status["observedGeneration"] >= 1
         worker_pods = json.loads(cluster.kubectl("get", "pods", "-n", models_namespace, "-l",
-                                                 f"{contract.LABEL_MODEL}=tiny", "-o", "json").stdout)["items"]
-        assert any((p["metadata"].get("annotations") or {}).get(contract.ANNOTATION_TIER) == "full"
+                                                 f"{LABEL_MODEL}=tiny", "-o", "json").stdout)["items"]
+        assert any((p["metadata"].get("annotations") or {}).get(ANNOTATION_TIER) == "full"
                    for p in worker_pods), "the operator did not annotate the worker pod's tier"
         # The worker container: the chart's worker image, non-root, a read-only root filesystem.
         worker = worker_pods[0]
-        (status,) = [c for c in worker["status"]["containerStatuses"] if c["name"] == contract.WORKER_CONTAINER]
+        (status,) = [c for c in worker["status"]["containerStatuses"] if c["name"] == WORKER_CONTAINER]
         assert status["image"] == cluster.images["worker"], status
         probe = ("import os; print('uid', os.getuid())\n"
                  "try:\n    open('/probe', 'w')\nexcept OSError as e:\n    print('root fs', e.strerror)")
         seen = cluster.kubectl("exec", "-n", models_namespace, worker["metadata"]["name"], "-c",
-                               contract.WORKER_CONTAINER, "--", "python", "-c", probe).stdout
+                               WORKER_CONTAINER, "--", "python", "-c", probe).stdout
         assert "uid 65532" in seen and "root fs Read-only file system" in seen, seen
         log = operator_log(cluster, namespace, pod["metadata"]["name"])
         denied = [line for line in log.splitlines() if permission_denied(line)]

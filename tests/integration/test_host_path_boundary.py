@@ -19,7 +19,7 @@ from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.rules import status
 
 from tests.support.e2e import Operator, World, delete_warmmodels, warmmodel
-from warmpool import contract
+from warmpool.contract.api import CONDITION_DEGRADED, CONDITION_READY
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +44,9 @@ def with_model(body: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
 
 
 def refused(world: World, name: str) -> dict[str, Any]:
-    world.wait(lambda: world.condition(name, contract.CONDITION_DEGRADED).get("status") == "True", 60,
+    world.wait(lambda: world.condition(name, CONDITION_DEGRADED).get("status") == "True", 60,
                f"{name}: Degraded=True")
-    return world.condition(name, contract.CONDITION_DEGRADED)
+    return world.condition(name, CONDITION_DEGRADED)
 
 
 def test_a_host_path_outside_the_prefixes_is_degraded_and_gets_no_pod(world: World, tiny_model: Path) -> None:
@@ -61,7 +61,7 @@ def test_a_host_path_outside_the_prefixes_is_degraded_and_gets_no_pod(world: Wor
     assert "/etc" in etc["message"] and "--allowed-host-path" in etc["message"]
     kubelet = refused(world, "kubelet")
     assert kubelet["reason"] == status.REASON_HOST_PATH_NOT_ALLOWED and "/var/lib/kubelet" in kubelet["message"]
-    assert world.condition("etc", contract.CONDITION_READY).get("status") == "False"
+    assert world.condition("etc", CONDITION_READY).get("status") == "False"
 
     # The allowed one goes warm: the operator was working all along, and still made nothing
     # for the refused ones.
@@ -75,6 +75,6 @@ def test_a_host_path_outside_the_prefixes_is_degraded_and_gets_no_pod(world: Wor
 
     # Moving the model under an allowed prefix heals it (a new generation is tried at once).
     world.apply(with_model(base, {"hostPath": {"path": str(tiny_model)}}) | {"metadata": {"name": "etc"}})
-    world.wait(lambda: world.condition("etc", contract.CONDITION_DEGRADED).get("status") == "False", 60,
+    world.wait(lambda: world.condition("etc", CONDITION_DEGRADED).get("status") == "False", 60,
                "etc: Degraded=False once its hostPath is allowed")
     world.wait_ready("etc", warm=1, timeout=150)

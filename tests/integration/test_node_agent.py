@@ -37,7 +37,11 @@ from tests.support.node_agent import (
     cache_world,
 )
 from tests.support.range_server import RangeServer, serve_directory
-from warmpool import cachekeys, contract
+from warmpool import cachekeys
+from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
+from warmpool.contract.http import PATH_READYZ
+from warmpool.contract.nodecache import CACHE_WAIT_CONTAINER, FILL_LEASE_PREFIX, NODE_AGENT_FIELD_MANAGER
+from warmpool.contract.pods import ANNOTATION_CACHE_REVISION, LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from warmpool.lease import Lease, LeaseLostError, Observed
 
 pytestmark = pytest.mark.integration
@@ -69,7 +73,7 @@ def agents(tmp_path: Path) -> Iterator[list[Agent]]:
 
 def http_warmmodel(name: str, url: str, node: str) -> dict[str, Any]:
     return {
-        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+        "apiVersion": API_GROUP_VERSION, "kind": KIND,
         "metadata": {"name": name},
         "spec": {
             "model": {"http": {"url": url}, "revision": "r1"},
@@ -117,9 +121,9 @@ def test_http_source_goes_warm_from_the_cache_two_agents_one_download(
     entry = world.wait(lambda: (e := cache_entry(world, "cached", NODE)) and e.get("published") and e, 30, "entry")
     assert entry["revision"] == manifest.digest
     assert entry["bytesCached"] == entry["bytesTotal"] > 0
-    fields = json.loads(world.kubectl("get", contract.PLURAL, "cached", "-o", "json", "--show-managed-fields"))
+    fields = json.loads(world.kubectl("get", PLURAL, "cached", "-o", "json", "--show-managed-fields"))
     managers = {m["manager"]: m for m in fields["metadata"]["managedFields"]}
-    agent_managers = [m for name, m in managers.items() if name.startswith(contract.NODE_AGENT_FIELD_MANAGER + ".")]
+    agent_managers = [m for name, m in managers.items() if name.startswith(NODE_AGENT_FIELD_MANAGER + ".")]
     assert len(agent_managers) == 1 and agent_managers[0]["subresource"] == "status", managers
 
     # The node says it holds the revision; the Deployment prefers such nodes.
@@ -129,12 +133,12 @@ def test_http_source_goes_warm_from_the_cache_two_agents_one_download(
     template = world.get("deployment", "cached")["spec"]["template"]["spec"]
     term = template["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["preference"]["matchExpressions"] == [{"key": label, "operator": "Exists"}]
-    assert template["initContainers"][0]["name"] == contract.CACHE_WAIT_CONTAINER
+    assert template["initContainers"][0]["name"] == CACHE_WAIT_CONTAINER
 
     # One fill Lease for the (node, revision), released after the publish.  (The losing agent may
     # still take a released Lease before it sees the revision published: it then downloads nothing.)
     leases = world.get("leases")["items"]
-    fills = [item for item in leases if item["metadata"]["name"].startswith(contract.FILL_LEASE_PREFIX)]
+    fills = [item for item in leases if item["metadata"]["name"].startswith(FILL_LEASE_PREFIX)]
     assert len(fills) == 1 and fills[0]["spec"].get("acquireTime"), fills
     world.wait(lambda: not world.get("lease", fills[0]["metadata"]["name"])["spec"].get("holderIdentity"), 30,
                "the fill Lease released")
@@ -173,7 +177,7 @@ def test_agent_killed_mid_fill_resumes_and_the_pod_waits_for_the_publish(
     assert fetched_before < blocks and missing > 0
     assert_files_identical(cache / "revisions" / manifest.digest_hex, server.state.directory)
     lease = next(item for item in world.get("leases")["items"]
-                 if item["metadata"]["name"].startswith(contract.FILL_LEASE_PREFIX))
+                 if item["metadata"]["name"].startswith(FILL_LEASE_PREFIX))
     assert lease["spec"]["leaseTransitions"] == 1  # taken over from the killed holder: version 2
 
 
@@ -253,7 +257,7 @@ def test_a_warmmodel_starting_on_the_partial_cache_loads_layers_before_the_publi
             for pod in world.pods("partial"):
                 if not (pod.get("status") or {}).get("podIP"):
                     continue
-                code, text = http(world.base(pod) + contract.PATH_READYZ, timeout=2)
+                code, text = http(world.base(pod) + PATH_READYZ, timeout=2)
                 if code in (200, 503) and text.startswith("{"):
                     state: dict[str, Any] = json.loads(text)
                     if int(state.get("layers_resident") or 0) >= 1:
@@ -296,8 +300,8 @@ def test_eviction_spares_a_revision_a_pod_on_the_node_names_and_no_process_maps(
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "old-revision-pod",
-                     "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_MODEL: "gone"},
-                     "annotations": {contract.ANNOTATION_CACHE_REVISION: named.digest}},
+                     "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_MODEL: "gone"},
+                     "annotations": {ANNOTATION_CACHE_REVISION: named.digest}},
         "spec": {"nodeName": OTHER_NODE, "tolerations": [{"operator": "Exists"}],
                  "containers": [{"name": "worker", "image": "warmpool.local/none:never-run"}]},
     }

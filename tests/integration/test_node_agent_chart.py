@@ -29,7 +29,10 @@ from tests.integration.test_helm_install import CHART, adopt_existing_crd, helm
 from tests.integration.test_node_agent_s3 import apply_secret, push, s3_warmmodel
 from tests.support.e2e import Operator, World
 from tests.support.node_agent import NODE, assert_files_identical, cache_entry, drop_cache_labels
-from warmpool import contract
+from warmpool.contract.api import PLURAL
+from warmpool.contract.files import MODEL_MOUNT_PATH
+from warmpool.contract.nodecache import CACHE_REVISIONS_DIR
+from warmpool.contract.pods import ANNOTATION_CACHE_REVISION
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +90,7 @@ def test_the_charts_node_agent_fills_the_nodes_cache_from_s3_and_sees_the_worker
 
         # The agent's container filled the node's directory: the pushed model, byte for byte.
         hex_digest = digest.removeprefix("sha256:")
-        assert_files_identical(cache / contract.CACHE_REVISIONS_DIR / hex_digest, tiny_model)
+        assert_files_identical(cache / CACHE_REVISIONS_DIR / hex_digest, tiny_model)
         entry = world.wait(lambda: (e := cache_entry(world, "from-s3", NODE)) and e.get("published") and e, 30,
                            "the agent's published entry")
         assert entry["revision"] == digest and entry["bytesCached"] == entry["bytesTotal"] > 0, entry
@@ -96,17 +99,17 @@ def test_the_charts_node_agent_fills_the_nodes_cache_from_s3_and_sees_the_worker
         (pod,) = world.pods("from-s3")
         assert world.complete(pod, "from-s3", max_tokens=2)
         maps = Path(f"/proc/{world.worker_pid(pod)}/maps").read_text()
-        assert f"{contract.MODEL_MOUNT_PATH}/model.safetensors" in maps
+        assert f"{MODEL_MOUNT_PATH}/model.safetensors" in maps
         assert str(cache) not in maps
         assert hex_digest in mapped_revisions(CacheLayout(cache))
-        assert pod["metadata"]["annotations"][contract.ANNOTATION_CACHE_REVISION] == digest
+        assert pod["metadata"]["annotations"][ANNOTATION_CACHE_REVISION] == digest
         assert "hostPID" not in agents[0]["spec"]
 
         # The agent ran as the chart says, and said nothing of a refused source or a failed pass.
         log = cluster.kubectl("logs", "-n", namespace, agents[0]["metadata"]["name"], check=False).stdout
         assert "Traceback" not in log and "refused" not in log, log[-3000:]
     finally:
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
+        cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)
         helm(cluster, "uninstall", release, "-n", namespace, "--wait", "--timeout", "120s", check=False)
         world.close()
         drop_cache_labels(cluster, NODE)

@@ -29,7 +29,8 @@ from tests.support.e2e import World, install_crd
 from tests.support.hostile_server import SECRET, HostileServer, endless, fixed, hostile_server, redirect, trickle
 from tests.support.node_agent import NODE, Agent, agent_processes, cache_entry, cache_world
 from tests.support.range_server import serve_directory
-from warmpool import contract
+from warmpool.contract.api import CRD_NAME, KIND, PLURAL
+from warmpool.contract.files import MANIFEST_FILENAME
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,7 @@ def _copy_model(tiny_model: Path, root: Path) -> None:
 def _arm(hostile: HostileServer, canary: HostileServer, store: Path) -> dict[str, str]:
     """The hostile routes; WarmModel name -> what its entry's message must say (a pattern)."""
     routes = hostile.state.routes
-    manifest = contract.MANIFEST_FILENAME
+    manifest = MANIFEST_FILENAME
     routes[f"/redirect/{manifest}"] = redirect(f"{canary.url}/latest/meta-data/iam/")
     routes[f"/huge/{manifest}"] = endless(hostile.state, f"/huge/{manifest}")
     routes[f"/trickle/{manifest}"] = trickle(hostile.state, f"/trickle/{manifest}", interval_s=0.2, max_s=300)
@@ -84,7 +85,7 @@ def _admit_as_an_older_crd_did(world: World, bodies: list[dict[str, Any]]) -> No
     spec = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/model/properties"
     patch = [{"op": "replace", "path": f"{spec}/http/properties/url/pattern", "value": OLD_URL_PATTERN},
              {"op": "replace", "path": f"{spec}/s3/properties/endpoint/pattern", "value": OLD_ENDPOINT_PATTERN}]
-    world.cluster.kubectl("patch", "crd", contract.CRD_NAME, "--type=json", "-p", json.dumps(patch))
+    world.cluster.kubectl("patch", "crd", CRD_NAME, "--type=json", "-p", json.dumps(patch))
     def create(body: dict[str, Any]) -> bool:
         return world.cluster.kubectl("-n", world.ns, "create", "-f", "-", input=json.dumps(body),
                                      check=False).returncode == 0
@@ -98,7 +99,7 @@ def _admit_as_an_older_crd_did(world: World, bodies: list[dict[str, Any]]) -> No
 
 def _messages(world: World) -> dict[str, str]:
     found = {}
-    for wm in world.get(contract.PLURAL)["items"]:
+    for wm in world.get(PLURAL)["items"]:
         for entry in (wm.get("status") or {}).get("cacheNodes") or []:
             if entry.get("message"):
                 found[wm["metadata"]["name"]] = str(entry["message"])
@@ -161,7 +162,7 @@ def test_hostile_sources_are_contained_while_a_good_warmmodel_is_served(
     # Each failure was an Event on its WarmModel too.
     events = world.get("events")["items"]
     warned = {e["involvedObject"]["name"] for e in events if e.get("reason") in (
-        "NodeCacheReadFailed", "NodeCacheFillFailed") and e["involvedObject"].get("kind") == contract.KIND}
+        "NodeCacheReadFailed", "NodeCacheFillFailed") and e["involvedObject"].get("kind") == KIND}
     assert says.keys() <= warned, sorted(warned)
     assert not any(str(LIE) in e.get("message", "") for e in events)
     assert "message" not in entry and entry["path"].endswith(entry["revision"].removeprefix("sha256:"))

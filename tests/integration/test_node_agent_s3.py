@@ -40,7 +40,11 @@ from tests.support.node_agent import (
     cache_world,
     node_has_label,
 )
-from warmpool import cachekeys, contract
+from warmpool import cachekeys
+from warmpool.contract.api import API_GROUP_VERSION, KIND
+from warmpool.contract.files import MODEL_MOUNT_PATH, S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
+from warmpool.contract.nodecache import CACHE_REVISIONS_DIR
+from warmpool.contract.pods import WORKER_CONTAINER
 
 pytestmark = pytest.mark.integration
 
@@ -88,13 +92,13 @@ def apply_secret(world: World, key_id: str, secret: str) -> None:
         return base64.b64encode(text.encode()).decode()
 
     world.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET}, "type": "Opaque",
-                 "data": {contract.S3_SECRET_ACCESS_KEY_ID_KEY: encode(key_id),
-                          contract.S3_SECRET_SECRET_ACCESS_KEY_KEY: encode(secret)}})
+                 "data": {S3_SECRET_ACCESS_KEY_ID_KEY: encode(key_id),
+                          S3_SECRET_SECRET_ACCESS_KEY_KEY: encode(secret)}})
 
 
 def s3_warmmodel(name: str, store: SeaweedHandle, prefix: str, node: str) -> dict[str, Any]:
     return {
-        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+        "apiVersion": API_GROUP_VERSION, "kind": KIND,
         "metadata": {"name": name},
         "spec": {
             "model": {"s3": {"endpoint": store.endpoint, "bucket": store.bucket, "prefix": prefix,
@@ -119,10 +123,10 @@ def assert_warm_from_the_cache(world: World, name: str, digest: str, model: Path
     assert answer["model"] == name and answer["usage"]["completion_tokens"] >= 1, answer
 
     hex_digest = digest.removeprefix("sha256:")
-    assert_files_identical(cache / contract.CACHE_REVISIONS_DIR / hex_digest, model)
+    assert_files_identical(cache / CACHE_REVISIONS_DIR / hex_digest, model)
     mounts = world.get("deployment", name)["spec"]["template"]["spec"]["containers"]
-    worker = next(c for c in mounts if c["name"] == contract.WORKER_CONTAINER)
-    model_mount = next(m for m in worker["volumeMounts"] if m["mountPath"] == contract.MODEL_MOUNT_PATH)
+    worker = next(c for c in mounts if c["name"] == WORKER_CONTAINER)
+    model_mount = next(m for m in worker["volumeMounts"] if m["mountPath"] == MODEL_MOUNT_PATH)
     assert model_mount["subPath"] == hex_digest, model_mount
 
     entry = world.wait(lambda: (e := cache_entry(world, name, NODE)) and e.get("published") and e, 30,
@@ -168,7 +172,7 @@ def test_wrong_credentials_are_reported_by_key_id_and_a_fixed_secret_goes_warm(
     assert "revision" not in entry and not entry.get("published"), entry
     # No manifest read, so no revision: the operator makes no pod, and the cache holds nothing.
     assert world.pods("bad-creds") == []
-    revisions = cache / contract.CACHE_REVISIONS_DIR
+    revisions = cache / CACHE_REVISIONS_DIR
     assert not revisions.exists() or not any(revisions.iterdir()), list(revisions.iterdir())
     log = (tmp_path / "agent-0.log").read_text(errors="replace")
     assert wrong not in log and store.secret_access_key not in log
@@ -209,7 +213,7 @@ def test_an_object_missing_from_the_bucket_fails_the_fill_until_pushed_again(
     assert len(pods) == 1, pods  # ... and the pod waits on it, its worker not started
     statuses = pods[0]["status"].get("containerStatuses") or []
     assert not any((s.get("state") or {}).get("running") for s in statuses), statuses
-    assert not (cache / contract.CACHE_REVISIONS_DIR / digest.removeprefix("sha256:")).exists()
+    assert not (cache / CACHE_REVISIONS_DIR / digest.removeprefix("sha256:")).exists()
     world.wait(lambda: _fill_failures(tmp_path / "agent-0.log") >= 2, 60, "a second failed fill")
 
     # After a failed fill the agent opens the source again from the Secret as it is now (rotated

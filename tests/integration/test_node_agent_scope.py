@@ -23,7 +23,8 @@ from tests.integration.test_node_agent import http_warmmodel
 from tests.support.e2e import Operator, World
 from tests.support.node_agent import NODE, OTHER_NODE, Agent, agent_processes, cache_entry
 from tests.support.range_server import serve_directory
-from warmpool import contract
+from warmpool.contract.api import CONDITION_DEGRADED, PLURAL
+from warmpool.contract.files import MANIFEST_FILENAME
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ def agents(tmp_path: Path) -> Iterator[list[Agent]]:
 
 
 def _entries(cluster: ClusterHandle, namespace: str) -> dict[str, list[dict[str, Any]]]:
-    items = json.loads(cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "json").stdout)["items"]
+    items = json.loads(cluster.kubectl("-n", namespace, "get", PLURAL, "-o", "json").stdout)["items"]
     return {wm["metadata"]["name"]: list((wm.get("status") or {}).get("cacheNodes") or []) for wm in items}
 
 
@@ -68,7 +69,7 @@ def test_a_first_manifest_is_read_by_one_agent_not_by_every_node(
             time.sleep(0.5)
         time.sleep(8)  # several passes of both agents, and the read Leases' time to expire
         found = _entries(cluster, namespace)
-        reads = {name: server.state.gets[f"{name}/{contract.MANIFEST_FILENAME}"] for name in names}
+        reads = {name: server.state.gets[f"{name}/{MANIFEST_FILENAME}"] for name in names}
     assert reads == dict.fromkeys(names, 1), reads
     assert all(len(entries) == 1 for entries in found.values()), found
 
@@ -132,13 +133,13 @@ def test_a_cache_linked_out_of_the_allowed_paths_is_refused_from_the_real_path(
             entry = world.wait(lambda: (e := cache_entry(world, "linked", NODE)) and e.get("path") and e, 60,
                                "the agent's report with a real path")
             assert entry["path"].startswith(str(outside.resolve()) + "/"), entry
-            degraded = world.wait(lambda: (c := world.condition("linked", contract.CONDITION_DEGRADED))
+            degraded = world.wait(lambda: (c := world.condition("linked", CONDITION_DEGRADED))
                                   and c.get("status") == "True" and c, 60, "the WarmModel refused")
         assert degraded["reason"] == "HostPathNotAllowed" and f"the real path on node {NODE}" in degraded["message"]
         assert world.children("linked")["deployments"] == []
         assert world.pods("linked") == []
     finally:
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
+        cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)
         operator.stop()
         world.close()
         shutil.rmtree(outside.parent, ignore_errors=True)

@@ -26,7 +26,7 @@ from warmpool_nodecache.source import HttpSource, HttpSourceConfig, SourceMissin
 from warmpool_nodecache.use import pinned
 
 from tests.support.range_server import RangeServer, serve_directory
-from warmpool.contract import MANIFEST_FILENAME
+from warmpool.contract.files import MANIFEST_FILENAME
 from warmpool.lease import LeaseLostError
 
 pytestmark = pytest.mark.integration

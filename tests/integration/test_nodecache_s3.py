@@ -37,7 +37,7 @@ from warmpool_nodecache.s3 import (
 )
 from warmpool_nodecache.source import SourceMissingError
 
-from warmpool.contract import MANIFEST_FILENAME
+from warmpool.contract.files import MANIFEST_FILENAME
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,15 @@ from warmpool_devcluster.node_network import on_a_node_bridge
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import GiB, Operator, World, ballast, charge_to_container, http, metric, readable_by_pods, rss
-from warmpool import contract
+from warmpool.contract.api import API_GROUP_VERSION, CONDITION_TYPES, KIND, PLURAL
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_METRICS
+from warmpool.contract.metrics import (
+    METRIC_MEMORY_USED_BYTES,
+    METRIC_MEMORY_USED_RATIO,
+    METRIC_TIER,
+    METRIC_WARMUP_TIER,
+)
+from warmpool.contract.pods import ANNOTATION_POD_DELETION_COST, ANNOTATION_TIER, LABEL_COMPONENT, LABEL_MODEL
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -48,8 +56,8 @@ def env(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> Ite
         # is removed by it, and the garbage collector then takes every child and pod.
         if not operator.running():
             operator.start()
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
-        leftovers = cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout
+        cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)
+        leftovers = cluster.kubectl("-n", namespace, "get", PLURAL, "-o", "name", check=False).stdout
         for ref in leftovers.split():
             cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p",
                             '{"metadata":{"finalizers":null}}', check=False)
@@ -65,11 +73,11 @@ def warmmodel(name: str, model: Path, **spec: Any) -> dict[str, Any]:
         "pod": {"workerArgs": ["--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2"]},
     }
     body.update(spec)
-    return {"apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+    return {"apiVersion": API_GROUP_VERSION, "kind": KIND,
             "metadata": {"name": name}, "spec": body}
 
 
-def pod_url(pod: dict[str, Any], path: str, port: int = contract.DEFAULT_WORKER_PORT) -> str:
+def pod_url(pod: dict[str, Any], path: str, port: int = DEFAULT_WORKER_PORT) -> str:
     ip = pod["status"]["podIP"]
     assert on_a_node_bridge(ip), f"tests only talk to loopback and the local node's pods, got pod IP {ip}"
     return f"http://{ip}:{port}{path}"
@@ -88,9 +96,9 @@ def test_tiny_pool_goes_ready_and_serves(env: World, tiny_model: Path) -> None:
     status = wm["status"]
     assert status["observedGeneration"] == wm["metadata"]["generation"]
     assert status["warmReplicas"] == 2 and status["replicas"] == 2
-    assert status["selector"] == f"{contract.LABEL_COMPONENT}=worker,{contract.LABEL_MODEL}=tiny"
+    assert status["selector"] == f"{LABEL_COMPONENT}=worker,{LABEL_MODEL}=tiny"
     assert status["tierCounts"]["full"] + status["tierCounts"]["truncated"] + status["tierCounts"]["paused"] == 2
-    assert {c["type"] for c in status["conditions"]} == set(contract.CONDITION_TYPES)
+    assert {c["type"] for c in status["conditions"]} == set(CONDITION_TYPES)
     assert all(c["reason"] for c in status["conditions"])
     env.wait(lambda: (env.wm("tiny")["status"].get("coldStart") or {}).get("p50Seconds"), 30, "cold-start figures")
 
@@ -107,7 +115,7 @@ def test_tiny_pool_goes_ready_and_serves(env: World, tiny_model: Path) -> None:
         pods = env.pods("tiny")
         notes = [p["metadata"].get("annotations") or {} for p in pods]
         done = [p for p, n in zip(pods, notes, strict=True)
-                if int(n.get(contract.ANNOTATION_POD_DELETION_COST, 0)) >= 1000 and contract.ANNOTATION_TIER in n]
+                if int(n.get(ANNOTATION_POD_DELETION_COST, 0)) >= 1000 and ANNOTATION_TIER in n]
         return done if len(done) == 2 == len(pods) else None
 
     pods = env.wait(annotated_pods, 30, "pods annotated with tier and a warm deletion cost")
@@ -117,7 +125,7 @@ def test_tiny_pool_goes_ready_and_serves(env: World, tiny_model: Path) -> None:
     assert json.loads(text)["choices"][0]["text"] is not None
 
     # Deletion leaves nothing behind (owner references + garbage collector).
-    env.cluster.kubectl("-n", env.ns, "delete", contract.PLURAL, "tiny", "--timeout=60s")
+    env.cluster.kubectl("-n", env.ns, "delete", PLURAL, "tiny", "--timeout=60s")
     env.wait(lambda: not any(env.children("tiny").values()) and not env.pods("tiny"), 60, "children gone")
 
 
@@ -135,10 +143,10 @@ def test_memory_pressure_moves_tiers_with_hysteresis(env: World, tiny_model: Pat
         env.wait_ready("gated", warm=1, timeout=120)
         pod = env.pods("gated")[0]
         charge_to_container(hog.pid, env.worker_pid(pod))
-        metrics_url = pod_url(pod, contract.PATH_METRICS)
+        metrics_url = pod_url(pod, PATH_METRICS)
 
         def level() -> float:
-            value = metric(http(metrics_url)[1], contract.METRIC_MEMORY_USED_RATIO)
+            value = metric(http(metrics_url)[1], METRIC_MEMORY_USED_RATIO)
             assert value is not None
             return value
 
@@ -147,7 +155,7 @@ def test_memory_pressure_moves_tiers_with_hysteresis(env: World, tiny_model: Pat
             for _ in range(4):
                 # The worker's own figure minus the ballast: what the worker counts for itself.
                 text = http(metrics_url)[1]
-                used = metric(text, contract.METRIC_MEMORY_USED_BYTES)
+                used = metric(text, METRIC_MEMORY_USED_BYTES)
                 assert used is not None
                 own = max(0, int(used) - rss(hog.pid))
                 want = max(0, int(ratio * capacity) - own)
@@ -164,11 +172,11 @@ def test_memory_pressure_moves_tiers_with_hysteresis(env: World, tiny_model: Pat
             return level()
 
         def annotated() -> str:
-            return str((env.pods("gated")[0]["metadata"].get("annotations") or {}).get(contract.ANNOTATION_TIER))
+            return str((env.pods("gated")[0]["metadata"].get("annotations") or {}).get(ANNOTATION_TIER))
 
         def expect(tier: str, what: str) -> None:
             env.wait(lambda: annotated() == tier, 30, f"tier {tier} ({what})")
-            worker_tier = env.wait(lambda: metric(http(metrics_url)[1], contract.METRIC_TIER, tier=tier) == 1, 15,
+            worker_tier = env.wait(lambda: metric(http(metrics_url)[1], METRIC_TIER, tier=tier) == 1, 15,
                                    f"worker applying tier {tier}")
             assert worker_tier
 
@@ -196,7 +204,7 @@ def test_memory_pressure_moves_tiers_with_hysteresis(env: World, tiny_model: Pat
         status = env.wm("gated")["status"]
         assert status["tierCounts"]["full"] == 1
         # Warm-up depth follows: once back at full, the worker tops up to the full plan.
-        env.wait(lambda: metric(http(metrics_url)[1], contract.METRIC_WARMUP_TIER, tier="full") == 1, 60,
+        env.wait(lambda: metric(http(metrics_url)[1], METRIC_WARMUP_TIER, tier="full") == 1, 60,
                  "the worker's warm-up back at full depth")
         events = env.cluster.kubectl("-n", env.ns, "get", "events", "--field-selector", "reason=TierChanged",
                                      "-o", "json").stdout
@@ -241,11 +249,11 @@ def test_metrics_down_is_unknown_and_others_unaffected(env: World, tiny_model: P
         assert cond["reason"] == "MetricsUnavailable" and frozen["metadata"]["name"] in cond["message"]
         by_name = {p["metadata"]["name"]: p for p in env.pods("flaky")}
         annotations = by_name[frozen["metadata"]["name"]]["metadata"]["annotations"]
-        assert annotations[contract.ANNOTATION_TIER] == "unknown"
+        assert annotations[ANNOTATION_TIER] == "unknown"
         # Unknown is not "0 % used": the cold/unknown pod is the cheapest to delete, the other keeps its tier.
-        assert int(annotations[contract.ANNOTATION_POD_DELETION_COST]) < 1000
+        assert int(annotations[ANNOTATION_POD_DELETION_COST]) < 1000
         other = by_name[healthy["metadata"]["name"]]["metadata"]["annotations"]
-        assert other[contract.ANNOTATION_TIER] == "full"
+        assert other[ANNOTATION_TIER] == "full"
         assert env.wm("flaky")["status"]["tierCounts"]["unknown"] == 1
         code, _ = http(pod_url(healthy, "/v1/completions"), {"model": "flaky", "prompt": "hi", "max_tokens": 2})
         assert code == 200

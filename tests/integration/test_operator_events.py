@@ -17,7 +17,7 @@ import pytest
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import Operator, World, delete_warmmodels, warmmodel
-from warmpool import contract
+from warmpool.contract.api import CONDITION_READY
 
 pytestmark = pytest.mark.integration
 
@@ -56,12 +56,12 @@ def _uid(world: World, kind: str) -> str | None:
 def test_a_pod_turning_warm_shows_in_status_without_a_scrape_round(world: World, tiny_model: Path) -> None:
     world.apply(warmmodel("evwarm", tiny_model, worker_args=STEADY_MEMORY))
     # At creation no pod is Ready: the first pass writes Ready=False.
-    world.wait(lambda: _condition(world.wm("evwarm"), contract.CONDITION_READY).get("status") == "False", 60,
+    world.wait(lambda: _condition(world.wm("evwarm"), CONDITION_READY).get("status") == "False", 60,
                "the first pass writing Ready=False")
     # The pod warms up; its Ready condition changing is the only event that can move status
     # before the next scrape round, ten minutes away.
     wm = world.wait_ready("evwarm", warm=1, timeout=150)
-    ready = _condition(wm, contract.CONDITION_READY)
+    ready = _condition(wm, CONDITION_READY)
     pods = world.pods("evwarm")
     assert len(pods) == 1
     pod_ready = next(c for c in pods[0]["status"]["conditions"] if c["type"] == "Ready")

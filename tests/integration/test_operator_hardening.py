@@ -21,7 +21,24 @@ import yaml
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import Operator, World, delete_warmmodels, warmmodel
-from warmpool import contract
+from warmpool.contract.api import CONDITION_DEGRADED, CONDITION_READY, PLURAL
+from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP
+from warmpool.contract.http import CONTROL_TOKEN_HEADER, DEFAULT_WORKER_PORT
+from warmpool.contract.metrics import (
+    LABEL_TARGET,
+    LABEL_TIER,
+    METRIC_MEMORY_USED_RATIO,
+    METRIC_OPERATOR_WRITE_FAILURES,
+    METRIC_READY,
+    METRIC_TIER,
+)
+from warmpool.contract.pods import (
+    ANNOTATION_TIER,
+    CONFIGMAP_SUFFIX,
+    CONTROL_SECRET_KEY,
+    CONTROL_SECRET_SUFFIX,
+    WORKER_CONTAINER,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -78,16 +95,16 @@ def test_a_foreign_object_with_a_childs_name_is_never_taken_over(make_world: Mak
     service = create(world, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "clash", "labels": team},
                              "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80, "targetPort": 8080}]}})
     configmap = create(world, {"apiVersion": "v1", "kind": "ConfigMap",
-                               "metadata": {"name": f"cmclash{contract.CONFIGMAP_SUFFIX}", "labels": team},
+                               "metadata": {"name": f"cmclash{CONFIGMAP_SUFFIX}", "labels": team},
                                "data": {"theirs": "keep me"}})
     secret = create(world, {"apiVersion": "v1", "kind": "Secret",
-                            "metadata": {"name": f"secclash{contract.CONTROL_SECRET_SUFFIX}", "labels": team},
-                            "data": {contract.CONTROL_SECRET_KEY: "dGhlaXJz"}})
+                            "metadata": {"name": f"secclash{CONTROL_SECRET_SUFFIX}", "labels": team},
+                            "data": {CONTROL_SECRET_KEY: "dGhlaXJz"}})
     for name in ("clash", "cmclash", "secclash"):
         world.apply(small(name, tiny_model))
 
     def conflict(name: str) -> dict[str, Any] | None:
-        cond = world.condition(name, contract.CONDITION_DEGRADED)
+        cond = world.condition(name, CONDITION_DEGRADED)
         return cond if cond.get("status") == "True" and cond.get("reason") == "ChildConflict" else None
 
     assert f"Service {ns}/clash" in world.wait(lambda: conflict("clash"), 30, "clash Degraded ChildConflict")["message"]
@@ -100,8 +117,8 @@ def test_a_foreign_object_with_a_childs_name_is_never_taken_over(make_world: Mak
     assert world.maybe("deployment", "cmclash") is None and world.maybe("deployment", "secclash") is None
 
     time.sleep(3)  # a few operator passes: not one of them may write to the foreign objects
-    for before, what in ((service, "service/clash"), (configmap, f"configmap/cmclash{contract.CONFIGMAP_SUFFIX}"),
-                         (secret, f"secret/secclash{contract.CONTROL_SECRET_SUFFIX}")):
+    for before, what in ((service, "service/clash"), (configmap, f"configmap/cmclash{CONFIGMAP_SUFFIX}"),
+                         (secret, f"secret/secclash{CONTROL_SECRET_SUFFIX}")):
         now = world.get(*what.split("/"))
         assert now["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], what
         assert not owner_uids(now), f"{what} was adopted: {now['metadata'].get('ownerReferences')}"
@@ -112,15 +129,15 @@ def test_a_foreign_object_with_a_childs_name_is_never_taken_over(make_world: Mak
 
     for name in ("cmclash", "secclash"):
         uid = str(world.wm(name)["metadata"]["uid"])
-        world.kubectl("delete", contract.PLURAL, name, "--timeout=60s")
+        world.kubectl("delete", PLURAL, name, "--timeout=60s")
         world.wait(functools.partial(collected, uid), 60, f"{name}'s own children garbage-collected")
-    assert world.get("configmap", f"cmclash{contract.CONFIGMAP_SUFFIX}")["data"] == {"theirs": "keep me"}
-    assert world.get("secret", f"secclash{contract.CONTROL_SECRET_SUFFIX}")["data"] == secret["data"]
+    assert world.get("configmap", f"cmclash{CONFIGMAP_SUFFIX}")["data"] == {"theirs": "keep me"}
+    assert world.get("secret", f"secclash{CONTROL_SECRET_SUFFIX}")["data"] == secret["data"]
 
     # The name freed, the next pass makes our own Service and the WarmModel heals without a spec edit.
     world.kubectl("delete", "service", "clash")
     wm = world.wait_ready("clash", warm=1, timeout=120)
-    assert world.condition("clash", contract.CONDITION_DEGRADED)["status"] == "False"
+    assert world.condition("clash", CONDITION_DEGRADED)["status"] == "False"
     assert owner_uids(world.get("service", "clash")) == [wm["metadata"]["uid"]]
 
 
@@ -155,8 +172,8 @@ def test_a_pod_that_only_carries_our_labels_is_never_scraped_nor_sent_the_token(
     world.wait_ready("scraped", warm=1, timeout=120)
     template = world.get("deployment", "scraped")["spec"]["template"]
     # Plausible worker metrics: before the fix the operator decided a tier and POSTed it with the token.
-    metrics_body = "\n".join([f"{contract.METRIC_READY} 1", f'{contract.METRIC_MEMORY_USED_RATIO}{{source="x"}} 0.1',
-                              f'{contract.METRIC_TIER}{{{contract.LABEL_TIER}="full"}} 1'])
+    metrics_body = "\n".join([f"{METRIC_READY} 1", f'{METRIC_MEMORY_USED_RATIO}{{source="x"}} 0.1',
+                              f'{METRIC_TIER}{{{LABEL_TIER}="full"}} 1'])
     script = tmp_path / "impostor.py"
     script.write_text(IMPOSTOR)
     requests = tmp_path / "impostor-requests.jsonl"
@@ -167,10 +184,10 @@ def test_a_pod_that_only_carries_our_labels_is_never_scraped_nor_sent_the_token(
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "impostor", "labels": template["metadata"]["labels"]},
         "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [{
-            "name": contract.WORKER_CONTAINER, "image": template["spec"]["containers"][0]["image"],
+            "name": WORKER_CONTAINER, "image": template["spec"]["containers"][0]["image"],
             "imagePullPolicy": "IfNotPresent", "securityContext": {"runAsUser": 0},
             "command": ["/opt/warmpool/bin/python", str(script), str(requests), metrics_body,
-                        contract.CONTROL_TOKEN_HEADER, str(contract.DEFAULT_WORKER_PORT)],
+                        CONTROL_TOKEN_HEADER, str(DEFAULT_WORKER_PORT)],
             "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
             "volumeMounts": [{"name": "work", "mountPath": str(tmp_path)}]}],
             "volumes": [{"name": "work", "hostPath": {"path": str(tmp_path), "type": "Directory"}}]}}))
@@ -181,7 +198,7 @@ def test_a_pod_that_only_carries_our_labels_is_never_scraped_nor_sent_the_token(
     seen = [json.loads(line) for line in requests.read_text().splitlines()]
     assert seen == [], f"the operator talked to a pod that is not its own: {seen}"
     impostor = world.get("pod", "impostor")
-    assert contract.ANNOTATION_TIER not in (impostor["metadata"].get("annotations") or {})
+    assert ANNOTATION_TIER not in (impostor["metadata"].get("annotations") or {})
     assert world.wm("scraped")["status"]["replicas"] == 1
     assert "not a pod of its Deployment" in world.operator.log()
 
@@ -196,7 +213,7 @@ def test_unreadable_metrics_never_grow_the_pool(make_world: MakeWorld, tiny_mode
     world.apply(small("unread", tiny_model, replicas=1, min_warm=1, max_replicas=3))
 
     def unavailable() -> dict[str, Any] | None:
-        cond = world.condition("unread", contract.CONDITION_READY)
+        cond = world.condition("unread", CONDITION_READY)
         return cond if cond.get("reason") == "MetricsUnavailable" else None
 
     cond = world.wait(unavailable, 120, "Ready=False MetricsUnavailable")
@@ -304,16 +321,16 @@ def test_a_refused_child_heals_once_the_outside_cause_is_fixed(
     world = make_world(extra_args=("--permanent-retry-interval", "3"))
     world.apply(small("refused", tiny_model))
     cond = world.wait(lambda: (lambda c: c if c.get("reason") == "ChildRejected" else None)(
-        world.condition("refused", contract.CONDITION_DEGRADED)), 30, "Degraded ChildRejected")
+        world.condition("refused", CONDITION_DEGRADED)), 30, "Degraded ChildRejected")
     assert cond["status"] == "True" and "refused by the test's policy" in cond["message"]
     assert world.maybe("deployment", "refused") is None
     time.sleep(4)  # slow retries (every 3 s here): it stays refused, and says so
-    assert world.condition("refused", contract.CONDITION_DEGRADED)["reason"] == "ChildRejected"
+    assert world.condition("refused", CONDITION_DEGRADED)["reason"] == "ChildRejected"
     # Lift the policy from outside (no spec edit): the slow retry heals the WarmModel.
     generation = world.wm("refused")["metadata"]["generation"]
     cluster.kubectl("delete", "validatingadmissionpolicybinding", f"warmpool-test-deny-{world.ns}")
     world.wait_ready("refused", warm=1, timeout=120)
-    assert world.condition("refused", contract.CONDITION_DEGRADED)["status"] == "False"
+    assert world.condition("refused", CONDITION_DEGRADED)["status"] == "False"
     assert world.wm("refused")["metadata"]["generation"] == generation
 
 
@@ -326,7 +343,7 @@ def test_an_operator_restart_changes_nothing(make_world: MakeWorld, tiny_model: 
     world.wait_ready("steady", warm=2, timeout=150)
 
     def tiers() -> dict[str, str]:
-        return {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(contract.ANNOTATION_TIER, "")
+        return {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(ANNOTATION_TIER, "")
                 for p in world.pods("steady")}
 
     world.wait(lambda: all(t == "full" for t in tiers().values()) and len(tiers()) == 2, 30, "tiers annotated")
@@ -386,10 +403,10 @@ def refuse_side_writes(cluster: ClusterHandle, namespace: str) -> Iterator[None]
                       "resources": ["pods", "configmaps"]}]},
                   "validations": [
                       {"expression": "request.resource.resource != 'pods' || !has(object.metadata.annotations)"
-                                     f" || !('{contract.ANNOTATION_TIER}' in object.metadata.annotations)",
+                                     f" || !('{ANNOTATION_TIER}' in object.metadata.annotations)",
                        "message": "pod annotation refused by the test's policy"},
                       {"expression": "request.resource.resource != 'configmaps' || !has(object.data)"
-                                     f" || !('{contract.CONFIGMAP_KEY_HEATMAP}' in object.data)",
+                                     f" || !('{CONFIGMAP_KEY_HEATMAP}' in object.data)",
                        "message": "heat map refused by the test's policy"}]}},
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
          "metadata": {"name": policy},
@@ -401,7 +418,7 @@ def refuse_side_writes(cluster: ClusterHandle, namespace: str) -> Iterator[None]
     try:
         deadline = time.monotonic() + 30
         while cluster.kubectl("-n", namespace, "create", "configmap", "probe", "--dry-run=server",
-                              f"--from-literal={contract.CONFIGMAP_KEY_HEATMAP}=x", check=False).returncode == 0:
+                              f"--from-literal={CONFIGMAP_KEY_HEATMAP}=x", check=False).returncode == 0:
             assert time.monotonic() < deadline, "the admission policy never took effect"
             time.sleep(0.5)
         yield
@@ -431,10 +448,10 @@ def test_refused_pod_annotations_and_heat_map_do_not_stop_status(
     log = world.operator.log()
     assert "annotation not written" in log and "pod annotation refused by the test's policy" in log
     pod = world.pods("sidewrites")[0]
-    assert contract.ANNOTATION_TIER not in (pod["metadata"].get("annotations") or {})
+    assert ANNOTATION_TIER not in (pod["metadata"].get("annotations") or {})
     text = http(f"http://127.0.0.1:{port}/metrics")[1]
     for target in ("pod_annotation", "heat_map"):
-        failures = metric(text, contract.METRIC_OPERATOR_WRITE_FAILURES, **{contract.LABEL_TARGET: target})
+        failures = metric(text, METRIC_OPERATOR_WRITE_FAILURES, **{LABEL_TARGET: target})
         assert failures is not None and failures >= 1, (target, text[-2000:])
     # Status keeps moving with the pods: the generation is observed and the tier counted.
     status = world.wm("sidewrites")["status"]

@@ -27,7 +27,11 @@ from warmpool_operator.rules.forecast.history import loads
 from warmpool_operator.rules.forecast.lengths import round_up
 
 from tests.support.e2e import Operator, World, delete_warmmodels, http, metric, pod_ready, readable_by_pods, warmmodel
-from warmpool import contract
+from warmpool.contract.api import CONDITION_PREDICTIVE
+from warmpool.contract.files import CONFIGMAP_KEY_HISTORY, CONFIGMAP_KEY_LEARNED_BUCKETS
+from warmpool.contract.http import PATH_METRICS
+from warmpool.contract.metrics import METRIC_WARMUP_PLANNED
+from warmpool.contract.pods import CONFIGMAP_SUFFIX
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +99,7 @@ def replicas(world: World, name: str) -> int:
 
 def stored_history(world: World, name: str) -> Any | None:
     found = world.maybe("configmap", history_configmap_name(name))
-    text = ((found or {}).get("data") or {}).get(contract.CONFIGMAP_KEY_HISTORY)
+    text = ((found or {}).get("data") or {}).get(CONFIGMAP_KEY_HISTORY)
     return loads(text) if text else None
 
 
@@ -174,7 +178,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
         deadline = time.monotonic() + STAGE_S * len(rates) + 30
         while time.monotonic() < deadline and ramp.stage < len(rates):
             count = replicas(world, "ramp")
-            cond = world.condition("ramp", contract.CONDITION_PREDICTIVE)
+            cond = world.condition("ramp", CONDITION_PREDICTIVE)
             seen.append((ramp.stage, count, cond.get("reason")))
             if count > 1:
                 grew_at = ramp.stage
@@ -225,8 +229,8 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
 
     block = world.wait(learned, 60, "status.learnedBuckets with buckets")
     assert block["buckets"] == [length] and block["observed"] >= MIN_PROMPTS, block
-    stored = world.get("configmap", f"ramp{contract.CONFIGMAP_SUFFIX}")["data"]
-    assert json.loads(stored[contract.CONFIGMAP_KEY_LEARNED_BUCKETS])["buckets"] == [length]
+    stored = world.get("configmap", f"ramp{CONFIGMAP_SUFFIX}")["data"]
+    assert json.loads(stored[CONFIGMAP_KEY_LEARNED_BUCKETS])["buckets"] == [length]
     # The ramp's extra pod goes once the forecast recedes: wait for the pool of one, or the scale-down
     # may take the replacement of the pod deleted below (the newest), leaving only an older pod.
     def one_pod() -> list[dict[str, Any]] | None:
@@ -241,10 +245,10 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
         return next((p for p in world.pods("ramp") if p["metadata"]["name"] not in before and pod_ready(p)), None)
 
     fresh = world.wait(new_warm_pod, 120, "a new pod Ready")
-    code, text = http(world.base(fresh) + contract.PATH_METRICS, timeout=5)
+    code, text = http(world.base(fresh) + PATH_METRICS, timeout=5)
     assert code == 200, text[:300]
-    assert (metric(text, contract.METRIC_WARMUP_PLANNED, bucket=str(length)) or 0) > 0, text[-3000:]
-    assert metric(text, contract.METRIC_WARMUP_PLANNED, bucket="8") is None  # the configured buckets are not
+    assert (metric(text, METRIC_WARMUP_PLANNED, bucket=str(length)) or 0) > 0, text[-3000:]
+    assert metric(text, METRIC_WARMUP_PLANNED, bucket="8") is None  # the configured buckets are not
 
 
 def test_unreadable_request_metrics_leave_the_pool_reactive_and_say_why(
@@ -256,7 +260,7 @@ def test_unreadable_request_metrics_leave_the_pool_reactive_and_say_why(
     world.apply(predictive("blind", tiny_model))
 
     def unavailable() -> dict[str, Any] | None:
-        cond = world.condition("blind", contract.CONDITION_PREDICTIVE)
+        cond = world.condition("blind", CONDITION_PREDICTIVE)
         return cond if cond.get("reason") == "RequestMetricsUnavailable" else None
 
     cond = world.wait(unavailable, 120, "Predictive=False RequestMetricsUnavailable")

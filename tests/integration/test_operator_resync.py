@@ -23,7 +23,8 @@ from warmpool_operator.io.kube import CONFIGMAPS, Kube
 from warmpool_operator.io.watch_cache import Cache
 
 from tests.support.e2e import warmmodel
-from warmpool import contract
+from warmpool.contract.api import KIND, PLURAL
+from warmpool.contract.pods import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +45,9 @@ def _run(cluster: ClusterHandle, action: Callable[[Kube], Awaitable[T]]) -> T:
 
 def _configmap(namespace: str, name: str, owner: Obj | None = None) -> Obj:
     meta: Obj = {"name": name, "namespace": namespace,
-                 "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_MODEL: "m"}}
+                 "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_MODEL: "m"}}
     if owner is not None:
-        meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": contract.KIND,
+        meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": KIND,
                                     "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": name}}
 
@@ -103,7 +104,7 @@ def test_a_resync_hides_what_went_pokes_its_warmmodel_and_stops_a_deleted_one(
         manifest = tmp_path / f"{name}.json"
         manifest.write_text(json.dumps(warmmodel(name, tmp_path)))
         cluster.kubectl("-n", namespace, "create", "-f", str(manifest))
-    bodies = {name: json.loads(cluster.kubectl("-n", namespace, "get", contract.PLURAL, name, "-o", "json").stdout)
+    bodies = {name: json.loads(cluster.kubectl("-n", namespace, "get", PLURAL, name, "-o", "json").stdout)
               for name in ("kept", "gone")}
 
     async def scenario(kube: Kube) -> tuple[Registry, dict[str, Recorder], Cache, list[Obj]]:
@@ -116,7 +117,7 @@ def test_a_resync_hides_what_went_pokes_its_warmmodel_and_stops_a_deleted_one(
         recorders = {name: Recorder(body) for name, body in bodies.items()}
         registry.by_key.update({(namespace, name): rec for name, rec in recorders.items()})  # type: ignore[misc]
         await kube.request("DELETE", CONFIGMAPS.path(namespace, "kept-config"))
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "gone", "--wait=true", "--timeout=60s")
+        cluster.kubectl("-n", namespace, "delete", PLURAL, "gone", "--wait=true", "--timeout=60s")
         await registry.resync()
         return registry, recorders, registry.cache, [child, sibling]
 

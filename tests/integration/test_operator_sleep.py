@@ -31,7 +31,15 @@ from tests.support.e2e import (
     rss,
     warmmodel,
 )
-from warmpool import contract
+from warmpool.contract.api import PLURAL
+from warmpool.contract.http import PATH_METRICS
+from warmpool.contract.metrics import (
+    METRIC_SLEEP_LEVEL,
+    METRIC_SLEEP_RELEASED_BYTES,
+    METRIC_SLEEPS,
+    METRIC_WAKES_ON_REQUEST,
+)
+from warmpool.contract.pods import ANNOTATION_TIER, AWAKE_FALSE, AWAKE_TRUE, LABEL_AWAKE
 
 pytestmark = pytest.mark.integration
 
@@ -79,17 +87,17 @@ def sleepy(name: str, model: Path, *, replicas: int, sleep: dict[str, Any], memo
 
 
 def scraped(world: World, pod: dict[str, Any]) -> str:
-    code, text = http(world.base(pod) + contract.PATH_METRICS, timeout=5)
+    code, text = http(world.base(pod) + PATH_METRICS, timeout=5)
     assert code == 200, text[:300]
     return text
 
 
 def level(world: World, pod: dict[str, Any]) -> float | None:
-    return metric(scraped(world, pod), contract.METRIC_SLEEP_LEVEL)
+    return metric(scraped(world, pod), METRIC_SLEEP_LEVEL)
 
 
 def awake_label(pod: dict[str, Any]) -> str | None:
-    return (pod["metadata"].get("labels") or {}).get(contract.LABEL_AWAKE)
+    return (pod["metadata"].get("labels") or {}).get(LABEL_AWAKE)
 
 
 def events(world: World, reason: str) -> list[dict[str, Any]]:
@@ -130,21 +138,21 @@ def test_idle_pool_sleeps_to_min_awake_answers_the_same_and_scale_wakes_before_a
     # Idle for afterIdleSeconds: one pod sleeps (minAwake 1 keeps the other), out of the Service.
     asleep = world.wait(lambda: one_asleep(world, "idle"), 60, "one pod asleep")
     name = asleep["metadata"]["name"]
-    world.wait(lambda: awake_label(by_name(world, "idle")[name]) == contract.AWAKE_FALSE, 20,
+    world.wait(lambda: awake_label(by_name(world, "idle")[name]) == AWAKE_FALSE, 20,
                "the sleeping pod labelled awake=false")
     other = next(p for n, p in by_name(world, "idle").items() if n != name)
-    assert awake_label(other) == contract.AWAKE_TRUE and level(world, other) == 0
+    assert awake_label(other) == AWAKE_TRUE and level(world, other) == 0
     world.wait(lambda: world.wm("idle")["status"].get("sleepingReplicas") == 1, 30, "status counting one asleep")
     assert world.wm("idle")["status"]["awakeReplicas"] == 1
     assert any(name in e["message"] and "idle" in e["message"] for e in events(world, "PodAsleep"))
     # The Service's endpoints follow: only the awake pod is selected.
-    assert world.get("service", "idle")["spec"]["selector"][contract.LABEL_AWAKE] == contract.AWAKE_TRUE
+    assert world.get("service", "idle")["spec"]["selector"][LABEL_AWAKE] == AWAKE_TRUE
     expected = world.complete(other, "idle", PROMPT, max_tokens=6)  # an awake engine's greedy text
 
     # A request that reaches the sleeping pod is answered, with the same greedy text; it woke itself.
     # Its memory, measured from outside the worker (VmRSS), asleep and then awake again:
     asleep_rss = rss(world.worker_pid(asleep))
-    released = metric(scraped(world, asleep), contract.METRIC_SLEEP_RELEASED_BYTES) or 0
+    released = metric(scraped(world, asleep), METRIC_SLEEP_RELEASED_BYTES) or 0
     assert level(world, asleep) == 1, f"{name} woke before its memory was measured\n{world.dump()}"
     assert world.complete(asleep, "idle", PROMPT, max_tokens=6) == expected
     awake_rss = rss(world.worker_pid(asleep))
@@ -152,9 +160,9 @@ def test_idle_pool_sleeps_to_min_awake_answers_the_same_and_scale_wakes_before_a
           f"the worker measured {int(released) >> 20} MiB released")
     assert asleep_rss < awake_rss - 30 * 2**20, (asleep_rss, awake_rss)
     assert released >= 30 * 2**20
-    assert metric(scraped(world, asleep), contract.METRIC_WAKES_ON_REQUEST) == 1
+    assert metric(scraped(world, asleep), METRIC_WAKES_ON_REQUEST) == 1
     # ... and the operator puts it back into the Service.
-    world.wait(lambda: awake_label(by_name(world, "idle")[name]) == contract.AWAKE_TRUE, 20,
+    world.wait(lambda: awake_label(by_name(world, "idle")[name]) == AWAKE_TRUE, 20,
                "the self-woken pod labelled awake=true again")
     assert any(name in e["message"] for e in events(world, "PodWokeOnRequest"))
 
@@ -163,7 +171,7 @@ def test_idle_pool_sleeps_to_min_awake_answers_the_same_and_scale_wakes_before_a
     name = asleep["metadata"]["name"]
     before = set(by_name(world, "idle"))
     self_woken = [e["metadata"]["name"] for e in events(world, "PodWokeOnRequest") if name in e["message"]]
-    world.kubectl("scale", f"{contract.PLURAL}/idle", "--replicas=3")
+    world.kubectl("scale", f"{PLURAL}/idle", "--replicas=3")
     order: list[str] = []
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and "new-ready" not in order:
@@ -187,7 +195,7 @@ def test_operator_killed_while_pods_sleep_they_serve_and_wake_on_requests(
     world.apply(sleepy("dark", sleepy_model, replicas=2, sleep={"afterIdleSeconds": 2, "minAwake": 1}))
     world.wait_ready("dark", warm=2, timeout=240)
     asleep = world.wait(lambda: one_asleep(world, "dark"), 60, "one pod asleep")
-    world.wait(lambda: awake_label(by_name(world, "dark")[asleep["metadata"]["name"]]) == contract.AWAKE_FALSE,
+    world.wait(lambda: awake_label(by_name(world, "dark")[asleep["metadata"]["name"]]) == AWAKE_FALSE,
                20, "awake=false on the sleeping pod")
     world.operator.kill()
 
@@ -195,12 +203,12 @@ def test_operator_killed_while_pods_sleep_they_serve_and_wake_on_requests(
     for pod in world.pods("dark"):
         assert world.complete(pod, "dark", PROMPT, max_tokens=4)
     assert level(world, asleep) == 0
-    assert metric(scraped(world, asleep), contract.METRIC_WAKES_ON_REQUEST) == 1
+    assert metric(scraped(world, asleep), METRIC_WAKES_ON_REQUEST) == 1
     assert all(pod_ready(p) for p in world.pods("dark"))
 
     # The operator back: the woken pod is back in the Service (its level read from its metrics).
     world.operator.start()
-    world.wait(lambda: awake_label(by_name(world, "dark")[asleep["metadata"]["name"]]) == contract.AWAKE_TRUE,
+    world.wait(lambda: awake_label(by_name(world, "dark")[asleep["metadata"]["name"]]) == AWAKE_TRUE,
                60, "the pod that woke while the operator was down relabelled awake=true")
 
 
@@ -244,10 +252,10 @@ def test_memory_pressure_sleeps_the_idle_model_and_the_busy_one_keeps_serving(
 
         def tier(pod: dict[str, Any]) -> str | None:
             live = world.get("pod", pod["metadata"]["name"])
-            return (live["metadata"].get("annotations") or {}).get(contract.ANNOTATION_TIER)
+            return (live["metadata"].get("annotations") or {}).get(ANNOTATION_TIER)
 
         world.wait(lambda: tier(quiet) == tier(busy_pod) == "paused", 60, "both pods at the paused tier")
-        busy_sleeps = metric(scraped(world, busy_pod), contract.METRIC_SLEEPS)
+        busy_sleeps = metric(scraped(world, busy_pod), METRIC_SLEEPS)
         world.wait(lambda: (level(world, quiet) or 0) > 0, 90, "the idle model's pod put to sleep")
         asleep = [e for e in events(world, "PodAsleep") if quiet["metadata"]["name"] in e["message"]]
         assert asleep and "memory pressure" in asleep[0]["message"], asleep
@@ -258,7 +266,7 @@ def test_memory_pressure_sleeps_the_idle_model_and_the_busy_one_keeps_serving(
         stop.set()
         thread.join(timeout=40)
     text = scraped(world, busy_pod)
-    assert metric(text, contract.METRIC_SLEEPS) == busy_sleeps, "the busy pod was put to sleep"
+    assert metric(text, METRIC_SLEEPS) == busy_sleeps, "the busy pod was put to sleep"
     assert level(world, busy_pod) == 0
     assert all(code == 200 for code in answers), sorted(set(answers))
     print(f"pressure: {len(answers)} requests to the busy pod, all 200; the idle pod asleep")
@@ -272,25 +280,25 @@ def test_a_pool_made_before_the_awake_label_keeps_its_endpoints_through_the_upgr
     # As a pool of an older operator left it: no awake label on its pods, a Service without it.
     world.operator.stop()
     pod = world.pods("legacy")[0]
-    world.kubectl("label", "pod", pod["metadata"]["name"], f"{contract.LABEL_AWAKE}-")
+    world.kubectl("label", "pod", pod["metadata"]["name"], f"{LABEL_AWAKE}-")
     world.kubectl("patch", "service", "legacy", "--type=json", "-p", json.dumps(
-        [{"op": "remove", "path": "/spec/selector/" + contract.LABEL_AWAKE.replace("/", "~1")}]))
-    assert contract.LABEL_AWAKE not in world.get("service", "legacy")["spec"]["selector"]
+        [{"op": "remove", "path": "/spec/selector/" + LABEL_AWAKE.replace("/", "~1")}]))
+    assert LABEL_AWAKE not in world.get("service", "legacy")["spec"]["selector"]
 
     world.operator.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         selector = world.get("service", "legacy")["spec"]["selector"]
         labels = [awake_label(p) for p in world.pods("legacy")]
-        if contract.LABEL_AWAKE in selector:
+        if LABEL_AWAKE in selector:
             # The Service asks for the label only once every live pod carries it.
-            assert labels == [contract.AWAKE_TRUE], labels
+            assert labels == [AWAKE_TRUE], labels
             break
         time.sleep(0.1)
     else:
         raise AssertionError(f"the Service never selected the awake label\n{world.dump()}")
     log = world.operator.log().split("operator start #2")[-1]
-    relabelled = log.index(f"labelled {contract.LABEL_AWAKE}=true")
+    relabelled = log.index(f"labelled {LABEL_AWAKE}=true")
     assert relabelled < log.index("Service"), log[-3000:]
 
     # The live pod matches the Service's new selector (the local control plane refuses loopback

@@ -25,7 +25,9 @@ from warmpool_operator.rules.forecast.history import History, HistoryLimits, Ste
 from warmpool_operator.rules.forecast.lengths import histogram
 
 from tests.support.e2e import warmmodel
-from warmpool import contract
+from warmpool.contract.api import KIND
+from warmpool.contract.files import CONFIGMAP_KEY_HISTORY
+from warmpool.contract.pods import COMPONENT_HISTORY, LABEL_COMPONENT, LABEL_MANAGED_BY
 
 pytestmark = pytest.mark.integration
 
@@ -107,12 +109,12 @@ def test_a_restarted_operator_loads_exactly_the_history_it_wrote(
     assert stored is not None
     meta = stored["metadata"]
     assert [(r["kind"], r["uid"], r.get("controller")) for r in meta["ownerReferences"]] == [
-        (contract.KIND, owner["metadata"]["uid"], True)]
-    assert meta["labels"][contract.LABEL_COMPONENT] == contract.COMPONENT_HISTORY
-    assert contract.LABEL_MANAGED_BY not in meta["labels"]
-    assert len(stored["data"][contract.CONFIGMAP_KEY_HISTORY]) < StoreSettings().max_bytes
+        (KIND, owner["metadata"]["uid"], True)]
+    assert meta["labels"][LABEL_COMPONENT] == COMPONENT_HISTORY
+    assert LABEL_MANAGED_BY not in meta["labels"]
+    assert len(stored["data"][CONFIGMAP_KEY_HISTORY]) < StoreSettings().max_bytes
     print(f"a day of the Azure trace: {len(history)} steps, {sum(history.requests)} requests, "
-          f"{len(stored['data'][contract.CONFIGMAP_KEY_HISTORY])} bytes stored")
+          f"{len(stored['data'][CONFIGMAP_KEY_HISTORY])} bytes stored")
 
     async def second_life(store: HistoryStore) -> Any:
         return await store.load()
@@ -152,10 +154,10 @@ def test_a_foreign_configmap_of_that_name_is_left_byte_for_byte(
         cluster.kubectl("apply", "-n", namespace, "-f", "-",
                         input=json.dumps(warmmodel("other", Path("/nonexistent/model"))))
         other = json.loads(cluster.kubectl("get", "-n", namespace, "warmmodel", "other", "-o", "json").stdout)
-        meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": contract.KIND, "name": "other",
+        meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": KIND, "name": "other",
                                     "uid": other["metadata"]["uid"]}]
     foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-               "data": {contract.CONFIGMAP_KEY_HISTORY: "their own notes", "other": "x"}}
+               "data": {CONFIGMAP_KEY_HISTORY: "their own notes", "other": "x"}}
     cluster.kubectl("create", "-f", "-", input=json.dumps(foreign))
     before = _configmap(cluster, namespace)
     history = _trace_history()
@@ -182,7 +184,7 @@ def test_garbage_in_our_configmap_falls_back_to_empty_with_the_reason(
     assert _run(_with_store(cluster, owner, write)).written
     name = history_configmap_name("hist")
     cluster.kubectl("patch", "-n", namespace, "configmap", name, "--type=merge",
-                    "-p", json.dumps({"data": {contract.CONFIGMAP_KEY_HISTORY: "wph1.@@not base64@@"}}))
+                    "-p", json.dumps({"data": {CONFIGMAP_KEY_HISTORY: "wph1.@@not base64@@"}}))
 
     async def restart(store: HistoryStore) -> tuple[Any, Any]:
         loaded = await store.load()
@@ -197,4 +199,4 @@ def test_garbage_in_our_configmap_falls_back_to_empty_with_the_reason(
     # ours, so the next save replaces the garbage with a history that loads
     assert saved.written
     stored = _configmap(cluster, namespace)
-    assert stored is not None and stored["data"][contract.CONFIGMAP_KEY_HISTORY] == dumps(history)
+    assert stored is not None and stored["data"][CONFIGMAP_KEY_HISTORY] == dumps(history)

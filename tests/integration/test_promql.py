@@ -33,7 +33,20 @@ from warmpool_operator.rules.forecast import report as forecast_report
 
 from tests.support import promql
 from tests.support.e2e import http, model_root, tiny_model, warmmodel
-from warmpool import contract
+from warmpool.contract.api import CONDITION_PREDICTIVE, PLURAL
+from warmpool.contract.http import DEFAULT_WORKER_PORT
+from warmpool.contract.metrics import (
+    FORECAST_QUANTILE_P50,
+    FORECAST_QUANTILE_P90,
+    METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD,
+    METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS,
+    METRIC_OPERATOR_FORECAST_PEAK,
+    METRIC_OPERATOR_FORECAST_RATE_NOW,
+    METRIC_OPERATOR_WARM_PODS,
+    METRIC_READY,
+    METRIC_TTFT,
+)
+from warmpool.contract.pods import LABEL_MODEL, WORKER_CONTAINER
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +70,11 @@ CAPACITY_TIMEOUT_S = 150.0
 CAPACITY_CHECK_EVERY = 10
 #: The operator's per-WarmModel forecast series (status.forecast's figures) for this module's WarmModel.
 FORECAST_SERIES = (
-    f'{contract.METRIC_OPERATOR_FORECAST_RATE_NOW}{{warmmodel="tiny"}}',
-    f'{contract.METRIC_OPERATOR_FORECAST_PEAK}{{warmmodel="tiny", quantile="{contract.FORECAST_QUANTILE_P50}"}}',
-    f'{contract.METRIC_OPERATOR_FORECAST_PEAK}{{warmmodel="tiny", quantile="{contract.FORECAST_QUANTILE_P90}"}}',
-    f'{contract.METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}',
-    f'{contract.METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS}{{warmmodel="tiny"}}',
+    f'{METRIC_OPERATOR_FORECAST_RATE_NOW}{{warmmodel="tiny"}}',
+    f'{METRIC_OPERATOR_FORECAST_PEAK}{{warmmodel="tiny", quantile="{FORECAST_QUANTILE_P50}"}}',
+    f'{METRIC_OPERATOR_FORECAST_PEAK}{{warmmodel="tiny", quantile="{FORECAST_QUANTILE_P90}"}}',
+    f'{METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}',
+    f'{METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS}{{warmmodel="tiny"}}',
 )
 
 
@@ -111,7 +124,7 @@ def _add_operator_arg(cluster: ClusterHandle, arg: str) -> None:
 
 def _serve_until_capacity_measured(url: str, completions: str) -> None:
     """Completions, one at a time, until Prometheus has the operator's measured per-pod capacity."""
-    metric = f'{contract.METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}'
+    metric = f'{METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}'
     deadline = time.monotonic() + CAPACITY_TIMEOUT_S
     sent = 0
     while sent < CAPACITY_MAX_REQUESTS and time.monotonic() < deadline:
@@ -166,23 +179,23 @@ def live_pool(cluster: ClusterHandle, crd: str, tmp_path_factory: pytest.TempPat
         url = handle.url
 
         def warm() -> bool:
-            got = _series(url, f'{contract.METRIC_OPERATOR_WARM_PODS}{{warmmodel="tiny"}} >= 1')
+            got = _series(url, f'{METRIC_OPERATOR_WARM_PODS}{{warmmodel="tiny"}} >= 1')
             return bool(got)
 
         _wait_for("the operator to report the pool warm through Prometheus", warm, WARM_TIMEOUT_S, 2.0)
         # One served completion, so the time-to-first-token histogram has an observation.
         pods = json.loads(cluster.kubectl("get", "pods", "-n", _NAMESPACE, "-l",
-                                          f"{contract.LABEL_MODEL}=tiny", "-o", "json").stdout)["items"]
+                                          f"{LABEL_MODEL}=tiny", "-o", "json").stdout)["items"]
         ip = pods[0]["status"]["podIP"]
         assert on_a_node_bridge(ip), f"tests only talk to loopback and the local node's pods, got pod IP {ip}"
-        completions = f"http://{ip}:{contract.DEFAULT_WORKER_PORT}/v1/completions"
+        completions = f"http://{ip}:{DEFAULT_WORKER_PORT}/v1/completions"
         code, text = http(completions, {"model": "tiny", "prompt": "hello", "max_tokens": 2})
         assert code == 200, text
         # Enough served work for the operator to measure a pod's capacity: the forecast panel's warm capacity.
         _serve_until_capacity_measured(url, completions)
 
         def ttft_rate_seen() -> bool:
-            return bool(_series(url, f"sum(rate({contract.METRIC_TTFT}_count[5m])) > 0"))
+            return bool(_series(url, f"sum(rate({METRIC_TTFT}_count[5m])) > 0"))
 
         _wait_for("two scrapes after the completion", ttft_rate_seen, SERIES_TIMEOUT_S)
         yield url
@@ -225,14 +238,14 @@ def test_prometheus_discovers_the_operator_and_the_workers(live_pool: str) -> No
     targets = _api(live_pool, "/api/v1/targets", state="active")["data"]["activeTargets"]
     up = {(t["labels"]["job"], t["labels"]["container"]): t for t in targets if t["health"] == "up"}
     assert (f"{RELEASE}-warmpool-metrics", "operator") in up, targets
-    assert (f"{_NAMESPACE}/{RELEASE}-warmpool-workers", contract.WORKER_CONTAINER) in up, targets
+    assert (f"{_NAMESPACE}/{RELEASE}-warmpool-workers", WORKER_CONTAINER) in up, targets
     for target in targets:  # only the local node's pod IPs are ever scraped
         assert on_a_node_bridge(target["labels"]["instance"].rsplit(":", 1)[0]), target
     # The PodMonitor's relabelling: the WarmModel's name and the node are labels of the series.
-    (ready,) = _series(live_pool, f'{contract.METRIC_READY}{{warmmodel="tiny"}}')
+    (ready,) = _series(live_pool, f'{METRIC_READY}{{warmmodel="tiny"}}')
     assert ready["metric"]["namespace"] == _NAMESPACE and ready["metric"]["node"], ready
     # honorLabels on the operator's ServiceMonitor: its namespace label is the WarmModel's.
-    (warm,) = _series(live_pool, f'{contract.METRIC_OPERATOR_WARM_PODS}{{warmmodel="tiny"}}')
+    (warm,) = _series(live_pool, f'{METRIC_OPERATOR_WARM_PODS}{{warmmodel="tiny"}}')
     assert warm["metric"]["namespace"] == _NAMESPACE and "exported_namespace" not in warm["metric"], warm
     # Shadow-mode demand prediction exports status.forecast's figures, under the same labels.
     for selector in FORECAST_SERIES:
@@ -245,18 +258,18 @@ def test_the_forecast_series_mirror_status_forecast(live_pool: str, cluster: Clu
     test's history step (the flag reached the operator), in the same units."""
 
     def status() -> dict[str, Any]:
-        got: dict[str, Any] = json.loads(cluster.kubectl("get", contract.PLURAL, "tiny", "-n", _NAMESPACE,
+        got: dict[str, Any] = json.loads(cluster.kubectl("get", PLURAL, "tiny", "-n", _NAMESPACE,
                                                          "-o", "json").stdout).get("status") or {}
         return got
 
     forecast = status()["forecast"]
     assert forecast["stepSeconds"] == PREDICT_STEP_S, forecast
-    (predictive,) = [c for c in status()["conditions"] if c["type"] == contract.CONDITION_PREDICTIVE]
+    (predictive,) = [c for c in status()["conditions"] if c["type"] == CONDITION_PREDICTIVE]
     assert predictive["reason"] == forecast_report.REASON_SHADOW, predictive
 
     def same_capacity() -> tuple[float, float] | None:
         # Capacity changes only on steps that served requests (none now): status and the gauge settle equal.
-        (series,) = _series(live_pool, f'{contract.METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}')
+        (series,) = _series(live_pool, f'{METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}')
         figures = (float(series["value"][1]), float(status()["forecast"]["capacityPerPod"]))
         return figures if figures[0] == figures[1] else None
 

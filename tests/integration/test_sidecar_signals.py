@@ -19,13 +19,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_sidecar import SidecarProcess, wait_for
 from tests.support.vllm_engine import VllmStandIn
-from warmpool import contract
+from warmpool.contract.metrics import (
+    METRIC_ENGINE_BUSY_SECONDS,
+    METRIC_GENERATED_TOKENS,
+    METRIC_REQUEST_GENERATED_TOKENS,
+    METRIC_REQUEST_PROMPT_TOKENS,
+    METRIC_REQUESTS_IN_FLIGHT,
+    METRIC_REQUESTS_QUEUED,
+    METRIC_REQUESTS_TOTAL,
+    VLLM_REQUEST_SUCCESS,
+)
 
 pytestmark = pytest.mark.integration
 
-PROMPT = contract.METRIC_REQUEST_PROMPT_TOKENS
-SIGNALS = (contract.METRIC_REQUESTS_TOTAL, contract.METRIC_REQUESTS_IN_FLIGHT, contract.METRIC_REQUESTS_QUEUED,
-           contract.METRIC_GENERATED_TOKENS, PROMPT + "_count", contract.METRIC_REQUEST_GENERATED_TOKENS + "_count")
+PROMPT = METRIC_REQUEST_PROMPT_TOKENS
+SIGNALS = (METRIC_REQUESTS_TOTAL, METRIC_REQUESTS_IN_FLIGHT, METRIC_REQUESTS_QUEUED,
+           METRIC_GENERATED_TOKENS, PROMPT + "_count", METRIC_REQUEST_GENERATED_TOKENS + "_count")
 
 
 @pytest.fixture()
@@ -40,7 +49,7 @@ def engine() -> Iterator[VllmStandIn]:
 
 def _engine_finished(engine: VllmStandIn) -> float:
     return sum(s.value for family in text_string_to_metric_families(engine.vllm.render())
-               for s in family.samples if s.name == contract.VLLM_REQUEST_SUCCESS)
+               for s in family.samples if s.name == VLLM_REQUEST_SUCCESS)
 
 
 def _complete(engine: VllmStandIn, words: int, max_tokens: int) -> None:
@@ -59,7 +68,7 @@ def test_the_sidecar_re_exports_vllms_request_figures(engine: VllmStandIn, tmp_p
         # the warm-up requests are in vLLM's own figures: the sidecar shows the same count
         warmups = _engine_finished(engine)
         assert warmups == 2
-        wait_for("the warm-up requests", lambda: sidecar.metric(contract.METRIC_REQUESTS_TOTAL) == warmups, 20,
+        wait_for("the warm-up requests", lambda: sidecar.metric(METRIC_REQUESTS_TOTAL) == warmups, 20,
                  sidecar.proc, sidecar.log_path)
         before = sidecar.samples()
 
@@ -67,16 +76,16 @@ def test_the_sidecar_re_exports_vllms_request_figures(engine: VllmStandIn, tmp_p
             _complete(engine, words, max_tokens)
         engine.vllm.running.labels("vllm-standin", "0").set(2)
         engine.vllm.waiting.labels("vllm-standin", "0").set(5)
-        wait_for("the served requests", lambda: sidecar.metric(contract.METRIC_REQUESTS_TOTAL) == warmups + 6
-                 and sidecar.metric(contract.METRIC_REQUESTS_QUEUED) == 5, 20, sidecar.proc, sidecar.log_path)
+        wait_for("the served requests", lambda: sidecar.metric(METRIC_REQUESTS_TOTAL) == warmups + 6
+                 and sidecar.metric(METRIC_REQUESTS_QUEUED) == 5, 20, sidecar.proc, sidecar.log_path)
         after = sidecar.samples()
 
         def delta(name: str, **labels: str) -> float:
             key = (name, tuple(sorted(labels.items())))
             return after[key] - before[key]
 
-        assert after[(contract.METRIC_REQUESTS_IN_FLIGHT, ())] == 2
-        assert delta(contract.METRIC_GENERATED_TOKENS) == 60
+        assert after[(METRIC_REQUESTS_IN_FLIGHT, ())] == 2
+        assert delta(METRIC_GENERATED_TOKENS) == 60
         assert delta(PROMPT + "_count") == 6 and delta(PROMPT + "_sum") == 3 * 1500 + 4000 + 2 * 100
         # warmpool's edges, interpolated within vLLM's 1-2-5 buckets: 3 prompts in (1000, 2000],
         # 1 in (2000, 5000], 2 in (50, 100]
@@ -85,20 +94,20 @@ def test_the_sidecar_re_exports_vllms_request_figures(engine: VllmStandIn, tmp_p
         assert delta(PROMPT + "_bucket", le="2048.0") == pytest.approx(5 + 48 / 3000)
         assert delta(PROMPT + "_bucket", le="6144.0") == pytest.approx(6)
         assert delta(PROMPT + "_bucket", le="+Inf") == 6
-        assert delta(contract.METRIC_REQUEST_GENERATED_TOKENS + "_count") == 6
-        assert (contract.METRIC_ENGINE_BUSY_SECONDS, ()) not in after  # no external engine tells us that
+        assert delta(METRIC_REQUEST_GENERATED_TOKENS + "_count") == 6
+        assert (METRIC_ENGINE_BUSY_SECONDS, ()) not in after  # no external engine tells us that
 
         # a histogram whose counts fall is refused; the engine's other figures stay
         engine.metrics_mode = "garbage"
         wait_for("the garbage histogram dropped", lambda: (PROMPT + "_count", ()) not in sidecar.samples(), 20,
                  sidecar.proc, sidecar.log_path)
-        assert sidecar.metric(contract.METRIC_REQUESTS_TOTAL) == warmups + 6
+        assert sidecar.metric(METRIC_REQUESTS_TOTAL) == warmups + 6
         # an engine without these figures: every one of them absent, never 0
         engine.metrics_mode = "none"
         wait_for("the figures absent", lambda: not {name for name, _ in sidecar.samples()} & set(SIGNALS), 20,
                  sidecar.proc, sidecar.log_path)
         engine.metrics_mode = "vllm"
-        wait_for("the figures back", lambda: sidecar.metric(contract.METRIC_REQUESTS_TOTAL) == warmups + 6, 20,
+        wait_for("the figures back", lambda: sidecar.metric(METRIC_REQUESTS_TOTAL) == warmups + 6, 20,
                  sidecar.proc, sidecar.log_path)
         # the engine gone: nothing stale is left behind
         engine.stop()

@@ -25,7 +25,40 @@ from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import Operator, World, http, metric
 from tests.support.procs import HOST, free_port, subprocess_env
-from warmpool import contract
+from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
+from warmpool.contract.http import CONTROL_FIELD_TRACEPARENT, PATH_METRICS, PATH_READYZ
+from warmpool.contract.metrics import (
+    METRIC_LAYERS_TOTAL,
+    METRIC_MODEL_INFO,
+    METRIC_PHASE_DURATION,
+    METRIC_PHASE_TIMESTAMP,
+)
+from warmpool.contract.pods import (
+    ATTR_BUCKET,
+    ATTR_DEVICE,
+    ATTR_DIGEST,
+    ATTR_LAYER,
+    ATTR_POD,
+    ATTR_TIER,
+    ATTR_TOKENS,
+    ATTR_WARMMODEL_UID,
+    ENV_OTEL_ENDPOINT,
+    ENV_OTEL_SAMPLER_ARG,
+    ENV_OTEL_SERVICE_NAME,
+    ENV_POD_NAME,
+    SPAN_APPLY,
+    SPAN_COLD_START,
+    SPAN_DECIDE,
+    SPAN_FIRST_REQUEST,
+    SPAN_IMPORTS,
+    SPAN_LAYER,
+    SPAN_PREFILL,
+    SPAN_READY,
+    SPAN_RECONCILE,
+    SPAN_STATUS,
+    SPAN_TIER_APPLIED,
+    SPAN_WEIGHTS_MAPPED,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -78,9 +111,9 @@ def parent_of(span: Span) -> str | None:
 def test_worker_cold_start_is_one_trace_in_jaeger(jaeger: JaegerHandle, tiny_model: Path, tmp_path: Path) -> None:
     service = f"worker-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    env = {**subprocess_env(), contract.ENV_OTEL_ENDPOINT: jaeger.otlp_endpoint,
-           contract.ENV_OTEL_SERVICE_NAME: service, contract.ENV_POD_NAME: "trace-pod-0",
-           contract.ENV_OTEL_SAMPLER_ARG: "0"}  # later requests: none sampled
+    env = {**subprocess_env(), ENV_OTEL_ENDPOINT: jaeger.otlp_endpoint,
+           ENV_OTEL_SERVICE_NAME: service, ENV_POD_NAME: "trace-pod-0",
+           ENV_OTEL_SAMPLER_ARG: "0"}  # later requests: none sampled
     log_path = tmp_path / "worker.log"
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
@@ -90,16 +123,16 @@ def test_worker_cold_start_is_one_trace_in_jaeger(jaeger: JaegerHandle, tiny_mod
             env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://{HOST}:{port}"
     try:
-        wait_for(lambda: http(f"{base}{contract.PATH_READYZ}", timeout=5)[0] == 200, 180, "the worker ready")
+        wait_for(lambda: http(f"{base}{PATH_READYZ}", timeout=5)[0] == 200, 180, "the worker ready")
         for _ in range(2):  # the first joins the cold start's trace; the second is not sampled (ratio 0)
             status, _body = http(f"{base}/v1/completions", {"prompt": "hello", "max_tokens": 2})
             assert status == 200
-        metrics_text = http(f"{base}{contract.PATH_METRICS}")[1]
+        metrics_text = http(f"{base}{PATH_METRICS}")[1]
 
         def whole_trace() -> list[Span] | None:
             found = traces(jaeger, service)
             spans = [s for t in found for s in t["spans"]]
-            return spans if any(s["operationName"] == contract.SPAN_FIRST_REQUEST for s in spans) else None
+            return spans if any(s["operationName"] == SPAN_FIRST_REQUEST for s in spans) else None
 
         spans = wait_for(whole_trace, 30, "the cold start's trace (with its first request) in Jaeger")
     finally:
@@ -108,37 +141,37 @@ def test_worker_cold_start_is_one_trace_in_jaeger(jaeger: JaegerHandle, tiny_mod
 
     assert len({s["traceID"] for s in spans}) == 1, "one trace per pod start, and no sampled later request"
     roots = [s for s in spans if parent_of(s) is None]
-    assert [r["operationName"] for r in roots] == [contract.SPAN_COLD_START]
+    assert [r["operationName"] for r in roots] == [SPAN_COLD_START]
     root = roots[0]
     children = sorted((s for s in spans if s is not root), key=lambda s: (s["startTime"], s["operationName"]))
     assert all(parent_of(s) == root["spanID"] for s in children)
-    layers = int(metric(metrics_text, contract.METRIC_LAYERS_TOTAL) or 0)
+    layers = int(metric(metrics_text, METRIC_LAYERS_TOTAL) or 0)
     assert layers >= 1
     names = [s["operationName"] for s in children]
-    assert names == [contract.SPAN_IMPORTS, contract.SPAN_WEIGHTS_MAPPED, *[contract.SPAN_LAYER] * layers,
-                     contract.SPAN_PREFILL, contract.SPAN_PREFILL, contract.SPAN_READY, contract.SPAN_FIRST_REQUEST]
+    assert names == [SPAN_IMPORTS, SPAN_WEIGHTS_MAPPED, *[SPAN_LAYER] * layers,
+                     SPAN_PREFILL, SPAN_PREFILL, SPAN_READY, SPAN_FIRST_REQUEST]
     # the steps follow each other: each starts where the one before ended (µs, as Jaeger keeps them)
     steps = children[1:-1]
     for before, after in itertools.pairwise(steps):
         assert abs(before["startTime"] + before["duration"] - after["startTime"]) <= 1, (before, after)
-    assert sorted(tags(s)[contract.ATTR_LAYER] for s in children[2 : 2 + layers]) == list(range(layers))
+    assert sorted(tags(s)[ATTR_LAYER] for s in children[2 : 2 + layers]) == list(range(layers))
     prefills = children[2 + layers : 4 + layers]
-    assert [(tags(s)[contract.ATTR_BUCKET], tags(s)[contract.ATTR_TOKENS]) for s in prefills] == [(8, 8), (16, 16)]
+    assert [(tags(s)[ATTR_BUCKET], tags(s)[ATTR_TOKENS]) for s in prefills] == [(8, 8), (16, 16)]
 
     digest = next(
         line.split('digest="')[1].split('"')[0]
-        for line in metrics_text.splitlines() if line.startswith(contract.METRIC_MODEL_INFO + "{")
+        for line in metrics_text.splitlines() if line.startswith(METRIC_MODEL_INFO + "{")
     )
     for span in spans:
         attributes = tags(span)
-        assert attributes[contract.ATTR_POD] == "trace-pod-0"
-        assert attributes[contract.ATTR_DIGEST] == digest
-        assert attributes[contract.ATTR_DEVICE] == "cpu"
-        assert attributes[contract.ATTR_TIER] == "full"
+        assert attributes[ATTR_POD] == "trace-pod-0"
+        assert attributes[ATTR_DIGEST] == digest
+        assert attributes[ATTR_DEVICE] == "cpu"
+        assert attributes[ATTR_TIER] == "full"
 
     # Durations agree with the phase metrics (seconds since process start; Jaeger keeps µs).
     def phase(name: str) -> float:
-        value = metric(metrics_text, contract.METRIC_PHASE_DURATION, phase=name)
+        value = metric(metrics_text, METRIC_PHASE_DURATION, phase=name)
         assert value is not None, name
         return value
 
@@ -148,7 +181,7 @@ def test_worker_cold_start_is_one_trace_in_jaeger(jaeger: JaegerHandle, tiny_mod
     assert abs((mapped["startTime"] + mapped["duration"] - start) / 1e6 - phase("weights_mapped")) < 2e-6
     first_layer = children[2]
     assert abs((first_layer["startTime"] + first_layer["duration"] - start) / 1e6 - phase("first_layer_ready")) < 5e-3
-    process_start = metric(metrics_text, contract.METRIC_PHASE_TIMESTAMP, phase="process_start")
+    process_start = metric(metrics_text, METRIC_PHASE_TIMESTAMP, phase="process_start")
     assert process_start is not None and abs(process_start - start / 1e6) < 2e-6
 
     # --log-format json: one object per line
@@ -219,7 +252,7 @@ def test_with_tracing_off_the_worker_start_path_imports_no_opentelemetry(tiny_mo
     assert loaded == [], f"tracing off, yet imported: {loaded}"
     # a malformed traceparent is refused, naming the field (tracing on or off)
     refused = next(line for line in proc.stdout.splitlines() if line.startswith("BAD_TRACEPARENT="))
-    assert refused.startswith("BAD_TRACEPARENT=400") and contract.CONTROL_FIELD_TRACEPARENT in refused, refused
+    assert refused.startswith("BAD_TRACEPARENT=400") and CONTROL_FIELD_TRACEPARENT in refused, refused
 
 
 # --------------------------------------------------------------------------- operator -> worker
@@ -229,8 +262,8 @@ def test_with_tracing_off_the_worker_start_path_imports_no_opentelemetry(tiny_mo
 def traced_world(cluster: ClusterHandle, namespace: str, crd: str, jaeger: JaegerHandle, tmp_path: Path,
                  monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[World, str]]:
     service = f"operator-{uuid.uuid4().hex[:8]}"
-    monkeypatch.setenv(contract.ENV_OTEL_ENDPOINT, jaeger.otlp_endpoint)
-    monkeypatch.setenv(contract.ENV_OTEL_SERVICE_NAME, service)
+    monkeypatch.setenv(ENV_OTEL_ENDPOINT, jaeger.otlp_endpoint)
+    monkeypatch.setenv(ENV_OTEL_SERVICE_NAME, service)
     operator = Operator(cluster, namespace, tmp_path / "operator.log", installed=False,
                         extra_args=("--log-format", "json"))
     operator.start()
@@ -238,7 +271,7 @@ def traced_world(cluster: ClusterHandle, namespace: str, crd: str, jaeger: Jaege
     try:
         yield world, service
     finally:
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
+        cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)
         operator.stop()
         world.close()
 
@@ -251,7 +284,7 @@ def test_operator_tier_change_and_worker_reaction_share_a_trace(
     # The worker counts its own resident memory against 4 GiB (several percent): above the
     # WarmModel's 2 % truncation line, so the operator directs the pod to "truncated".
     body = {
-        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+        "apiVersion": API_GROUP_VERSION, "kind": KIND,
         "metadata": {"name": "traced"},
         "spec": {
             "model": {"hostPath": {"path": str(tiny_model)}, "revision": "r1"},
@@ -261,8 +294,8 @@ def test_operator_tier_change_and_worker_reaction_share_a_trace(
             "pod": {
                 "workerArgs": ["--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2",
                                f"--memory-capacity-bytes={4 * 1024**3}"],
-                "workerEnv": [{"name": contract.ENV_OTEL_ENDPOINT, "value": jaeger.otlp_endpoint},
-                              {"name": contract.ENV_OTEL_SERVICE_NAME, "value": worker_service}],
+                "workerEnv": [{"name": ENV_OTEL_ENDPOINT, "value": jaeger.otlp_endpoint},
+                              {"name": ENV_OTEL_SERVICE_NAME, "value": worker_service}],
             },
         },
     }
@@ -270,9 +303,9 @@ def test_operator_tier_change_and_worker_reaction_share_a_trace(
     world.wait_ready("traced", warm=1, timeout=180)
 
     def reaction() -> list[Span] | None:
-        found = traces(jaeger, worker_service, contract.SPAN_TIER_APPLIED)
+        found = traces(jaeger, worker_service, SPAN_TIER_APPLIED)
         spans = [s for t in found for s in t["spans"]
-                 if s["operationName"] == contract.SPAN_TIER_APPLIED and tags(s)[contract.ATTR_TIER] == "truncated"]
+                 if s["operationName"] == SPAN_TIER_APPLIED and tags(s)[ATTR_TIER] == "truncated"]
         return spans or None
 
     # (a first directive may say "full", sent before the pod's memory figure was read)
@@ -292,12 +325,12 @@ def test_operator_tier_change_and_worker_reaction_share_a_trace(
     by_id = {s["spanID"]: s for s in trace["spans"]}
     # the reaction hangs under the pass's decide span, which hangs under its reconcile span
     decide = by_id[parent_of(applied) or ""]
-    assert decide["operationName"] == contract.SPAN_DECIDE
+    assert decide["operationName"] == SPAN_DECIDE
     reconcile = by_id[parent_of(decide) or ""]
-    assert reconcile["operationName"] == contract.SPAN_RECONCILE
+    assert reconcile["operationName"] == SPAN_RECONCILE
     wm = world.wm("traced")
-    assert tags(reconcile)[contract.ATTR_WARMMODEL_UID] == wm["metadata"]["uid"]
+    assert tags(reconcile)[ATTR_WARMMODEL_UID] == wm["metadata"]["uid"]
     names = {s["operationName"] for s in trace["spans"] if parent_of(s) == reconcile["spanID"]}
-    assert {contract.SPAN_APPLY, contract.SPAN_DECIDE, contract.SPAN_STATUS} <= names
+    assert {SPAN_APPLY, SPAN_DECIDE, SPAN_STATUS} <= names
     pod = world.pods("traced")[0]
-    assert tags(applied)[contract.ATTR_POD] == pod["metadata"]["name"]
+    assert tags(applied)[ATTR_POD] == pod["metadata"]["name"]

@@ -18,7 +18,7 @@ from warmpool_operator.io.watch_cache import MANAGED
 from warmpool_operator.model import Obj
 
 from tests.support.control_doubles import CHILD_KINDS, PATH, ControlCluster, TestKube
-from warmpool import contract
+from warmpool.contract.api import KIND, PLURAL
 from warmpool.kube import MERGE_PATCH, KubeError
 
 #: plural -> (Kind, the kind a watch event names)
@@ -26,7 +26,7 @@ KINDS: dict[str, tuple[k.Kind, str]] = {
     "deployments": (k.DEPLOYMENTS, "Deployment"), "replicasets": (k.REPLICASETS, "ReplicaSet"),
     "services": (k.SERVICES, "Service"), "configmaps": (k.CONFIGMAPS, "ConfigMap"),
     "secrets": (k.SECRETS, "Secret"), "pods": (k.PODS, "Pod"),
-    "poddisruptionbudgets": (k.PDBS, "PodDisruptionBudget"), contract.PLURAL: (k.WARMMODELS, contract.KIND),
+    "poddisruptionbudgets": (k.PDBS, "PodDisruptionBudget"), PLURAL: (k.WARMMODELS, KIND),
 }
 #: who the test's own edits are by: someone else, by hand
 EDITOR = "test-editor"

@@ -31,7 +31,16 @@ from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.io.worker_metrics import parse_metrics
 from warmpool_operator.model import Obj, Sample
 
-from warmpool import contract
+from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
+from warmpool.contract.http import CONTROL_FIELD_SLEEP_LEVEL, PATH_CONTROL_SLEEP, PATH_CONTROL_WAKE
+from warmpool.contract.metrics import (
+    METRIC_MEMORY_USED_RATIO,
+    METRIC_READY,
+    METRIC_REQUESTS_IN_FLIGHT,
+    METRIC_REQUESTS_TOTAL,
+    METRIC_SLEEP_CAPABLE,
+    METRIC_SLEEP_LEVEL,
+)
 from warmpool.kube import KubeError
 
 #: An API path in a namespace: its group prefix, namespace, plural, and name and subresource if any.
@@ -125,8 +134,8 @@ class ControlCluster(abc.ABC):
                     model_index.setdefault(key, []).append(slim(obj))
 
     async def warmmodel(self, name: str, spec: Mapping[str, Any]) -> Obj:
-        return await self.kube.put(contract.PLURAL, {
-            "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}", "kind": contract.KIND,
+        return await self.kube.put(PLURAL, {
+            "apiVersion": API_GROUP_VERSION, "kind": KIND,
             "metadata": {"name": name, "namespace": self.namespace}, "spec": dict(spec)})
 
     async def run_pods(self, name: str, ips: list[str], node: str = "node-1") -> list[Obj]:
@@ -179,13 +188,13 @@ class Worker:
     in_flight: float = 0.0
 
     def text(self) -> str:
-        lines = [f"{contract.METRIC_READY} {1 if self.ready else 0}",
-                 f"{contract.METRIC_SLEEP_LEVEL} {self.sleep_level}",
-                 f"{contract.METRIC_SLEEP_CAPABLE} {1 if self.sleep_capable else 0}",
-                 f"{contract.METRIC_REQUESTS_TOTAL} {self.requests_total}",
-                 f"{contract.METRIC_REQUESTS_IN_FLIGHT} {self.in_flight}"]
+        lines = [f"{METRIC_READY} {1 if self.ready else 0}",
+                 f"{METRIC_SLEEP_LEVEL} {self.sleep_level}",
+                 f"{METRIC_SLEEP_CAPABLE} {1 if self.sleep_capable else 0}",
+                 f"{METRIC_REQUESTS_TOTAL} {self.requests_total}",
+                 f"{METRIC_REQUESTS_IN_FLIGHT} {self.in_flight}"]
         if self.used_ratio is not None:
-            lines.append(f'{contract.METRIC_MEMORY_USED_RATIO}{{source="test"}} {self.used_ratio}')
+            lines.append(f'{METRIC_MEMORY_USED_RATIO}{{source="test"}} {self.used_ratio}')
         return "\n".join(lines) + "\n"
 
 
@@ -226,9 +235,9 @@ class FakeWorkers(WorkerClient):
         if parts.path in self.refuse:
             return self.refuse[parts.path]
         worker = self.pods.get(ip)
-        if worker is not None and parts.path == contract.PATH_CONTROL_SLEEP:
-            worker.sleep_level = int(str(body[contract.CONTROL_FIELD_SLEEP_LEVEL]))
-        elif worker is not None and parts.path == contract.PATH_CONTROL_WAKE:
+        if worker is not None and parts.path == PATH_CONTROL_SLEEP:
+            worker.sleep_level = int(str(body[CONTROL_FIELD_SLEEP_LEVEL]))
+        elif worker is not None and parts.path == PATH_CONTROL_WAKE:
             worker.sleep_level = 0
         return None
 

@@ -39,7 +39,9 @@ from typing import Any, Protocol, TypeVar
 
 import yaml
 
-from warmpool import contract
+from warmpool.contract.api import API_GROUP_VERSION, CONDITION_READY, CRD_NAME, KIND, PLURAL
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_READYZ, STAGE_READY
+from warmpool.contract.pods import ANNOTATION_POD_DELETION_COST, LABEL_MODEL, WORKER_CONTAINER
 
 T = TypeVar("T")
 
@@ -52,7 +54,7 @@ ENV_OPERATOR_NAMESPACE = "WARMPOOL_E2E_OPERATOR_NAMESPACE"
 ENV_MODEL_ROOT = "WARMPOOL_E2E_MODEL_ROOT"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=warmpool,app.kubernetes.io/component=operator"
 REPO = Path(__file__).resolve().parents[2]  # tests/support/e2e.py -> the repository root
-CRD_PATH = REPO / "crds" / f"{contract.CRD_NAME}.yaml"
+CRD_PATH = REPO / "crds" / f"{CRD_NAME}.yaml"
 GiB = 1024**3
 
 
@@ -87,7 +89,7 @@ def operator_installed() -> bool:
 
 
 def install_crd(cluster: ClusterLike, *, field_manager: str, apply: bool = True,
-                discovery: tuple[str, ...] = ("get", contract.PLURAL, "-A")) -> str:
+                discovery: tuple[str, ...] = ("get", PLURAL, "-A")) -> str:
     """Install (or update) the WarmModel CRD and wait until it serves; its name.
 
     Server-side apply: idempotent when other test modules install the same CRD; ``apply=False``
@@ -100,14 +102,14 @@ def install_crd(cluster: ClusterLike, *, field_manager: str, apply: bool = True,
     deadline = time.monotonic() + 60
     # A CRD created a moment ago may have no status yet, and `kubectl wait` then fails at once
     # ("status.conditions accessor error") instead of waiting: retried, within the same bound.
-    wait = ("wait", "--for=condition=Established", f"crd/{contract.CRD_NAME}", "--timeout=10s")
+    wait = ("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=10s")
     while cluster.kubectl(*wait, check=False).returncode != 0:
         assert time.monotonic() < deadline, "the WarmModel CRD never became Established"
         time.sleep(0.5)
     while cluster.kubectl(*discovery, check=False).returncode != 0:
         assert time.monotonic() < deadline, "the WarmModel API never showed up in discovery"
         time.sleep(0.5)
-    return contract.CRD_NAME
+    return CRD_NAME
 
 
 def model_root() -> Path:
@@ -166,8 +168,8 @@ def warmmodel(name: str, model: Path, *, revision: str = "r1", replicas: int = 1
               max_replicas: int = 4, worker_args: list[str] | None = None) -> dict[str, Any]:
     """A WarmModel of a tiny model: CPU, short buckets, one prompt per bucket (fast to warm)."""
     return {
-        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
-        "kind": contract.KIND,
+        "apiVersion": API_GROUP_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": {
             "model": {"hostPath": {"path": str(model)}, "revision": revision},
@@ -186,8 +188,8 @@ def warmmodel(name: str, model: Path, *, revision: str = "r1", replicas: int = 1
 def delete_warmmodels(cluster: ClusterLike, namespace: str) -> None:
     """A test's teardown: delete every WarmModel in `namespace` (bounded), then drop the finalizer
     of any left behind (an operator the test killed cannot release it; the namespace would stay)."""
-    cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
-    for ref in cluster.kubectl("-n", namespace, "get", contract.PLURAL, "-o", "name", check=False).stdout.split():
+    cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)
+    for ref in cluster.kubectl("-n", namespace, "get", PLURAL, "-o", "name", check=False).stdout.split():
         cluster.kubectl("-n", namespace, "patch", ref, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
                         check=False)
 
@@ -283,7 +285,7 @@ class PodHTTP:
     namespace: str
     forwards: dict[str, tuple[subprocess.Popen[str], str]] = field(default_factory=dict)
 
-    def base(self, pod: dict[str, Any], port: int = contract.DEFAULT_WORKER_PORT) -> str:
+    def base(self, pod: dict[str, Any], port: int = DEFAULT_WORKER_PORT) -> str:
         node = self.cluster.node
         if node is not None:
             ip = str((pod.get("status") or {}).get("podIP") or "")
@@ -356,7 +358,7 @@ class World:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
 
     def wm(self, name: str) -> dict[str, Any]:
-        obj: dict[str, Any] = self.get(contract.PLURAL, name)
+        obj: dict[str, Any] = self.get(PLURAL, name)
         return obj
 
     def condition(self, name: str, type_: str) -> dict[str, Any]:
@@ -366,13 +368,13 @@ class World:
         return {}
 
     def pods(self, name: str, *, include_terminating: bool = False) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.get("pods", "-l", f"{contract.LABEL_MODEL}={name}")["items"]
+        items: list[dict[str, Any]] = self.get("pods", "-l", f"{LABEL_MODEL}={name}")["items"]
         return [p for p in items if include_terminating or not p["metadata"].get("deletionTimestamp")]
 
     def children(self, name: str) -> dict[str, list[str]]:
         found: dict[str, list[str]] = {}
         for kind in ("deployments", "replicasets", "services", "configmaps", "secrets", "poddisruptionbudgets"):
-            items = self.get(kind, "-l", f"{contract.LABEL_MODEL}={name}")["items"]
+            items = self.get(kind, "-l", f"{LABEL_MODEL}={name}")["items"]
             found[kind] = sorted(i["metadata"]["name"] for i in items)
         return found
 
@@ -381,7 +383,7 @@ class World:
         return self.pod_http.base(pod)
 
     def readyz(self, pod: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        code, text = http(self.base(pod) + contract.PATH_READYZ, timeout=3)
+        code, text = http(self.base(pod) + PATH_READYZ, timeout=3)
         try:
             body = json.loads(text) if code else {}
         except ValueError:
@@ -393,7 +395,7 @@ class World:
         if pod["metadata"].get("deletionTimestamp") or not pod_ready(pod):
             return False
         code, body = self.readyz(pod)
-        return code == 200 and body.get("stage") == contract.STAGE_READY
+        return code == 200 and body.get("stage") == STAGE_READY
 
     def complete(self, pod: dict[str, Any], model: str, prompt: str = "hello", max_tokens: int = 4,
                  timeout: float = 60.0) -> str:
@@ -409,7 +411,7 @@ class World:
         node = self.cluster.node
         assert node is not None, "worker PIDs exist on the local cluster's node only"
         statuses = pod["status"]["containerStatuses"]
-        worker = next(s for s in statuses if s["name"] == contract.WORKER_CONTAINER)
+        worker = next(s for s in statuses if s["name"] == WORKER_CONTAINER)
         return node.container_pid(str(worker["containerID"]))
 
     # -- waiting
@@ -434,7 +436,7 @@ class World:
             wm = self.wm(name)
             status = wm.get("status") or {}
             conds = {c["type"]: c for c in status.get("conditions") or []}
-            ok = (conds.get(contract.CONDITION_READY, {}).get("status") == "True"
+            ok = (conds.get(CONDITION_READY, {}).get("status") == "True"
                   and status.get("warmReplicas", 0) >= warm
                   and status.get("observedGeneration") == wm["metadata"]["generation"])
             return wm if ok else None
@@ -445,7 +447,7 @@ class World:
     def dump(self) -> str:
         """Everything a person needs when a test failed: operator log, objects, worker logs."""
         parts = ["===== operator log (tail) =====", "\n".join(self.operator.log().splitlines()[-200:])]
-        for what in (contract.PLURAL, "deployments", "replicasets"):
+        for what in (PLURAL, "deployments", "replicasets"):
             proc = self.cluster.kubectl("-n", self.ns, "get", what, "-o", "yaml", check=False)
             parts += [f"===== {what} =====", proc.stdout[-8000:] + proc.stderr]
         for args in (("get", "pods", "-o", "wide"), ("get", "events", "--sort-by=.lastTimestamp")):
@@ -516,13 +518,13 @@ def pod_annotations(pod: dict[str, Any]) -> dict[str, str]:
 
 
 def deletion_cost(pod: dict[str, Any]) -> int | None:
-    value = pod_annotations(pod).get(contract.ANNOTATION_POD_DELETION_COST)
+    value = pod_annotations(pod).get(ANNOTATION_POD_DELETION_COST)
     return None if value is None else int(value)
 
 
 def restarts(pod: dict[str, Any]) -> int:
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return sum(int(s.get("restartCount") or 0) for s in statuses if s["name"] == contract.WORKER_CONTAINER)
+    return sum(int(s.get("restartCount") or 0) for s in statuses if s["name"] == WORKER_CONTAINER)
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:

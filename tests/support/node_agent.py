@@ -22,7 +22,9 @@ from typing import Any
 from warmpool_devcluster import kwok, node_kubelet
 
 from tests.support.e2e import ClusterLike, Operator, World
-from warmpool import contract
+from warmpool.contract.api import PLURAL
+from warmpool.contract.files import MANIFEST_FILENAME
+from warmpool.contract.nodecache import CACHE_NODE_LABEL_PREFIX
 
 #: The local cluster's real node, where the agent tests' pods run.
 NODE = node_kubelet.NODE_NAME
@@ -79,7 +81,7 @@ def cache_world(cluster: ClusterLike, namespace: str, tmp_path: Path,
     try:
         yield world
     finally:
-        cluster.kubectl("-n", namespace, "delete", contract.PLURAL, "--all", "--timeout=60s", check=False)
+        cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)
         operator.stop()
         world.close()
         for node in nodes:
@@ -88,7 +90,7 @@ def cache_world(cluster: ClusterLike, namespace: str, tmp_path: Path,
 
 def drop_cache_labels(cluster: ClusterLike, node: str) -> None:
     labels = cluster.kubectl("get", "node", node, "-o", "jsonpath={.metadata.labels}", check=False).stdout
-    for key in [k for k in labels.replace('"', " ").split() if k.startswith(contract.CACHE_NODE_LABEL_PREFIX)]:
+    for key in [k for k in labels.replace('"', " ").split() if k.startswith(CACHE_NODE_LABEL_PREFIX)]:
         cluster.kubectl("label", "node", node, f"{key}-", check=False)
 
 
@@ -116,7 +118,7 @@ def cache_entry(world: World, name: str, node: str) -> dict[str, Any] | None:
 def assert_files_identical(revision: Path, model: Path) -> None:
     """The published revision holds exactly the model's files (less the manifest), byte for byte."""
     names = sorted(p.relative_to(model).as_posix() for p in model.rglob("*")
-                   if p.is_file() and p.name != contract.MANIFEST_FILENAME)
+                   if p.is_file() and p.name != MANIFEST_FILENAME)
     assert sorted(p.relative_to(revision).as_posix() for p in revision.rglob("*") if p.is_file()) == names
     for name in names:
         assert (revision / name).read_bytes() == (model / name).read_bytes(), name

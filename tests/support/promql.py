@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmpool import contract
+from warmpool.contract.metrics import METRIC_OPERATOR_RECONCILE_ERRORS, METRIC_OPERATOR_SCRAPE_FAILURES
 
 #: Expressions that need a feature before they can return data: where -> "needs [feature]: why".
 NEEDS: dict[str, str] = {}
@@ -35,8 +35,8 @@ PANELS_WAITING: dict[str, str] = {}
 
 #: Counters with a free-form label that expose no series until their first event.
 QUIET_METRICS: dict[str, str] = {
-    contract.METRIC_OPERATOR_SCRAPE_FAILURES: "no series until the operator's first failed scrape",
-    contract.METRIC_OPERATOR_RECONCILE_ERRORS: "no series until the first failed reconcile",
+    METRIC_OPERATOR_SCRAPE_FAILURES: "no series until the operator's first failed scrape",
+    METRIC_OPERATOR_RECONCILE_ERRORS: "no series until the first failed reconcile",
 }
 
 #: What the dashboard's variables stand for when an expression is run outside Grafana.

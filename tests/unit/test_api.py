@@ -17,7 +17,20 @@ from warmpool_operator.api import crdgen
 from warmpool_operator.api import types as api
 from warmpool_operator.api.validation import ApiObject
 
-from warmpool import contract
+from warmpool.contract.api import (
+    CONDITION_READY,
+    DEFAULT_HOT_LAYER_PERCENT,
+    DEFAULT_HYSTERESIS_PERCENT,
+    DEFAULT_LENGTH_BUCKETS,
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_MIN_WARM,
+    DEFAULT_PAUSE_AT_PERCENT,
+    DEFAULT_REPLICAS,
+    DEFAULT_TRUNCATE_AT_PERCENT,
+    DEFAULT_WARMUP_TIMEOUT_SECONDS,
+)
+from warmpool.contract.files import DEFAULT_NODE_CACHE_ROOT, MODEL_MOUNT_PATH
+from warmpool.contract.http import DEFAULT_ENGINE_PORT, DEFAULT_WORKER_PORT
 
 pytestmark = pytest.mark.unit
 
@@ -146,29 +159,29 @@ def test_schema_defaults_equal_model_defaults(spec: dict[str, Any]) -> None:
 def test_defaults_come_from_the_contract() -> None:
     spec = api.parse_spec(MINIMAL)
     assert spec.engine.kind == "builtin"
-    assert spec.engine.port == contract.DEFAULT_ENGINE_PORT
+    assert spec.engine.port == DEFAULT_ENGINE_PORT
     assert spec.model.format == "safetensors"
-    assert spec.model.node_cache is not None and spec.model.node_cache.root == contract.DEFAULT_NODE_CACHE_ROOT
+    assert spec.model.node_cache is not None and spec.model.node_cache.root == DEFAULT_NODE_CACHE_ROOT
     assert (spec.pool.replicas, spec.pool.min_warm, spec.pool.max_replicas) == (
-        contract.DEFAULT_REPLICAS,
-        contract.DEFAULT_MIN_WARM,
-        contract.DEFAULT_MAX_REPLICAS,
+        DEFAULT_REPLICAS,
+        DEFAULT_MIN_WARM,
+        DEFAULT_MAX_REPLICAS,
     )
-    assert tuple(spec.warmup.buckets) == contract.DEFAULT_LENGTH_BUCKETS
+    assert tuple(spec.warmup.buckets) == DEFAULT_LENGTH_BUCKETS
     assert spec.warmup.graph_capture is True and spec.warmup.kv_prefix_persistence is False
-    assert spec.warmup.timeout_seconds == contract.DEFAULT_WARMUP_TIMEOUT_SECONDS
+    assert spec.warmup.timeout_seconds == DEFAULT_WARMUP_TIMEOUT_SECONDS
     gating = spec.gating
-    assert gating.truncate_at_percent == contract.DEFAULT_TRUNCATE_AT_PERCENT == 70
-    assert gating.pause_at_percent == contract.DEFAULT_PAUSE_AT_PERCENT == 90
-    assert gating.hysteresis_percent == contract.DEFAULT_HYSTERESIS_PERCENT
-    assert gating.hot_layer_percent == contract.DEFAULT_HOT_LAYER_PERCENT == 30
-    assert spec.pod.port == contract.DEFAULT_WORKER_PORT
+    assert gating.truncate_at_percent == DEFAULT_TRUNCATE_AT_PERCENT == 70
+    assert gating.pause_at_percent == DEFAULT_PAUSE_AT_PERCENT == 90
+    assert gating.hysteresis_percent == DEFAULT_HYSTERESIS_PERCENT
+    assert gating.hot_layer_percent == DEFAULT_HOT_LAYER_PERCENT == 30
+    assert spec.pod.port == DEFAULT_WORKER_PORT
 
 
 def test_default_lists_are_not_shared() -> None:
     first, second = api.parse_spec(MINIMAL), api.parse_spec(MINIMAL)
     first.warmup.buckets.append(2048)
-    assert second.warmup.buckets == list(contract.DEFAULT_LENGTH_BUCKETS)
+    assert second.warmup.buckets == list(DEFAULT_LENGTH_BUCKETS)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[path.stem for path in EXAMPLES])
@@ -250,7 +263,7 @@ def test_status_round_trip_and_helpers() -> None:
         tier_counts=api.TierCounts(full=2, truncated=1),
         conditions=[
             api.Condition(
-                type=contract.CONDITION_READY,
+                type=CONDITION_READY,
                 status="True",
                 reason="MinWarmReached",
                 message="2 of 3 pods warm (minWarm 1)",
@@ -273,7 +286,7 @@ def test_status_round_trip_and_helpers() -> None:
 
 
 def test_descriptions_name_the_mount_path_from_the_contract() -> None:
-    assert contract.MODEL_MOUNT_PATH in crdgen.render()
+    assert MODEL_MOUNT_PATH in crdgen.render()
 
 
 # --- the catalogue of bad manifests, seen by the typed model -------------------------------

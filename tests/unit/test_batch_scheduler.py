@@ -19,7 +19,7 @@ from warmpool_worker.defaults import DEFAULT_KV_CACHE_BYTES
 from warmpool_worker.engine_api import GenerationStep, NonFiniteLogitsError, RequestError
 from warmpool_worker.warmup import WarmupProgress, execute_plan, plan_warmup
 
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
 
 pytestmark = pytest.mark.unit
 

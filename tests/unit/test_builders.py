@@ -10,7 +10,26 @@ from warmpool_operator.api.types import parse_spec
 from warmpool_operator.model import Target
 from warmpool_operator.rules import builders, scaling
 
-from warmpool import contract
+from warmpool.contract.files import (
+    CONFIGMAP_KEY_HEATMAP,
+    CONFIGMAP_KEY_PROMPTS,
+    DEFAULT_NODE_CACHE_ROOT,
+    KV_PREFIX_MOUNT_PATH,
+    MODEL_MOUNT_PATH,
+)
+from warmpool.contract.http import PATH_LIVEZ, PATH_READYZ, WORKER_PORT_NAME
+from warmpool.contract.pods import (
+    ANNOTATION_REVISION,
+    ANNOTATION_SPEC_HASH,
+    CONFIGMAP_SUFFIX,
+    CONTROL_SECRET_SUFFIX,
+    ENGINE_CONTAINER,
+    ENV_POD_IP,
+    LABEL_MANAGED_BY,
+    LABEL_MODEL,
+    MANAGED_BY,
+    WORKER_CONTAINER,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +47,7 @@ def target(**overrides: Any) -> Target:
 
 def worker(dep: dict[str, Any]) -> dict[str, Any]:
     containers = dep["spec"]["template"]["spec"]["containers"]
-    return next(c for c in containers if c["name"] == contract.WORKER_CONTAINER)
+    return next(c for c in containers if c["name"] == WORKER_CONTAINER)
 
 
 def test_names_and_labels_are_deterministic() -> None:
@@ -36,11 +55,11 @@ def test_names_and_labels_are_deterministic() -> None:
     assert a == b
     assert a["metadata"]["name"] == "tiny"
     assert builders.build_service(target())["metadata"]["name"] == "tiny"
-    assert builders.build_configmap(target())["metadata"]["name"] == "tiny" + contract.CONFIGMAP_SUFFIX
-    assert builders.build_control_secret(target(), "t")["metadata"]["name"] == "tiny" + contract.CONTROL_SECRET_SUFFIX
+    assert builders.build_configmap(target())["metadata"]["name"] == "tiny" + CONFIGMAP_SUFFIX
+    assert builders.build_control_secret(target(), "t")["metadata"]["name"] == "tiny" + CONTROL_SECRET_SUFFIX
     labels = a["spec"]["template"]["metadata"]["labels"]
-    assert labels[contract.LABEL_MODEL] == "tiny"
-    assert labels[contract.LABEL_MANAGED_BY] == contract.MANAGED_BY
+    assert labels[LABEL_MODEL] == "tiny"
+    assert labels[LABEL_MANAGED_BY] == MANAGED_BY
     assert a["spec"]["selector"]["matchLabels"] == builders.selector_labels("tiny")
     assert builders.selector_string("tiny") == "app.kubernetes.io/component=worker,warmpool.dev/model=tiny"
 
@@ -61,9 +80,9 @@ def test_restricted_security_context() -> None:
 
 def test_probes_mean_warm() -> None:
     c = worker(builders.build_deployment(target()))
-    assert c["startupProbe"]["httpGet"]["path"] == contract.PATH_READYZ
-    assert c["readinessProbe"]["httpGet"]["path"] == contract.PATH_READYZ
-    assert c["livenessProbe"]["httpGet"]["path"] == contract.PATH_LIVEZ
+    assert c["startupProbe"]["httpGet"]["path"] == PATH_READYZ
+    assert c["readinessProbe"]["httpGet"]["path"] == PATH_READYZ
+    assert c["livenessProbe"]["httpGet"]["path"] == PATH_LIVEZ
     # the startup budget covers the whole warm-up timeout
     budget = c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"]
     assert budget >= 600
@@ -80,9 +99,9 @@ def test_revision_change_rolls_the_pool_and_nothing_else_does() -> None:
     again = builders.build_deployment(target())
     moved = builders.build_deployment(target(model={"hostPath": {"path": "/models/tiny"}, "revision": "r2"}))
     assert base["spec"]["template"] == again["spec"]["template"]
-    assert moved["spec"]["template"]["metadata"]["annotations"][contract.ANNOTATION_REVISION] == "r2"
+    assert moved["spec"]["template"]["metadata"]["annotations"][ANNOTATION_REVISION] == "r2"
     assert moved["spec"]["template"] != base["spec"]["template"]
-    hash_key = contract.ANNOTATION_SPEC_HASH
+    hash_key = ANNOTATION_SPEC_HASH
     assert moved["metadata"]["annotations"][hash_key] != base["metadata"]["annotations"][hash_key]
 
 
@@ -101,8 +120,8 @@ def test_worker_command_volumes_and_args() -> None:
     c = worker(dep)
     assert c["command"] == ["warmpool", "worker", "serve"]
     args = c["args"]
-    assert f"--model={contract.MODEL_MOUNT_PATH}" in args
-    assert f"--host=$({contract.ENV_POD_IP})" in args
+    assert f"--model={MODEL_MOUNT_PATH}" in args
+    assert f"--host=$({ENV_POD_IP})" in args
     assert args[-1] == "--device=cpu"
     assert any(a.startswith("--control-token-file=") for a in args)
     assert any(a.startswith("--prompts=") for a in args)
@@ -112,7 +131,7 @@ def test_worker_command_volumes_and_args() -> None:
     assert volumes["config"]["configMap"]["name"] == "tiny-warmup"
     assert volumes["control"]["secret"]["secretName"] == "tiny-control"
     env = {e["name"]: e for e in c["env"]}
-    assert env[contract.ENV_POD_IP]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env[ENV_POD_IP]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
 
 
 def test_model_sources() -> None:
@@ -123,7 +142,7 @@ def test_model_sources() -> None:
     assert mount["subPath"] == "m/x" and mount["readOnly"] is True
     cache = builders.build_deployment(target(model={"nodeCache": {"key": "SmolLM2"}}))
     vols = {v["name"]: v for v in cache["spec"]["template"]["spec"]["volumes"]}
-    assert vols["model"]["hostPath"]["path"] == f"{contract.DEFAULT_NODE_CACHE_ROOT}/SmolLM2"
+    assert vols["model"]["hostPath"]["path"] == f"{DEFAULT_NODE_CACHE_ROOT}/SmolLM2"
 
 
 def test_desired_replicas_bounds() -> None:
@@ -137,8 +156,8 @@ def test_desired_replicas_bounds() -> None:
 
 def test_configmap_and_pdb() -> None:
     cm = builders.build_configmap(target())
-    assert cm["data"][contract.CONFIGMAP_KEY_PROMPTS].startswith("[")
-    assert contract.CONFIGMAP_KEY_HEATMAP not in cm["data"]
+    assert cm["data"][CONFIGMAP_KEY_PROMPTS].startswith("[")
+    assert CONFIGMAP_KEY_HEATMAP not in cm["data"]
     no_prompts = builders.build_configmap(target(warmup={}))
     assert no_prompts["data"] == {}
     assert builders.build_pdb(target())["spec"]["minAvailable"] == 1
@@ -154,7 +173,7 @@ def test_builders_do_not_mutate_or_depend_on_call_order() -> None:
 
 
 def _expand(args: list[str], t: Target) -> list[str]:
-    return [a.replace(f"$({contract.ENV_POD_IP})", "127.0.0.1") for a in args]
+    return [a.replace(f"$({ENV_POD_IP})", "127.0.0.1") for a in args]
 
 
 def test_builtin_args_parse_with_the_workers_own_parser() -> None:
@@ -163,7 +182,7 @@ def test_builtin_args_parse_with_the_workers_own_parser() -> None:
     t = target(warmup={"prompts": ["x"], "graphCapture": False, "kvPrefixPersistence": True})
     c = worker(builders.build_deployment(t))
     parsed = build_parser().parse_args(["serve", *_expand(c["args"], t)])
-    assert parsed.graph_capture is False and str(parsed.kv_prefix_dir) == contract.KV_PREFIX_MOUNT_PATH
+    assert parsed.graph_capture is False and str(parsed.kv_prefix_dir) == KV_PREFIX_MOUNT_PATH
     assert parsed.buckets == (32, 128, 512) and parsed.host == "127.0.0.1"
 
 
@@ -174,12 +193,12 @@ def test_sidecar_pod_has_engine_and_warmpool_sidecar() -> None:
                pod={"resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}})
     dep = builders.build_deployment(t)
     containers = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
-    engine, side = containers[contract.ENGINE_CONTAINER], containers[contract.WORKER_CONTAINER]
+    engine, side = containers[ENGINE_CONTAINER], containers[WORKER_CONTAINER]
     assert engine["image"] == "vllm/vllm-openai:v0.6.0" and engine["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert "resources" not in side  # the accelerator belongs to the engine
     assert side["command"] == ["warmpool", "worker", "sidecar"]
     parsed = build_parser().parse_args(["sidecar", *_expand(side["args"], t)])
-    assert parsed.engine_url == "http://127.0.0.1:8000" and str(parsed.model_dir) == contract.MODEL_MOUNT_PATH
+    assert parsed.engine_url == "http://127.0.0.1:8000" and str(parsed.model_dir) == MODEL_MOUNT_PATH
     assert parsed.memory_source == "engine-kv"  # not the device reading vLLM's pre-allocation fills
 
 
@@ -191,16 +210,16 @@ def test_a_sleeping_sidecar_engine_listens_on_the_pods_loopback_only() -> None:
     for pool, host, declared in (({"sleep": {"afterIdleSeconds": 60}}, ["--host=127.0.0.1"], False), ({}, [], True)):
         t = target(engine=engine, pool={"replicas": 1, "minWarm": 1, **pool})
         containers = {c["name"]: c for c in builders.build_deployment(t)["spec"]["template"]["spec"]["containers"]}
-        served = containers[contract.ENGINE_CONTAINER]
+        served = containers[ENGINE_CONTAINER]
         assert served["args"] == ["--model=/warmpool/model", *host]
         assert ("ports" in served) is declared
-        assert [port["name"] for port in containers[contract.WORKER_CONTAINER]["ports"]] == [contract.WORKER_PORT_NAME]
-        assert all(port["name"] != contract.WORKER_PORT_NAME for port in served.get("ports", []))
+        assert [port["name"] for port in containers[WORKER_CONTAINER]["ports"]] == [WORKER_PORT_NAME]
+        assert all(port["name"] != WORKER_PORT_NAME for port in served.get("ports", []))
         # the sidecar's port, by the name the chart's NetworkPolicy opens (the engine's stays closed)
-        assert builders.build_service(t)["spec"]["ports"][0]["targetPort"] == contract.WORKER_PORT_NAME
+        assert builders.build_service(t)["spec"]["ports"][0]["targetPort"] == WORKER_PORT_NAME
     own = target(engine={**engine, "args": ["--host", "0.0.0.0"]}, pool={"sleep": {"afterIdleSeconds": 60}})
     containers = {c["name"]: c for c in builders.build_deployment(own)["spec"]["template"]["spec"]["containers"]}
-    assert containers[contract.ENGINE_CONTAINER]["args"] == ["--host", "0.0.0.0"]  # the user's own, as written
+    assert containers[ENGINE_CONTAINER]["args"] == ["--host", "0.0.0.0"]  # the user's own, as written
 
 
 def test_kv_prefix_emptydir_has_a_size_limit() -> None:
@@ -210,7 +229,7 @@ def test_kv_prefix_emptydir_has_a_size_limit() -> None:
     volumes = {v["name"]: v for v in pod["spec"]["template"]["spec"]["volumes"]}
     assert volumes["kv-prefix"]["emptyDir"] == {"sizeLimit": builders.KV_PREFIX_SIZE_LIMIT}
     mounts = {m["name"]: m["mountPath"] for m in worker(pod)["volumeMounts"]}
-    assert mounts["kv-prefix"] == contract.KV_PREFIX_MOUNT_PATH
+    assert mounts["kv-prefix"] == KV_PREFIX_MOUNT_PATH
 
 
 @pytest.mark.parametrize(

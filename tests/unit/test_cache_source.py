@@ -11,7 +11,16 @@ from warmpool_operator.model import CacheRevision, Target
 from warmpool_operator.rules import builders, host_paths
 from warmpool_operator.rules.object_store_pods import resolved_revision
 
-from warmpool import cachekeys, contract
+from warmpool import cachekeys
+from warmpool.contract.files import MODEL_MOUNT_PATH
+from warmpool.contract.nodecache import (
+    CACHE_NODE_LABEL_PREFIX,
+    CACHE_PARTIAL_DIR,
+    CACHE_REVISIONS_MOUNT_PATH,
+    CACHE_ROOT_MOUNT_PATH,
+    CACHE_WAIT_CONTAINER,
+)
+from warmpool.contract.pods import ANNOTATION_CACHE_REVISION
 
 pytestmark = pytest.mark.unit
 
@@ -57,20 +66,20 @@ def test_pods_mount_the_revision_after_the_wait_and_prefer_nodes_holding_it() ->
     assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache/revisions"
     worker = pod["containers"][0]
     mount = next(m for m in worker["volumeMounts"] if m["name"] == "model")
-    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == (contract.MODEL_MOUNT_PATH, "ab" * 32, True)
+    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == (MODEL_MOUNT_PATH, "ab" * 32, True)
     (wait,) = pod["initContainers"]
-    assert wait["name"] == contract.CACHE_WAIT_CONTAINER
-    assert wait["command"][-1] == f"{contract.CACHE_REVISIONS_MOUNT_PATH}/{'ab' * 32}"
-    assert wait["volumeMounts"] == [{"name": "model", "mountPath": contract.CACHE_REVISIONS_MOUNT_PATH,
+    assert wait["name"] == CACHE_WAIT_CONTAINER
+    assert wait["command"][-1] == f"{CACHE_REVISIONS_MOUNT_PATH}/{'ab' * 32}"
+    assert wait["volumeMounts"] == [{"name": "model", "mountPath": CACHE_REVISIONS_MOUNT_PATH,
                                      "readOnly": True}]
     term = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["preference"]["matchExpressions"] == [
         {"key": f"cache.warmpool.dev/sha256-{'ab' * 28}", "operator": "Exists"}]
     # The node agent's pin: it spares the revision every pod on its node names here.
     template = builders.build_pod_template(target)["metadata"]
-    assert template["annotations"][contract.ANNOTATION_CACHE_REVISION] == DIGEST
+    assert template["annotations"][ANNOTATION_CACHE_REVISION] == DIGEST
     plain = builders.build_pod_template(Target("m", "ns", _spec({"hostPath": {"path": "/models/m"}})))
-    assert contract.ANNOTATION_CACHE_REVISION not in plain["metadata"]["annotations"]
+    assert ANNOTATION_CACHE_REVISION not in plain["metadata"]["annotations"]
 
 
 def test_the_wait_which_sees_every_revision_runs_the_operators_image_not_the_tenants() -> None:
@@ -110,7 +119,7 @@ def test_the_cache_root_must_be_an_allowed_host_path() -> None:
 def test_node_label_fits_the_label_name_limit_and_refuses_non_digests() -> None:
     key = cachekeys.cache_node_label(DIGEST)
     prefix, name = key.split("/")
-    assert len(name) <= 63 and prefix == contract.CACHE_NODE_LABEL_PREFIX
+    assert len(name) <= 63 and prefix == CACHE_NODE_LABEL_PREFIX
     assert cachekeys.cache_node_label("ab" * 32) == key
     with pytest.raises(ValueError, match="not a sha256 digest"):
         cachekeys.cache_node_label("sha256:../../x")
@@ -131,12 +140,12 @@ def test_a_partial_start_mounts_the_whole_cache_and_runs_the_worker_on_the_parti
     assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache"
     worker = pod["containers"][0]
     mount = next(m for m in worker["volumeMounts"] if m["name"] == "model")
-    assert mount == {"name": "model", "mountPath": contract.CACHE_ROOT_MOUNT_PATH, "readOnly": True}  # no subPath
-    link = f"{contract.CACHE_ROOT_MOUNT_PATH}/{contract.CACHE_PARTIAL_DIR}/{'ab' * 32}"
+    assert mount == {"name": "model", "mountPath": CACHE_ROOT_MOUNT_PATH, "readOnly": True}  # no subPath
+    link = f"{CACHE_ROOT_MOUNT_PATH}/{CACHE_PARTIAL_DIR}/{'ab' * 32}"
     assert f"--model={link}" in worker["args"] and "--partial-cache" in worker["args"]
     (wait,) = pod["initContainers"]
     assert wait["command"][-1] == link  # the view's link, not the published revision
-    assert wait["volumeMounts"] == [{"name": "model", "mountPath": contract.CACHE_ROOT_MOUNT_PATH, "readOnly": True}]
+    assert wait["volumeMounts"] == [{"name": "model", "mountPath": CACHE_ROOT_MOUNT_PATH, "readOnly": True}]
     assert host_paths.mounted_host_paths(spec, "/var/lib/warmpool/cache") == ("/var/lib/warmpool/cache",)
     # Without the field nothing changes: the published revision, no --partial-cache.
     plain = builders.build_pod_template(Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))

@@ -15,7 +15,7 @@ from warmpool_operator.model import Obj, Target
 from warmpool_operator.rules import builders, control_token
 
 from tests.support.control_doubles import ControlCluster
-from warmpool import contract
+from warmpool.contract.pods import CONTROL_SECRET_KEY, LABEL_MANAGED_BY, MANAGED_BY
 from warmpool.kube import KubeError
 
 #: A control key of the tests' own (the operator's lives in a Secret of its namespace).
@@ -103,7 +103,7 @@ async def test_an_object_the_watch_has_not_shown_yet_is_read_after_the_409(contr
 
 
 def _token_of(secret: dict[str, Any]) -> str:
-    return base64.b64decode(secret["data"][contract.CONTROL_SECRET_KEY]).decode()
+    return base64.b64decode(secret["data"][CONTROL_SECRET_KEY]).decode()
 
 
 async def test_the_control_token_is_derived_written_and_never_read_back(control_cluster: ControlCluster) -> None:
@@ -120,7 +120,7 @@ async def test_the_control_token_is_derived_written_and_never_read_back(control_
     # A restart (nothing known): the same token, written again without reading the Secret.
     assert await children.ensure_secret(cluster.kube, tgt, wm, KEY, "") == token
     # Edited by hand (a token workers would then refuse): ours is written back.
-    edited = {contract.CONTROL_SECRET_KEY: base64.b64encode(b"x").decode()}
+    edited = {CONTROL_SECRET_KEY: base64.b64encode(b"x").decode()}
     await cluster.kube.patch(SECRETS, ns, name, {"data": edited})
     assert await children.ensure_secret(cluster.kube, tgt, wm, KEY, "") == token
     patched = await cluster.kube.get_obj("secrets", ns, name)
@@ -142,7 +142,7 @@ async def test_someone_elses_secret_is_a_conflict_and_left_untouched(control_clu
         await children.ensure_secret(cluster.kube, tgt, wm, KEY, "")
     # Labelled as ours, but owned by another WarmModel of the name (deleted, made again): not ours.
     await cluster.kube.put("secrets", {**theirs, "metadata": {**theirs["metadata"], "labels": {
-        contract.LABEL_MANAGED_BY: contract.MANAGED_BY}, "ownerReferences": [
+        LABEL_MANAGED_BY: MANAGED_BY}, "ownerReferences": [
         {"apiVersion": "warmpool.dev/v1alpha1", "kind": "WarmModel", "name": "m", "uid": "an-older-uid"}]}})
     before = await cluster.kube.get_obj("secrets", ns, name)
     with pytest.raises(children.ChildConflict):

@@ -23,7 +23,29 @@ from warmpool_operator.rules.observation import PodObservation
 from warmpool_operator.settings import OperatorConfig
 
 from tests.support.control_doubles import Clock, ControlCluster, FakeWorkers, Worker, capture_events
-from warmpool import contract
+from warmpool.contract.api import (
+    CONDITION_DEGRADED,
+    CONDITION_PROGRESSING,
+    CONDITION_TYPES,
+    CONDITION_WARMUP_GATED,
+    KIND,
+    PLURAL,
+)
+from warmpool.contract.http import (
+    CONTROL_FIELD_SLEEP_LEVEL,
+    CONTROL_FIELD_TIER,
+    PATH_CONTROL_SLEEP,
+    PATH_CONTROL_TIER,
+    PATH_CONTROL_WAKE,
+)
+from warmpool.contract.pods import (
+    ANNOTATION_POD_DELETION_COST,
+    ANNOTATION_TIER,
+    AWAKE_FALSE,
+    AWAKE_TRUE,
+    CONTROL_SECRET_KEY,
+    LABEL_AWAKE,
+)
 from warmpool.kube import KubeError
 
 IPS = ["10.0.0.1", "10.0.0.2"]
@@ -65,7 +87,7 @@ class World:
         return await self.cluster.run_pods("m", IPS)
 
     async def status(self) -> dict[str, Any]:
-        found = await self.kube.get_obj(contract.PLURAL, self.ns, "m")
+        found = await self.kube.get_obj(PLURAL, self.ns, "m")
         assert found is not None
         return dict(found.get("status") or {})
 
@@ -92,11 +114,11 @@ async def test_a_first_pass_makes_every_child_owned_by_the_warmmodel_and_writes_
         child = await world.kube.get_obj(plural, world.ns, name)
         assert child is not None, f"{plural}/{name} not made"
         (owner,) = child["metadata"]["ownerReferences"]
-        assert owner["uid"] == world.body["metadata"]["uid"] and owner["kind"] == contract.KIND
+        assert owner["uid"] == world.body["metadata"]["uid"] and owner["kind"] == KIND
     deployment = await world.kube.get_obj("deployments", world.ns, "m")
     assert deployment is not None and deployment["spec"]["replicas"] == 2
-    assert set(await world.conditions()) == set(contract.CONDITION_TYPES)
-    assert (await world.conditions())[contract.CONDITION_PROGRESSING]["reason"] == st.REASON_ROLLING_OUT
+    assert set(await world.conditions()) == set(CONDITION_TYPES)
+    assert (await world.conditions())[CONDITION_PROGRESSING]["reason"] == st.REASON_ROLLING_OUT
     # A second pass over what the watch shows writes nothing: every child is settled.
     writes = len(world.kube.writes())
     await world.run()
@@ -110,29 +132,29 @@ async def test_tiers_are_decided_on_new_samples_sent_with_the_token_and_annotate
     await world.start_pods({IPS[0]: 0.75, IPS[1]: 0.2})
     # Both pods run on one node: the node's level is the fuller pod's, and a pod's directive the stricter.
     await world.run()
-    directives = world.workers.sent(contract.PATH_CONTROL_TIER)
-    assert {(d.ip, d.body[contract.CONTROL_FIELD_TIER]) for d in directives} == {
+    directives = world.workers.sent(PATH_CONTROL_TIER)
+    assert {(d.ip, d.body[CONTROL_FIELD_TIER]) for d in directives} == {
         (IPS[0], "truncated"), (IPS[1], "truncated")}
     assert {d.token for d in directives} == {world.rec.memory.children.token} and directives[0].token
-    assert (await world.pod(0))["metadata"]["annotations"][contract.ANNOTATION_TIER] == "truncated"
-    assert int((await world.pod(0))["metadata"]["annotations"][contract.ANNOTATION_POD_DELETION_COST]) >= 1000
+    assert (await world.pod(0))["metadata"]["annotations"][ANNOTATION_TIER] == "truncated"
+    assert int((await world.pod(0))["metadata"]["annotations"][ANNOTATION_POD_DELETION_COST]) >= 1000
     assert events.reasons().count("TierChanged") == 4  # each on the WarmModel and on its pod
     assert (await world.status())["tierCounts"]["truncated"] == 2 and (await world.status())["warmReplicas"] == 2
 
     # A pass without a new sample keeps the decisions and sends nothing.
     await world.run()
-    assert len(world.workers.sent(contract.PATH_CONTROL_TIER)) == 2
+    assert len(world.workers.sent(PATH_CONTROL_TIER)) == 2
     # A round of samples: decided again (70/90 with hysteresis: 0.87 stays below paused's entry).
     world.workers.pods[IPS[0]].used_ratio = 0.87
     await world.rec.scrape_round()
     await world.run()
-    tiers = [d.body[contract.CONTROL_FIELD_TIER] for d in world.workers.sent(contract.PATH_CONTROL_TIER)[2:]]
+    tiers = [d.body[CONTROL_FIELD_TIER] for d in world.workers.sent(PATH_CONTROL_TIER)[2:]]
     assert tiers == ["truncated", "truncated"]
     world.workers.pods[IPS[0]].used_ratio = 0.95
     await world.rec.scrape_round()
     await world.run()
-    assert (await world.pod(1))["metadata"]["annotations"][contract.ANNOTATION_TIER] == "paused"
-    assert (await world.conditions())[contract.CONDITION_WARMUP_GATED]["reason"] == st.REASON_MEMORY_PRESSURE
+    assert (await world.pod(1))["metadata"]["annotations"][ANNOTATION_TIER] == "paused"
+    assert (await world.conditions())[CONDITION_WARMUP_GATED]["reason"] == st.REASON_MEMORY_PRESSURE
 
 
 async def test_an_edited_control_secret_gets_the_operators_token_back_once_a_worker_refuses(world: World) -> None:
@@ -141,14 +163,14 @@ async def test_an_edited_control_secret_gets_the_operators_token_back_once_a_wor
     await world.start_pods()
     await world.run()
     first = world.rec.memory.children.token
-    assert first and {d.token for d in world.workers.sent(contract.PATH_CONTROL_TIER)} == {first}
+    assert first and {d.token for d in world.workers.sent(PATH_CONTROL_TIER)} == {first}
     # Someone edits the Secret; the workers read the new token from their mount and refuse ours.
     name = builders.control_secret_name("m")
     secret = await world.kube.get_obj("secrets", world.ns, name)
     assert secret is not None
     edited = base64.b64encode(b"edited-" + b"x" * 40).decode()
-    await world.kube.put("secrets", {**secret, "data": {contract.CONTROL_SECRET_KEY: edited}})
-    world.workers.refuse[contract.PATH_CONTROL_TIER] = "http 403: control token refused"
+    await world.kube.put("secrets", {**secret, "data": {CONTROL_SECRET_KEY: edited}})
+    world.workers.refuse[PATH_CONTROL_TIER] = "http 403: control token refused"
     await world.rec.scrape_round()
     await world.run()
     assert world.rec.memory.children.token == ""  # forgotten: the next pass writes it again
@@ -156,12 +178,12 @@ async def test_an_edited_control_secret_gets_the_operators_token_back_once_a_wor
     # Our token is back in the Secret (the workers' mounts follow), never having been read.
     restored = await world.kube.get_obj("secrets", world.ns, name)
     assert restored is not None
-    assert base64.b64decode(restored["data"][contract.CONTROL_SECRET_KEY]).decode() == first
+    assert base64.b64decode(restored["data"][CONTROL_SECRET_KEY]).decode() == first
     assert world.rec.memory.children.token == first
-    del world.workers.refuse[contract.PATH_CONTROL_TIER]
+    del world.workers.refuse[PATH_CONTROL_TIER]
     await world.rec.scrape_round()
     await world.run()
-    assert world.workers.sent(contract.PATH_CONTROL_TIER)[-1].token == first
+    assert world.workers.sent(PATH_CONTROL_TIER)[-1].token == first
     assert all(c.method != "GET" for c in world.kube.calls if c.plural == "secrets")
 
 
@@ -171,7 +193,7 @@ async def test_an_unreadable_pod_is_unknown_gets_no_directive_and_never_grows_th
     await world.start_pods({IPS[0]: 0.5})
     del world.workers.pods[IPS[1]]  # its /metrics never answers
     await world.run()
-    assert {d.ip for d in world.workers.sent(contract.PATH_CONTROL_TIER)} == {IPS[0]}
+    assert {d.ip for d in world.workers.sent(PATH_CONTROL_TIER)} == {IPS[0]}
     assert (await world.status())["tierCounts"]["unknown"] == 1
     deployment = await world.kube.get_obj("deployments", world.ns, "m")
     assert deployment is not None and deployment["spec"]["replicas"] == 2
@@ -186,7 +208,7 @@ async def test_a_name_held_by_someone_else_is_a_permanent_conflict_and_left_unto
         await world.run()
     assert raised.value.degradation.reason == st.REASON_CHILD_CONFLICT
     assert await world.kube.get_obj("services", world.ns, "m") == theirs
-    assert (await world.conditions())[contract.CONDITION_DEGRADED]["reason"] == st.REASON_CHILD_CONFLICT
+    assert (await world.conditions())[CONDITION_DEGRADED]["reason"] == st.REASON_CHILD_CONFLICT
     # The Deployment is still made: only the Secret and ConfigMap are mounted by its pods.
     assert await world.kube.get_obj("deployments", world.ns, "m") is not None
 
@@ -215,7 +237,7 @@ async def test_a_host_path_outside_the_allowed_prefixes_makes_no_child(world: Wo
     with pytest.raises(Permanent) as raised:
         await world.run()
     assert raised.value.degradation.reason == st.REASON_HOST_PATH_NOT_ALLOWED
-    assert [c.plural for c in world.kube.writes()] == [contract.PLURAL]  # the status, nothing else
+    assert [c.plural for c in world.kube.writes()] == [PLURAL]  # the status, nothing else
 
 
 class FixedForecast:
@@ -253,24 +275,24 @@ async def test_idle_pods_sleep_by_this_passes_forecast_not_the_last_ones(world: 
     world.rec.forecast = FixedForecast(wanted=2)  # type: ignore[assignment]
     await world.run()
     await _settle(world)
-    assert world.workers.sent(contract.PATH_CONTROL_SLEEP) == []
+    assert world.workers.sent(PATH_CONTROL_SLEEP) == []
     # This pass's forecast wants one: the other, idle, is labelled out of the Service and put to sleep.
     world.rec.forecast = FixedForecast(wanted=1)  # type: ignore[assignment]
     await world.rec.scrape_round()
     await world.run()
     await _settle(world)
-    (slept,) = world.workers.sent(contract.PATH_CONTROL_SLEEP)
-    assert slept.body == {contract.CONTROL_FIELD_SLEEP_LEVEL: 1}
+    (slept,) = world.workers.sent(PATH_CONTROL_SLEEP)
+    assert slept.body == {CONTROL_FIELD_SLEEP_LEVEL: 1}
     index = IPS.index(slept.ip)
-    assert (await world.pod(index))["metadata"]["labels"][contract.LABEL_AWAKE] == contract.AWAKE_FALSE
+    assert (await world.pod(index))["metadata"]["labels"][LABEL_AWAKE] == AWAKE_FALSE
     assert {"PodSleeping", "PodAsleep"} <= set(events.reasons())
     # A forecast for both again wakes it before any new pod is asked for.
     world.rec.forecast = FixedForecast(wanted=2)  # type: ignore[assignment]
     await world.rec.scrape_round()
     await world.run()
     await _settle(world)
-    assert [w.ip for w in world.workers.sent(contract.PATH_CONTROL_WAKE)] == [slept.ip]
-    assert (await world.pod(index))["metadata"]["labels"][contract.LABEL_AWAKE] == contract.AWAKE_TRUE
+    assert [w.ip for w in world.workers.sent(PATH_CONTROL_WAKE)] == [slept.ip]
+    assert (await world.pod(index))["metadata"]["labels"][LABEL_AWAKE] == AWAKE_TRUE
 
 
 async def test_a_pod_event_wakes_a_pass_only_when_it_changes_what_a_pass_reads(world: World) -> None:
@@ -279,7 +301,7 @@ async def test_a_pod_event_wakes_a_pass_only_when_it_changes_what_a_pass_reads(w
     (pod, _) = await world.start_pods()
     assert world.rec.saw_pod(None, pod)
     assert not world.rec.saw_pod("MODIFIED", pod)
-    annotated = {**pod, "metadata": {**pod["metadata"], "annotations": {contract.ANNOTATION_TIER: "full"}}}
+    annotated = {**pod, "metadata": {**pod["metadata"], "annotations": {ANNOTATION_TIER: "full"}}}
     assert not world.rec.saw_pod("MODIFIED", annotated)  # our own annotation: nothing to read
     unready = {**pod, "status": {**pod["status"], "conditions": [{"type": "Ready", "status": "False"}]}}
     assert world.rec.saw_pod("MODIFIED", unready)
@@ -289,14 +311,14 @@ async def test_a_pod_event_wakes_a_pass_only_when_it_changes_what_a_pass_reads(w
 async def test_the_status_is_written_only_when_it_changed_and_a_deleted_warmmodel_ends_quietly(world: World) -> None:
     await world.make()
     await world.run()
-    status_writes = len(world.kube.writes(contract.PLURAL))
+    status_writes = len(world.kube.writes(PLURAL))
     await world.run()
-    assert len(world.kube.writes(contract.PLURAL)) == status_writes
+    assert len(world.kube.writes(PLURAL)) == status_writes
     # Deleted while the pass ran: its status write is a 404, and the pass ends without an error.
-    await world.kube.delete_obj(contract.PLURAL, world.ns, "m")
+    await world.kube.delete_obj(PLURAL, world.ns, "m")
     world.rec.body["metadata"]["generation"] = 2
     await world.run()
-    assert len(world.kube.writes(contract.PLURAL)) == status_writes + 1
+    assert len(world.kube.writes(PLURAL)) == status_writes + 1
 
 
 @pytest.mark.unit

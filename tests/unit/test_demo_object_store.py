@@ -12,7 +12,7 @@ import yaml
 from warmpool_dev import demo, demo_object_store
 from warmpool_operator.api.types import parse_spec
 
-from warmpool import contract
+from warmpool.contract.files import S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
 
 pytestmark = pytest.mark.unit
 
@@ -36,8 +36,8 @@ def test_the_secret_holds_the_credentials_under_the_keys_the_agent_reads() -> No
     secret = yaml.safe_load(demo_object_store.secret_manifest(STORE, "ns"))
     assert secret["metadata"] == {"name": demo_object_store.SECRET, "namespace": "ns"}
     decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    assert decoded == {contract.S3_SECRET_ACCESS_KEY_ID_KEY: "WPKEYID",
-                       contract.S3_SECRET_SECRET_ACCESS_KEY_KEY: "s3cr3t"}
+    assert decoded == {S3_SECRET_ACCESS_KEY_ID_KEY: "WPKEYID",
+                       S3_SECRET_SECRET_ACCESS_KEY_KEY: "s3cr3t"}
     assert "s3cr3t" not in repr(STORE)
 
 

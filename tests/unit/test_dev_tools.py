@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from warmpool_dev import demo, model_fetch
+from warmpool_dev import demo, model_fetch, paths
 from warmpool_devcluster import build, cluster
 
-from warmpool import cli, paths
+from warmpool import cli
 
 pytestmark = pytest.mark.unit
 

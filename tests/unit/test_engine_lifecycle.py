@@ -16,7 +16,7 @@ from warmpool_worker.builtin.engine import KV_BLOCK_TOKENS, LlamaEngine, load_en
 from warmpool_worker.engine_api import NonFiniteLogitsError
 from warmpool_worker.warmup import WarmupProgress, execute_plan, plan_warmup
 
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
 
 pytestmark = pytest.mark.unit
 

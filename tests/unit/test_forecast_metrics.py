@@ -28,29 +28,39 @@ from warmpool_operator.rules.forecast.baselines import QuantileForecast
 from warmpool_operator.rules.forecast.decision import LeadSource, LeadTime
 from warmpool_operator.rules.forecast.forecaster import Prediction
 
-from warmpool import contract
+from warmpool.contract.metrics import (
+    FORECAST_QUANTILE_P50,
+    FORECAST_QUANTILE_P90,
+    LABEL_NAMESPACE,
+    LABEL_QUANTILE,
+    LABEL_WARMMODEL,
+    METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD,
+    METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS,
+    METRIC_OPERATOR_FORECAST_PEAK,
+    METRIC_OPERATOR_FORECAST_RATE_NOW,
+)
 
 pytestmark = pytest.mark.unit
 
-RATE_NOW = contract.METRIC_OPERATOR_FORECAST_RATE_NOW
-P50 = f"{contract.METRIC_OPERATOR_FORECAST_PEAK} p50"
-P90 = f"{contract.METRIC_OPERATOR_FORECAST_PEAK} p90"
-CAPACITY = contract.METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD
-DESIRED = contract.METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS
+RATE_NOW = METRIC_OPERATOR_FORECAST_RATE_NOW
+P50 = f"{METRIC_OPERATOR_FORECAST_PEAK} p50"
+P90 = f"{METRIC_OPERATOR_FORECAST_PEAK} p90"
+CAPACITY = METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD
+DESIRED = METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS
 STEP_S = 60
 LEAD = LeadTime(25.0, LeadSource.COLD_START)
 
 
 def figures(namespace: str, name: str) -> dict[str, float | None]:
     """Each forecast series of the WarmModel as the registry exposes it (None: no such series)."""
-    labels = {contract.LABEL_NAMESPACE: namespace, contract.LABEL_WARMMODEL: name}
+    labels = {LABEL_NAMESPACE: namespace, LABEL_WARMMODEL: name}
 
     def quantile(q: str) -> float | None:
-        return REGISTRY.get_sample_value(contract.METRIC_OPERATOR_FORECAST_PEAK,
-                                         {**labels, contract.LABEL_QUANTILE: q})
+        return REGISTRY.get_sample_value(METRIC_OPERATOR_FORECAST_PEAK,
+                                         {**labels, LABEL_QUANTILE: q})
 
-    return {RATE_NOW: REGISTRY.get_sample_value(RATE_NOW, labels), P50: quantile(contract.FORECAST_QUANTILE_P50),
-            P90: quantile(contract.FORECAST_QUANTILE_P90), CAPACITY: REGISTRY.get_sample_value(CAPACITY, labels),
+    return {RATE_NOW: REGISTRY.get_sample_value(RATE_NOW, labels), P50: quantile(FORECAST_QUANTILE_P50),
+            P90: quantile(FORECAST_QUANTILE_P90), CAPACITY: REGISTRY.get_sample_value(CAPACITY, labels),
             DESIRED: REGISTRY.get_sample_value(DESIRED, labels)}
 
 

@@ -15,8 +15,8 @@ from warmpool_worker.builtin.runtime import WorkerRuntime
 from warmpool_worker.config import ServeConfig
 from warmpool_worker.engine_api import GraphCapture
 
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
+from warmpool.contract.pods import WORKER_CONTAINER
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +26,7 @@ def _worker_args(graph_capture: bool) -> list[str]:
                        "warmup": {"graphCapture": graph_capture}})
     dep = builders.build_deployment(Target(name="tiny", namespace="ns", spec=spec))
     containers = dep["spec"]["template"]["spec"]["containers"]
-    worker = next(c for c in containers if c["name"] == contract.WORKER_CONTAINER)
+    worker = next(c for c in containers if c["name"] == WORKER_CONTAINER)
     args: list[str] = worker["args"]
     return args
 

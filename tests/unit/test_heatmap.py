@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from warmpool.contract import HEATMAP_FORMAT
+from warmpool.contract.files import HEATMAP_FORMAT
 from warmpool.heatmap import (
     HeatMap,
     HeatMapError,

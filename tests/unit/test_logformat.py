@@ -9,7 +9,14 @@ import sys
 import pytest
 from warmpool_worker.tracing import TracingConfig, TracingConfigError, valid_traceparent
 
-from warmpool import contract
+from warmpool.contract.pods import (
+    DEFAULT_REQUEST_SAMPLE_RATIO,
+    ENV_OTEL_ENDPOINT,
+    ENV_OTEL_SAMPLER_ARG,
+    ENV_OTEL_SERVICE_NAME,
+    ENV_OTEL_TRACES_ENDPOINT,
+    ENV_POD_NAME,
+)
 from warmpool.logformat import JsonFormatter, configure_logging
 
 pytestmark = pytest.mark.unit
@@ -59,23 +66,23 @@ def test_an_unknown_log_format_is_refused_by_name() -> None:
 
 def test_tracing_is_on_only_with_an_otlp_endpoint() -> None:
     assert not TracingConfig.from_env({}).enabled
-    assert not TracingConfig.from_env({contract.ENV_OTEL_ENDPOINT: "  "}).enabled
-    assert TracingConfig.from_env({contract.ENV_OTEL_ENDPOINT: "http://127.0.0.1:4318"}).enabled
-    assert TracingConfig.from_env({contract.ENV_OTEL_TRACES_ENDPOINT: "http://127.0.0.1:4318/v1/traces"}).enabled
+    assert not TracingConfig.from_env({ENV_OTEL_ENDPOINT: "  "}).enabled
+    assert TracingConfig.from_env({ENV_OTEL_ENDPOINT: "http://127.0.0.1:4318"}).enabled
+    assert TracingConfig.from_env({ENV_OTEL_TRACES_ENDPOINT: "http://127.0.0.1:4318/v1/traces"}).enabled
 
 
 def test_tracing_settings_come_from_the_standard_variables() -> None:
-    config = TracingConfig.from_env({contract.ENV_OTEL_ENDPOINT: "http://127.0.0.1:4318",
-                                     contract.ENV_OTEL_SERVICE_NAME: "svc", contract.ENV_POD_NAME: "pod-1",
-                                     contract.ENV_OTEL_SAMPLER_ARG: "0.25"})
+    config = TracingConfig.from_env({ENV_OTEL_ENDPOINT: "http://127.0.0.1:4318",
+                                     ENV_OTEL_SERVICE_NAME: "svc", ENV_POD_NAME: "pod-1",
+                                     ENV_OTEL_SAMPLER_ARG: "0.25"})
     assert (config.service_name, config.pod, config.request_ratio) == ("svc", "pod-1", 0.25)
-    assert TracingConfig.from_env({}).request_ratio == contract.DEFAULT_REQUEST_SAMPLE_RATIO
+    assert TracingConfig.from_env({}).request_ratio == DEFAULT_REQUEST_SAMPLE_RATIO
 
 
 @pytest.mark.parametrize("ratio", ["x", "1.5", "-0.1"])
 def test_a_bad_sample_ratio_names_the_variable(ratio: str) -> None:
-    with pytest.raises(TracingConfigError, match=contract.ENV_OTEL_SAMPLER_ARG):
-        TracingConfig.from_env({contract.ENV_OTEL_SAMPLER_ARG: ratio})
+    with pytest.raises(TracingConfigError, match=ENV_OTEL_SAMPLER_ARG):
+        TracingConfig.from_env({ENV_OTEL_SAMPLER_ARG: ratio})
 
 
 def test_a_traceparent_is_checked_for_the_w3c_form() -> None:

@@ -18,7 +18,9 @@ from warmpool_nodecache.manifest import build_manifest
 from warmpool_nodecache.s3 import S3Source
 from warmpool_nodecache.source import HttpSource, SourceError
 
-from warmpool import cachekeys, contract
+from warmpool import cachekeys
+from warmpool.contract.nodecache import CACHE_NODE_LABEL_VALUE, FILL_LEASE_PREFIX
+from warmpool.contract.pods import ANNOTATION_CACHE_REVISION
 from warmpool.heatmap import HeatMap
 
 pytestmark = pytest.mark.unit
@@ -109,7 +111,7 @@ def test_labels_follow_the_published_revisions(tmp_path: Path) -> None:
     assert published == {f"sha256:{a}"}
     stale = cachekeys.cache_node_label(b)
     patch = agent.label_changes({stale: "published", "kubernetes.io/hostname": "n"}, published)
-    assert patch == {stale: None, cachekeys.cache_node_label(a): contract.CACHE_NODE_LABEL_VALUE}
+    assert patch == {stale: None, cachekeys.cache_node_label(a): CACHE_NODE_LABEL_VALUE}
     assert agent.label_changes({cachekeys.cache_node_label(a): "published"}, published) == {}
 
 
@@ -117,7 +119,7 @@ def test_names_fit_the_api_limits() -> None:
     long_node = "n" * 253
     assert len(field_manager(long_node)) <= 128
     name = lease_name(long_node, "sha256:" + "c" * 64)
-    assert len(name) <= 63 and name.startswith(contract.FILL_LEASE_PREFIX)
+    assert len(name) <= 63 and name.startswith(FILL_LEASE_PREFIX)
     assert json.dumps(name).isascii()
 
 
@@ -156,7 +158,7 @@ def test_the_revisions_pods_mount_are_read_from_their_annotation() -> None:
     a, b = "ab" * 32, "cd" * 32
 
     def pod(value: object, phase: str = "Running") -> dict[str, Any]:
-        return {"metadata": {"annotations": {contract.ANNOTATION_CACHE_REVISION: value}}, "status": {"phase": phase}}
+        return {"metadata": {"annotations": {ANNOTATION_CACHE_REVISION: value}}, "status": {"phase": phase}}
 
     pods = [pod(f"sha256:{a}"), pod(f"sha256:{b}", phase="Pending"), pod(f"sha256:{a}"),
             pod(f"sha256:{'ef' * 32}", phase="Succeeded"), pod(f"sha256:{'12' * 32}", phase="Failed"),

@@ -26,7 +26,7 @@ from warmpool_nodecache.s3 import S3Credentials, S3Source, S3SourceConfig
 from warmpool_nodecache.source import HttpSource, HttpSourceConfig, ReadLimits, SourceError, SourceLimitError
 
 from tests.support.hostile_server import SECRET, HostileServer, endless, fixed, hostile_server, redirect, trickle
-from warmpool.contract import MANIFEST_FILENAME
+from warmpool.contract.files import MANIFEST_FILENAME
 
 pytestmark = pytest.mark.unit
 

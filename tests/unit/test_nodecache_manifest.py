@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from warmpool_nodecache.manifest import ManifestError, build_manifest, parse_manifest
 
-from warmpool.contract import DEFAULT_BLOCK_SIZE, MANIFEST_FORMAT
+from warmpool.contract.files import DEFAULT_BLOCK_SIZE, MANIFEST_FORMAT
 
 pytestmark = pytest.mark.unit
 

@@ -26,7 +26,7 @@ from warmpool_nodecache.spec import (
     source_kind,
 )
 
-from warmpool.contract import S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
+from warmpool.contract.files import S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
 
 pytestmark = pytest.mark.unit
 

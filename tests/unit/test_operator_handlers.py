@@ -20,7 +20,8 @@ from warmpool_operator.model import Obj
 from warmpool_operator.settings import OperatorConfig
 
 from tests.support.control_doubles import Clock, ControlCluster, FakeWorkers, capture_events
-from warmpool import contract
+from warmpool.contract.api import PLURAL
+from warmpool.contract.pods import LABEL_MODEL
 from warmpool.kube import KubeError
 
 CONFIG = OperatorConfig(scrape_interval=1.0, retry_delay=0.5)
@@ -89,7 +90,7 @@ async def test_the_echo_of_our_own_writes_wakes_nothing(operator: Operator) -> N
         await call(handlers.child_changed, type="MODIFIED", body=child, memo=operator.memo)
     assert pokes.count == 0
     # The WarmModel's own status echo (what the pass wrote) wakes nothing either.
-    echoed = await operator.cluster.kube.get_obj(contract.PLURAL, operator.cluster.namespace, "m")
+    echoed = await operator.cluster.kube.get_obj(PLURAL, operator.cluster.namespace, "m")
     await call(handlers.warmmodel_changed, type="MODIFIED", body=echoed or {}, memo=operator.memo,
                                      **operator.indexes())
     assert pokes.count == 0
@@ -104,7 +105,7 @@ async def test_a_child_deleted_or_edited_or_a_status_not_ours_wakes_its_pass(ope
     edited = {**service, "metadata": {**service["metadata"], "generation": 2}}  # its spec edited
     await call(handlers.child_changed, type="MODIFIED", body=edited, memo=operator.memo)
     assert pokes.count == 2
-    wm = await operator.cluster.kube.get_obj(contract.PLURAL, operator.cluster.namespace, "m") or {}
+    wm = await operator.cluster.kube.get_obj(PLURAL, operator.cluster.namespace, "m") or {}
     forged = {**wm, "status": {**wm.get("status", {}), "warmReplicas": 7}}
     await call(handlers.warmmodel_changed, type="MODIFIED", body=forged, memo=operator.memo,
                                      **operator.indexes())
@@ -128,7 +129,7 @@ async def test_a_worker_pod_wakes_its_pass_only_when_what_a_pass_reads_moves(ope
     await event("DELETED", pod)
     assert pokes.count == 3
     stranger = {**pod, "metadata": {**pod["metadata"], "labels": {**pod["metadata"]["labels"],
-                                                                 contract.LABEL_MODEL: "other"}}}
+                                                                 LABEL_MODEL: "other"}}}
     await event("MODIFIED", stranger)  # another WarmModel's (none here): nothing
     assert pokes.count == 3
 

@@ -16,7 +16,7 @@ from warmpool_operator.rules.drift import child_drifted, covers
 from warmpool_operator.rules.observation import ColdStarts, PodObservation
 from warmpool_operator.rules.ownership import deployment_pods, owned_by
 
-from warmpool import contract
+from warmpool.contract.metrics import METRIC_READY
 
 pytestmark = pytest.mark.unit
 
@@ -130,7 +130,7 @@ def test_covers_treats_omitted_zero_values_as_equal() -> None:
 
 
 def _sample(ready: bool) -> Sample:
-    return scrape.parse_metrics(f"{contract.METRIC_READY} {1 if ready else 0}\n")
+    return scrape.parse_metrics(f"{METRIC_READY} {1 if ready else 0}\n")
 
 
 def _obs(name: str, *, ready: bool, sample: Sample | None) -> PodObservation:

@@ -12,8 +12,18 @@ from warmpool_operator.rules import gating, heat
 from warmpool_operator.rules import status as st
 from warmpool_operator.rules.observation import ColdStarts, PodObservation
 
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import CONDITION_TYPES, Tier
+from warmpool.contract.files import HEATMAP_FORMAT
+from warmpool.contract.metrics import (
+    METRIC_LAYER_HEAT,
+    METRIC_LAYERS_RESIDENT,
+    METRIC_LAYERS_TOTAL,
+    METRIC_MEMORY_USED_RATIO,
+    METRIC_MODEL_INFO,
+    METRIC_PHASE_DURATION,
+    METRIC_READY,
+    METRIC_TIER,
+)
 from warmpool.tiering import Thresholds
 
 pytestmark = pytest.mark.unit
@@ -22,9 +32,9 @@ TH = Thresholds(70, 90, 5)
 
 
 def body(ratio: float | None, ready: int = 1, extra: str = "") -> str:
-    lines = [f"{contract.METRIC_READY} {ready}"]
+    lines = [f"{METRIC_READY} {ready}"]
     if ratio is not None:
-        lines.append(f'{contract.METRIC_MEMORY_USED_RATIO}{{source="nvml"}} {ratio}')
+        lines.append(f'{METRIC_MEMORY_USED_RATIO}{{source="nvml"}} {ratio}')
     return "\n".join(lines) + "\n" + extra
 
 
@@ -50,7 +60,7 @@ def test_parse_real_worker_metrics() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["{{{ not prometheus", "", "some_other_metric 1\n", f"{contract.METRIC_READY} abc\n"],
+    ["{{{ not prometheus", "", "some_other_metric 1\n", f"{METRIC_READY} abc\n"],
 )
 def test_garbage_is_an_error_not_zero(text: str) -> None:
     s = scrape.parse_metrics(text)
@@ -59,7 +69,7 @@ def test_garbage_is_an_error_not_zero(text: str) -> None:
 
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-0.5"])
 def test_bad_memory_figures_are_unknown(value: str) -> None:
-    s = scrape.parse_metrics(f'{contract.METRIC_READY} 1\n{contract.METRIC_MEMORY_USED_RATIO}{{source="x"}} {value}\n')
+    s = scrape.parse_metrics(f'{METRIC_READY} 1\n{METRIC_MEMORY_USED_RATIO}{{source="x"}} {value}\n')
     assert s.used_ratio is None
     pod = gating.PodRef("u", "p", "n", "127.0.0.1")
     assert gating.decide([pod], {"u": s}, gating.GateState(), TH)[0].tier is Tier.UNKNOWN
@@ -100,7 +110,7 @@ def test_unknown_pod_does_not_lower_its_node() -> None:
 
 def test_restart_seeds_history_from_what_the_worker_runs() -> None:
     pod = gating.PodRef("u", "p", "n", "127.0.0.1")
-    s = scrape.parse_metrics(body(0.88, extra=f'{contract.METRIC_TIER}{{tier="paused"}} 1\n'))
+    s = scrape.parse_metrics(body(0.88, extra=f'{METRIC_TIER}{{tier="paused"}} 1\n'))
     # 88 % is inside paused's hysteresis band: a fresh operator keeps the worker paused.
     assert gating.decide([pod], {"u": s}, gating.GateState(), TH)[0].tier is Tier.PAUSED
 
@@ -130,7 +140,7 @@ INT32 = (-(2**31), 2**31 - 1)
 def test_scraped_layers_are_clamped_to_their_meaning(
     resident: str, total: str, want_resident: int, want_total: int
 ) -> None:
-    text = body(0.5, extra=f"{contract.METRIC_LAYERS_RESIDENT} {resident}\n{contract.METRIC_LAYERS_TOTAL} {total}\n")
+    text = body(0.5, extra=f"{METRIC_LAYERS_RESIDENT} {resident}\n{METRIC_LAYERS_TOTAL} {total}\n")
     s = scrape.parse_metrics(text)
     assert s.ok and (s.layers_resident, s.layers_total) == (want_resident, want_total)
     for warm in (True, False):
@@ -152,12 +162,12 @@ def test_other_scraped_figures_are_clamped_to_their_meaning() -> None:
     text = body(
         0.5,
         extra=(
-            f'{contract.METRIC_PHASE_DURATION}{{phase="ready"}} -5\n'
-            f'{contract.METRIC_PHASE_DURATION}{{phase="weights_mapped"}} 2.5\n'
-            f'{contract.METRIC_LAYER_HEAT}{{layer="0"}} 1e308\n'
-            f'{contract.METRIC_LAYER_HEAT}{{layer="99999999999999999999"}} 3\n'
-            f'{contract.METRIC_LAYER_HEAT}{{layer="-1"}} 3\n'
-            f'{contract.METRIC_MODEL_INFO}{{digest="sha256:ab",layers="1e300"}} 1\n'
+            f'{METRIC_PHASE_DURATION}{{phase="ready"}} -5\n'
+            f'{METRIC_PHASE_DURATION}{{phase="weights_mapped"}} 2.5\n'
+            f'{METRIC_LAYER_HEAT}{{layer="0"}} 1e308\n'
+            f'{METRIC_LAYER_HEAT}{{layer="99999999999999999999"}} 3\n'
+            f'{METRIC_LAYER_HEAT}{{layer="-1"}} 3\n'
+            f'{METRIC_MODEL_INFO}{{digest="sha256:ab",layers="1e300"}} 1\n'
         ),
     )
     s = scrape.parse_metrics(text)
@@ -186,7 +196,7 @@ def test_status_conditions_and_counts() -> None:
     out = st.compute_status(name="m", spec=_spec(), generation=3, pods=obs, deployment=deployment,
                             cold_starts=ColdStarts(), previous=None, now="2026-01-01T00:00:00Z")
     conds = {c["type"]: c for c in out["conditions"]}
-    assert set(conds) == set(contract.CONDITION_TYPES)
+    assert set(conds) == set(CONDITION_TYPES)
     assert conds["Ready"]["status"] == "True" and conds["Ready"]["reason"] == "MinWarmReached"
     assert conds["WarmupGated"]["status"] == "True" and "q" in conds["WarmupGated"]["message"]
     assert out["warmReplicas"] == 1 and out["readyReplicas"] == 1 and out["observedGeneration"] == 3
@@ -223,7 +233,7 @@ def test_heat_aggregation_is_rate_limited_and_per_digest() -> None:
     payload = heat.due(state, [a, b, other], interval=60, now=1000.0)
     assert payload is not None
     doc = json.loads(payload)
-    assert doc["format"] == contract.HEATMAP_FORMAT and doc["model_digest"] == "sha:a"
+    assert doc["format"] == HEATMAP_FORMAT and doc["model_digest"] == "sha:a"
     assert doc["heat"] == {"0": 11.0, "3": 5.0}
     heat.written(state, payload, now=1000.0)
     assert heat.due(state, [a, b], interval=60, now=1010.0) is None  # too soon

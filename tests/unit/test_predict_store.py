@@ -17,7 +17,14 @@ from warmpool_operator.io.history_store import (
 from warmpool_operator.rules.forecast.history import History, HistoryLimits, StepObservation, dumps, loads
 from warmpool_operator.rules.forecast.lengths import histogram
 
-from warmpool import contract
+from warmpool.contract.api import MAX_WARMMODEL_NAME_LENGTH
+from warmpool.contract.pods import (
+    COMPONENT_HISTORY,
+    HISTORY_CONFIGMAP_SUFFIX,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_MODEL,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -77,14 +84,14 @@ def test_newest_steps_refuses_counts_outside_the_history() -> None:
 
 
 def test_the_name_and_labels_come_from_the_contract() -> None:
-    assert history_configmap_name("smollm2") == "smollm2" + contract.HISTORY_CONFIGMAP_SUFFIX == "smollm2-history"
-    name = "x" * contract.MAX_WARMMODEL_NAME_LENGTH
+    assert history_configmap_name("smollm2") == "smollm2" + HISTORY_CONFIGMAP_SUFFIX == "smollm2-history"
+    name = "x" * MAX_WARMMODEL_NAME_LENGTH
     assert len(history_configmap_name(name)) <= 63
     labels = history_labels("smollm2")
-    assert labels[contract.LABEL_COMPONENT] == contract.COMPONENT_HISTORY
-    assert labels[contract.LABEL_MODEL] == "smollm2"
+    assert labels[LABEL_COMPONENT] == COMPONENT_HISTORY
+    assert labels[LABEL_MODEL] == "smollm2"
     # not a child the operator's watch restores (those carry managed-by)
-    assert contract.LABEL_MANAGED_BY not in labels
+    assert LABEL_MANAGED_BY not in labels
 
 
 @pytest.mark.parametrize(("settings", "needle"), [

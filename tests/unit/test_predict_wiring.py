@@ -33,7 +33,13 @@ from warmpool_operator.rules.forecast.steps import (
 from warmpool_operator.rules.sleep_wake import WHY_FORECAST, Policy, SleepPod, plan
 from warmpool_worker.warmup import read_learned_buckets
 
-from warmpool import contract
+from warmpool.contract.files import (
+    CONFIG_MOUNT_PATH,
+    CONFIGMAP_KEY_LEARNED_BUCKETS,
+    LEARNED_BUCKETS_FORMAT,
+    TOKEN_LENGTH_EDGES,
+)
+from warmpool.contract.metrics import METRIC_ENGINE_BUSY_SECONDS, METRIC_REQUEST_PROMPT_TOKENS, METRIC_REQUESTS_TOTAL
 
 pytestmark = pytest.mark.unit
 
@@ -313,19 +319,19 @@ def test_the_predictive_condition_says_why_the_pool_is_reactive() -> None:
 
 
 def test_scrape_reads_the_prompt_histogram_and_busy_seconds() -> None:
-    lines = [f"{contract.METRIC_REQUESTS_TOTAL} 7"]
+    lines = [f"{METRIC_REQUESTS_TOTAL} 7"]
     running = 0
-    for edge in contract.TOKEN_LENGTH_EDGES:
+    for edge in TOKEN_LENGTH_EDGES:
         running += 1 if edge in (128, 2048) else 0
-        lines.append(f'{contract.METRIC_REQUEST_PROMPT_TOKENS}_bucket{{le="{float(edge)}"}} {running}')
-    lines += [f'{contract.METRIC_REQUEST_PROMPT_TOKENS}_bucket{{le="+Inf"}} 2',
-              f"{contract.METRIC_REQUEST_PROMPT_TOKENS}_count 2", f"{contract.METRIC_REQUEST_PROMPT_TOKENS}_sum 1500",
-              f"{contract.METRIC_ENGINE_BUSY_SECONDS} 0.75"]
+        lines.append(f'{METRIC_REQUEST_PROMPT_TOKENS}_bucket{{le="{float(edge)}"}} {running}')
+    lines += [f'{METRIC_REQUEST_PROMPT_TOKENS}_bucket{{le="+Inf"}} 2',
+              f"{METRIC_REQUEST_PROMPT_TOKENS}_count 2", f"{METRIC_REQUEST_PROMPT_TOKENS}_sum 1500",
+              f"{METRIC_ENGINE_BUSY_SECONDS} 0.75"]
     parsed = parse_metrics("\n".join(lines) + "\n")
     assert parsed.ok and parsed.requests_total == 7 and parsed.prompt_count == 2 and parsed.busy_seconds == 0.75
     bins = prompt_bins(parsed.prompt_buckets)
     assert bins is not None and bins[bin_index(128)] == 1 and bins[bin_index(2048)] == 1
-    assert parse_metrics(f"{contract.METRIC_REQUESTS_TOTAL} 1\n{contract.METRIC_ENGINE_BUSY_SECONDS} NaN\n"
+    assert parse_metrics(f"{METRIC_REQUESTS_TOTAL} 1\n{METRIC_ENGINE_BUSY_SECONDS} NaN\n"
                          ).busy_seconds is None
 
 
@@ -338,18 +344,18 @@ def test_the_api_takes_the_predictive_block_and_learn_buckets_with_bounds() -> N
             spec(predictive=bad)
     learn = parse_spec({"model": {"pvc": {"claimName": "m"}}, "warmup": {"learnBuckets": True}})
     args = builders.build_deployment(Target("m", "ns", learn), 1)["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert f"--learned-buckets={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_LEARNED_BUCKETS}" in args
+    assert f"--learned-buckets={CONFIG_MOUNT_PATH}/{CONFIGMAP_KEY_LEARNED_BUCKETS}" in args
     plain = builders.build_deployment(Target("m", "ns", spec()), 1)["spec"]["template"]["spec"]["containers"][0]
     assert not any(a.startswith("--learned-buckets") for a in plain["args"])
 
 
 def test_the_worker_warms_at_learned_lengths_only_from_a_valid_file(tmp_path: Path) -> None:
-    path = tmp_path / contract.CONFIGMAP_KEY_LEARNED_BUCKETS
+    path = tmp_path / CONFIGMAP_KEY_LEARNED_BUCKETS
     assert read_learned_buckets(None) is None and read_learned_buckets(path) is None  # not learned yet
-    path.write_text(json.dumps({"format": contract.LEARNED_BUCKETS_FORMAT, "buckets": [6144, 1536, 12288]}))
+    path.write_text(json.dumps({"format": LEARNED_BUCKETS_FORMAT, "buckets": [6144, 1536, 12288]}))
     assert read_learned_buckets(path) == (1536, 6144, 12288)
     for bad in ("{", json.dumps({"format": "other", "buckets": [1]}),
-                json.dumps({"format": contract.LEARNED_BUCKETS_FORMAT, "buckets": [0]}),
-                json.dumps({"format": contract.LEARNED_BUCKETS_FORMAT, "buckets": ["32"]}), "x" * 10000):
+                json.dumps({"format": LEARNED_BUCKETS_FORMAT, "buckets": [0]}),
+                json.dumps({"format": LEARNED_BUCKETS_FORMAT, "buckets": ["32"]}), "x" * 10000):
         path.write_text(bad)
         assert read_learned_buckets(path) is None  # --buckets stands; never a pod that cannot warm

@@ -24,7 +24,7 @@ from warmpool_worker.prefetch import (
     resident_bytes,
 )
 
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
 
 pytestmark = pytest.mark.unit
 

@@ -13,8 +13,9 @@ from warmpool_operator.io import worker_client as scrape
 from warmpool_operator.rules import gating
 
 from tests.support.loopback_peer import LoopbackPeer, Reply
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
+from warmpool.contract.http import PATH_CONTROL_TIER
+from warmpool.contract.metrics import METRIC_MEMORY_USED_RATIO
 from warmpool.tiering import Thresholds
 
 pytestmark = pytest.mark.unit
@@ -36,7 +37,7 @@ def worker_metrics(used: int, capacity: int) -> bytes:
 
 def split_at_ratio(body: bytes) -> tuple[bytes, bytes]:
     """The body cut inside the used-ratio figure, e.g. ``... 0.`` | ``95``."""
-    line_start = body.index(contract.METRIC_MEMORY_USED_RATIO.encode() + b"{")
+    line_start = body.index(METRIC_MEMORY_USED_RATIO.encode() + b"{")
     cut = body.index(b" 0.", line_start) + len(b" 0.")
     return body[:cut], body[cut:]
 
@@ -93,11 +94,11 @@ async def test_a_refused_directive_with_a_huge_error_body_is_not_read_whole(
     piece = b"e" * 65_536
     async with LoopbackPeer() as peer:
         # 64 MiB of error text (the issue saw 200 MiB cost the operator 448 MiB).
-        peer.replies[contract.PATH_CONTROL_TIER] = Reply((piece,) * 1024, status=500)
+        peer.replies[PATH_CONTROL_TIER] = Reply((piece,) * 1024, status=500)
         error = await scrape.send_directive(
-            session, peer.url(contract.PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 10.0
+            session, peer.url(PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 10.0
         )
-        sent = peer.sent[contract.PATH_CONTROL_TIER]
+        sent = peer.sent[PATH_CONTROL_TIER]
     assert sent < 32 * 1024 * 1024, f"the operator read on: the peer sent {sent} bytes"
     assert error is not None and error.startswith("http 500")
     assert "body larger than" in error
@@ -105,13 +106,13 @@ async def test_a_refused_directive_with_a_huge_error_body_is_not_read_whole(
 
 async def test_a_refused_directive_reports_its_error_body(session: aiohttp.ClientSession) -> None:
     async with LoopbackPeer() as peer:
-        peer.replies[contract.PATH_CONTROL_TIER] = Reply((b"bad ", b"token"), pause=0.2, status=401)
+        peer.replies[PATH_CONTROL_TIER] = Reply((b"bad ", b"token"), pause=0.2, status=401)
         error = await scrape.send_directive(
-            session, peer.url(contract.PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 5.0
+            session, peer.url(PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 5.0
         )
-        peer.replies[contract.PATH_CONTROL_TIER] = Reply((b"ok",), status=200)
+        peer.replies[PATH_CONTROL_TIER] = Reply((b"ok",), status=200)
         delivered = await scrape.send_directive(
-            session, peer.url(contract.PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 5.0
+            session, peer.url(PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 5.0
         )
     assert error == "http 401: bad token"
     assert delivered is None

@@ -11,11 +11,20 @@ from warmpool_worker.metrics import SidecarMetrics, WorkerMetrics
 from warmpool_worker.sidecar.engine_client import parse_metrics
 
 from tests.support.vllm_engine import VllmMetrics, buckets_1_2_5
-from warmpool import contract
+from warmpool.contract.files import TOKEN_LENGTH_EDGES
+from warmpool.contract.metrics import (
+    METRIC_ENGINE_BUSY_SECONDS,
+    METRIC_GENERATED_TOKENS,
+    METRIC_REQUEST_GENERATED_TOKENS,
+    METRIC_REQUEST_PROMPT_TOKENS,
+    METRIC_REQUESTS_IN_FLIGHT,
+    METRIC_REQUESTS_QUEUED,
+    METRIC_REQUESTS_TOTAL,
+)
 
 pytestmark = pytest.mark.unit
 
-EDGE = {edge: index for index, edge in enumerate(contract.TOKEN_LENGTH_EDGES)}
+EDGE = {edge: index for index, edge in enumerate(TOKEN_LENGTH_EDGES)}
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -27,9 +36,9 @@ def _names(text: str) -> set[str]:
     return {name for name, _ in _samples(text)}
 
 
-SIGNAL_SERIES = {contract.METRIC_REQUESTS_TOTAL, contract.METRIC_REQUESTS_IN_FLIGHT, contract.METRIC_REQUESTS_QUEUED,
-                 contract.METRIC_GENERATED_TOKENS, contract.METRIC_REQUEST_PROMPT_TOKENS + "_count",
-                 contract.METRIC_REQUEST_GENERATED_TOKENS + "_count", contract.METRIC_ENGINE_BUSY_SECONDS}
+SIGNAL_SERIES = {METRIC_REQUESTS_TOTAL, METRIC_REQUESTS_IN_FLIGHT, METRIC_REQUESTS_QUEUED,
+                 METRIC_GENERATED_TOKENS, METRIC_REQUEST_PROMPT_TOKENS + "_count",
+                 METRIC_REQUEST_GENERATED_TOKENS + "_count", METRIC_ENGINE_BUSY_SECONDS}
 
 
 def test_vllm_bucket_rule_is_one_two_five() -> None:
@@ -100,14 +109,14 @@ def test_the_sidecar_exports_the_engines_figures_under_warmpools_names_and_nothi
     vllm.waiting.labels("vllm-standin", "0").set(2)
     metrics.set_engine_signals(parse_metrics(vllm.render()).signals)
     samples = _samples(metrics.render().decode())
-    assert samples[(contract.METRIC_REQUESTS_TOTAL, ())] == 1
-    assert samples[(contract.METRIC_REQUESTS_QUEUED, ())] == 2
-    assert samples[(contract.METRIC_REQUESTS_IN_FLIGHT, ())] == 0
-    assert samples[(contract.METRIC_GENERATED_TOKENS, ())] == 10
-    assert samples[(contract.METRIC_REQUEST_PROMPT_TOKENS + "_sum", ())] == 1500
-    assert samples[(contract.METRIC_REQUEST_PROMPT_TOKENS + "_bucket", (("le", "1536.0"),))] == pytest.approx(0.536)
-    assert samples[(contract.METRIC_REQUEST_PROMPT_TOKENS + "_bucket", (("le", "+Inf"),))] == 1
-    assert (contract.METRIC_ENGINE_BUSY_SECONDS, ()) not in samples  # no external engine tells us that
+    assert samples[(METRIC_REQUESTS_TOTAL, ())] == 1
+    assert samples[(METRIC_REQUESTS_QUEUED, ())] == 2
+    assert samples[(METRIC_REQUESTS_IN_FLIGHT, ())] == 0
+    assert samples[(METRIC_GENERATED_TOKENS, ())] == 10
+    assert samples[(METRIC_REQUEST_PROMPT_TOKENS + "_sum", ())] == 1500
+    assert samples[(METRIC_REQUEST_PROMPT_TOKENS + "_bucket", (("le", "1536.0"),))] == pytest.approx(0.536)
+    assert samples[(METRIC_REQUEST_PROMPT_TOKENS + "_bucket", (("le", "+Inf"),))] == 1
+    assert (METRIC_ENGINE_BUSY_SECONDS, ()) not in samples  # no external engine tells us that
     metrics.set_engine_signals(EngineSignals())  # the engine stopped answering
     assert not SIGNAL_SERIES & _names(metrics.render().decode())
 
@@ -120,17 +129,17 @@ def test_the_builtin_worker_observes_tokens_per_request_at_the_contracts_edges()
     metrics.engine_step(0.25, 7)
     metrics.engine_step(-1.0, 0)  # a clock step never subtracts
     samples = _samples(metrics.render().decode())
-    prompt = contract.METRIC_REQUEST_PROMPT_TOKENS
+    prompt = METRIC_REQUEST_PROMPT_TOKENS
     les = [dict(labels)["le"] for name, labels in samples if name == prompt + "_bucket"]
-    assert les == [f"{float(edge)}" for edge in contract.TOKEN_LENGTH_EDGES] + ["+Inf"]
+    assert les == [f"{float(edge)}" for edge in TOKEN_LENGTH_EDGES] + ["+Inf"]
     assert samples[(prompt + "_bucket", (("le", "24.0"),))] == 1
     assert samples[(prompt + "_bucket", (("le", "1024.0"),))] == 1
     assert samples[(prompt + "_bucket", (("le", "1536.0"),))] == 2
     assert samples[(prompt + "_sum", ())] == 1489
-    assert samples[(contract.METRIC_REQUEST_GENERATED_TOKENS + "_bucket", (("le", "16.0"),))] == 2
-    assert samples[(contract.METRIC_ENGINE_BUSY_SECONDS, ())] == 0.25
+    assert samples[(METRIC_REQUEST_GENERATED_TOKENS + "_bucket", (("le", "16.0"),))] == 2
+    assert samples[(METRIC_ENGINE_BUSY_SECONDS, ())] == 0.25
 
 
 def test_token_edges_are_the_graph_friendly_sizes() -> None:
     expected = sorted({1 << shift for shift in range(4, 18)} | {3 << shift for shift in range(3, 16)})
-    assert list(contract.TOKEN_LENGTH_EDGES) == expected
+    assert list(TOKEN_LENGTH_EDGES) == expected

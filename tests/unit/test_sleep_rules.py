@@ -15,7 +15,15 @@ from warmpool_operator.rules import builders
 from warmpool_operator.rules import sleep_wake as sleeping
 from warmpool_operator.rules.sleep_wake import Candidate, Policy, SleepPod, plan
 
-from warmpool import contract
+from warmpool.contract.api import DEFAULT_SLEEP_LEVEL, DEFAULT_SLEEP_MIN_AWAKE
+from warmpool.contract.metrics import (
+    METRIC_REQUESTS_IN_FLIGHT,
+    METRIC_REQUESTS_TOTAL,
+    METRIC_SLEEP_CAPABLE,
+    METRIC_SLEEP_LEVEL,
+    METRIC_WAKE_DURATION,
+)
+from warmpool.contract.pods import AWAKE_TRUE, ENGINE_CONTAINER, ENV_VLLM_SERVER_DEV_MODE, LABEL_AWAKE
 
 pytestmark = pytest.mark.unit
 
@@ -170,14 +178,14 @@ def test_wake_quantiles_from_merged_histograms() -> None:
 
 def test_scrape_reads_the_sleep_and_request_metrics() -> None:
     text = (
-        f"# TYPE {contract.METRIC_SLEEP_LEVEL} gauge\n{contract.METRIC_SLEEP_LEVEL} 2.0\n"
-        f"# TYPE {contract.METRIC_SLEEP_CAPABLE} gauge\n{contract.METRIC_SLEEP_CAPABLE} 1.0\n"
-        f"# TYPE warmpool_requests counter\n{contract.METRIC_REQUESTS_TOTAL} 7.0\n"
-        f"# TYPE {contract.METRIC_REQUESTS_IN_FLIGHT} gauge\n{contract.METRIC_REQUESTS_IN_FLIGHT} 1.0\n"
-        f"# TYPE {contract.METRIC_WAKE_DURATION} histogram\n"
-        f'{contract.METRIC_WAKE_DURATION}_bucket{{le="0.5"}} 1.0\n'
-        f'{contract.METRIC_WAKE_DURATION}_bucket{{le="+Inf"}} 2.0\n'
-        f"{contract.METRIC_WAKE_DURATION}_count 2.0\n{contract.METRIC_WAKE_DURATION}_sum 1.2\n"
+        f"# TYPE {METRIC_SLEEP_LEVEL} gauge\n{METRIC_SLEEP_LEVEL} 2.0\n"
+        f"# TYPE {METRIC_SLEEP_CAPABLE} gauge\n{METRIC_SLEEP_CAPABLE} 1.0\n"
+        f"# TYPE warmpool_requests counter\n{METRIC_REQUESTS_TOTAL} 7.0\n"
+        f"# TYPE {METRIC_REQUESTS_IN_FLIGHT} gauge\n{METRIC_REQUESTS_IN_FLIGHT} 1.0\n"
+        f"# TYPE {METRIC_WAKE_DURATION} histogram\n"
+        f'{METRIC_WAKE_DURATION}_bucket{{le="0.5"}} 1.0\n'
+        f'{METRIC_WAKE_DURATION}_bucket{{le="+Inf"}} 2.0\n'
+        f"{METRIC_WAKE_DURATION}_count 2.0\n{METRIC_WAKE_DURATION}_sum 1.2\n"
     )
     sample = parse_metrics(text)
     assert sample.ok
@@ -198,7 +206,7 @@ def test_sleep_block_defaults_and_bounds() -> None:
     parsed = parse_spec(spec(sleep={}))
     assert parsed.pool.sleep is not None
     assert (parsed.pool.sleep.after_idle_seconds, parsed.pool.sleep.min_awake, parsed.pool.sleep.level) == (
-        None, contract.DEFAULT_SLEEP_MIN_AWAKE, contract.DEFAULT_SLEEP_LEVEL)
+        None, DEFAULT_SLEEP_MIN_AWAKE, DEFAULT_SLEEP_LEVEL)
     assert parse_spec(spec()).pool.sleep is None
     with pytest.raises(InvalidWarmModel, match=r"spec\.pool\.sleep\.level"):
         parse_spec(spec(sleep={"level": 3}))
@@ -216,11 +224,11 @@ def test_the_service_selects_awake_pods_and_the_deployment_selector_does_not() -
     target = _target(spec())
     service = builders.build_service(target)
     dep = builders.build_deployment(target)
-    assert service["spec"]["selector"][contract.LABEL_AWAKE] == contract.AWAKE_TRUE
-    assert contract.LABEL_AWAKE not in dep["spec"]["selector"]["matchLabels"]
-    assert dep["spec"]["template"]["metadata"]["labels"][contract.LABEL_AWAKE] == contract.AWAKE_TRUE
+    assert service["spec"]["selector"][LABEL_AWAKE] == AWAKE_TRUE
+    assert LABEL_AWAKE not in dep["spec"]["selector"]["matchLabels"]
+    assert dep["spec"]["template"]["metadata"]["labels"][LABEL_AWAKE] == AWAKE_TRUE
     pdb = builders.build_pdb(target)
-    assert contract.LABEL_AWAKE not in pdb["spec"]["selector"]["matchLabels"]  # sleeping pods still count
+    assert LABEL_AWAKE not in pdb["spec"]["selector"]["matchLabels"]  # sleeping pods still count
 
 
 def test_a_sidecar_pool_with_sleep_runs_vllm_in_dev_mode() -> None:
@@ -228,12 +236,12 @@ def test_a_sidecar_pool_with_sleep_runs_vllm_in_dev_mode() -> None:
 
     def engine_env(raw: dict[str, Any]) -> list[dict[str, Any]]:
         containers = builders.build_deployment(_target(raw))["spec"]["template"]["spec"]["containers"]
-        env: list[dict[str, Any]] = next(c for c in containers if c["name"] == contract.ENGINE_CONTAINER)["env"]
+        env: list[dict[str, Any]] = next(c for c in containers if c["name"] == ENGINE_CONTAINER)["env"]
         return env
 
-    assert {"name": contract.ENV_VLLM_SERVER_DEV_MODE, "value": "1"} in engine_env(raw)
+    assert {"name": ENV_VLLM_SERVER_DEV_MODE, "value": "1"} in engine_env(raw)
     without = {**raw, "pool": {"replicas": 2, "maxReplicas": 4}}
-    assert all(e["name"] != contract.ENV_VLLM_SERVER_DEV_MODE for e in engine_env(without))
-    mine = {**raw, "engine": {**raw["engine"], "env": [{"name": contract.ENV_VLLM_SERVER_DEV_MODE, "value": "0"}]}}
-    assert [e for e in engine_env(mine) if e["name"] == contract.ENV_VLLM_SERVER_DEV_MODE] == [
-        {"name": contract.ENV_VLLM_SERVER_DEV_MODE, "value": "0"}]  # the user's own value stands
+    assert all(e["name"] != ENV_VLLM_SERVER_DEV_MODE for e in engine_env(without))
+    mine = {**raw, "engine": {**raw["engine"], "env": [{"name": ENV_VLLM_SERVER_DEV_MODE, "value": "0"}]}}
+    assert [e for e in engine_env(mine) if e["name"] == ENV_VLLM_SERVER_DEV_MODE] == [
+        {"name": ENV_VLLM_SERVER_DEV_MODE, "value": "0"}]  # the user's own value stands

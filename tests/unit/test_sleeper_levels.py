@@ -17,7 +17,7 @@ from warmpool_operator.control import sleep_actions as sleeper
 from warmpool_operator.model import Sample, Target
 from warmpool_operator.rules import gating
 
-from warmpool import contract
+from warmpool.contract.pods import AWAKE_FALSE, AWAKE_TRUE, LABEL_AWAKE
 
 pytestmark = pytest.mark.unit
 
@@ -40,8 +40,8 @@ class LabelWrites:
 
 
 def _pod(ref: gating.PodRef, awake: bool) -> dict[str, Any]:
-    label = contract.AWAKE_TRUE if awake else contract.AWAKE_FALSE
-    return {"metadata": {"name": ref.name, "uid": ref.uid, "labels": {contract.LABEL_AWAKE: label}}}
+    label = AWAKE_TRUE if awake else AWAKE_FALSE
+    return {"metadata": {"name": ref.name, "uid": ref.uid, "labels": {LABEL_AWAKE: label}}}
 
 
 def _sample(level: int, sent_at: float) -> Sample:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
 from warmpool.tiering import ThresholdError, Thresholds, clean_ratio, decide_tier, raw_tier, stricter
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ import pytest
 from warmpool_dev.timeline import PodTimeline, parse_phase_metric, phase_table, render_waterfall
 from warmpool_worker.metrics import WorkerMetrics
 
-from warmpool.contract import METRIC_PHASE_TIMESTAMP
+from warmpool.contract.metrics import METRIC_PHASE_TIMESTAMP
 
 pytestmark = pytest.mark.unit
 

@@ -23,7 +23,7 @@ from warmpool_worker.warmup import (
 )
 
 from tests.support.fake_engine import FakeEngine
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
 
 pytestmark = pytest.mark.unit
 

@@ -26,7 +26,7 @@ from warmpool_worker.memory import MemoryReading
 from warmpool_worker.metrics import ENGINE_KV_SOURCE, WorkerMetrics
 from warmpool_worker.warmup import plan_for_tier
 
-from warmpool.contract import DEFAULT_LENGTH_BUCKETS, Tier
+from warmpool.contract.api import DEFAULT_LENGTH_BUCKETS, Tier
 from warmpool.tiering import Thresholds
 
 pytestmark = pytest.mark.unit

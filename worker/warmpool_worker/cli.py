@@ -40,20 +40,17 @@ from warmpool_worker.defaults import (
     DEFAULT_WAKE_TIMEOUT_S,
 )
 
-from warmpool.contract import (
-    DEFAULT_ENGINE_HEALTH_PATH,
+from warmpool.contract.api import (
     DEFAULT_HOT_LAYER_PERCENT,
     DEFAULT_HYSTERESIS_PERCENT,
     DEFAULT_LENGTH_BUCKETS,
     DEFAULT_PAUSE_AT_PERCENT,
     DEFAULT_TRUNCATE_AT_PERCENT,
     DEFAULT_WARMUP_TIMEOUT_SECONDS,
-    DEFAULT_WORKER_PORT,
-    ENGINE_SLEEP_APIS,
-    ENV_POD_IP,
-    LOG_FORMAT_TEXT,
-    LOG_FORMATS,
 )
+from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_WORKER_PORT
+from warmpool.contract.metrics import ENGINE_SLEEP_APIS
+from warmpool.contract.pods import ENV_POD_IP, LOG_FORMAT_TEXT, LOG_FORMATS
 from warmpool.logformat import configure_logging
 
 if TYPE_CHECKING:

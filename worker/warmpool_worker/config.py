@@ -47,14 +47,9 @@ if TYPE_CHECKING:  # only with --partial-cache is the module imported (the CLI b
     from warmpool_worker.partial_cache import PartialCacheConfig
 from warmpool_worker.tracing import TracingConfig
 
-from warmpool.contract import (
-    DEFAULT_ENGINE_HEALTH_PATH,
-    DEFAULT_HOT_LAYER_PERCENT,
-    DEFAULT_LENGTH_BUCKETS,
-    DEFAULT_WARMUP_TIMEOUT_SECONDS,
-    DEFAULT_WORKER_PORT,
-    ENGINE_SLEEP_APIS,
-)
+from warmpool.contract.api import DEFAULT_HOT_LAYER_PERCENT, DEFAULT_LENGTH_BUCKETS, DEFAULT_WARMUP_TIMEOUT_SECONDS
+from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_WORKER_PORT
+from warmpool.contract.metrics import ENGINE_SLEEP_APIS
 from warmpool.tiering import Thresholds
 
 MemorySource = Literal["device", "engine-kv"]

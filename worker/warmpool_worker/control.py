@@ -20,16 +20,13 @@ from aiohttp import web
 from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import BadRequest
 
-from warmpool.contract import (
+from warmpool.contract.api import DEFAULT_DIRECTIVE_TTL_SECONDS, DIRECTIVE_TIERS, MAX_DIRECTIVE_TTL_SECONDS, Tier
+from warmpool.contract.http import (
     CONTROL_FIELD_TIER,
     CONTROL_FIELD_TRACEPARENT,
     CONTROL_FIELD_TTL,
     CONTROL_TOKEN_HEADER,
-    DEFAULT_DIRECTIVE_TTL_SECONDS,
-    DIRECTIVE_TIERS,
-    MAX_DIRECTIVE_TTL_SECONDS,
     PATH_CONTROL_TIER,
-    Tier,
 )
 
 if TYPE_CHECKING:

@@ -45,7 +45,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from warmpool.contract import (
+from warmpool.contract.files import TOKEN_LENGTH_EDGES
+from warmpool.contract.metrics import (
     METRIC_ENGINE_BUSY_SECONDS,
     METRIC_GENERATED_TOKENS,
     METRIC_REQUEST_GENERATED_TOKENS,
@@ -53,7 +54,6 @@ from warmpool.contract import (
     METRIC_REQUESTS_IN_FLIGHT,
     METRIC_REQUESTS_QUEUED,
     METRIC_REQUESTS_TOTAL,
-    TOKEN_LENGTH_EDGES,
     VLLM_GENERATION_TOKENS,
     VLLM_GENERATION_TOKENS_HISTOGRAM,
     VLLM_PROMPT_TOKENS_HISTOGRAM,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from warmpool_worker.defaults import DEFAULT_GUARD_INTERVAL_S
 from warmpool_worker.memory import MemoryProbe, MemoryReading
 
-from warmpool.contract import DIRECTIVE_TIERS, MAX_DIRECTIVE_TTL_SECONDS, Tier
+from warmpool.contract.api import DIRECTIVE_TIERS, MAX_DIRECTIVE_TTL_SECONDS, Tier
 from warmpool.tiering import Thresholds, decide_tier, stricter
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,9 @@ from prometheus_client import (
 from prometheus_client.metrics import MetricWrapperBase
 from warmpool_worker.engine_signals import EngineSignals, EngineSignalsCollector
 
-from warmpool.contract import (
+from warmpool.contract.api import Tier
+from warmpool.contract.files import TOKEN_LENGTH_EDGES
+from warmpool.contract.metrics import (
     LABEL_BUCKET,
     LABEL_DIGEST,
     LABEL_LAYER,
@@ -95,9 +97,7 @@ from warmpool.contract import (
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
     PHASES,
-    TOKEN_LENGTH_EDGES,
     TOKENS_PER_SECOND_WINDOW,
-    Tier,
 )
 
 if TYPE_CHECKING:

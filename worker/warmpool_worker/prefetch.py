@@ -50,7 +50,7 @@ from warmpool_worker.checkpoint import (
 )
 from warmpool_worker.engine_api import ModelLoadError
 
-from warmpool.contract import DEFAULT_HOT_LAYER_PERCENT, Tier
+from warmpool.contract.api import DEFAULT_HOT_LAYER_PERCENT, Tier
 from warmpool.heatmap import hot_layers
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import json
 from aiohttp import web
 from warmpool_worker.http_app import BadRequest
 
-from warmpool.contract import CONTROL_FIELD_SLEEP_LEVEL, SLEEP_LEVELS
+from warmpool.contract.http import CONTROL_FIELD_SLEEP_LEVEL, SLEEP_LEVELS
 
 
 def parse_level(raw: object) -> int:

@@ -39,7 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from warmpool.contract import (
+from warmpool.contract.http import CONTROL_FIELD_TRACEPARENT
+from warmpool.contract.pods import (
     ATTR_BUCKET,
     ATTR_DEVICE,
     ATTR_DIGEST,
@@ -47,7 +48,6 @@ from warmpool.contract import (
     ATTR_POD,
     ATTR_TIER,
     ATTR_TOKENS,
-    CONTROL_FIELD_TRACEPARENT,
     DEFAULT_REQUEST_SAMPLE_RATIO,
     ENV_OTEL_ENDPOINT,
     ENV_OTEL_SAMPLER_ARG,

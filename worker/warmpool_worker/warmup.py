@@ -42,7 +42,8 @@ from warmpool_worker.config import WarmupConfig
 from warmpool_worker.defaults import DEFAULT_CHARS_PER_TOKEN, DEFAULT_DECODE_TOKENS, DEFAULT_PROMPTS_PER_BUCKET
 from warmpool_worker.engine_api import Engine, LayerProgress, ModelLoadError
 
-from warmpool.contract import DEFAULT_HOT_LAYER_PERCENT, DEFAULT_LENGTH_BUCKETS, LEARNED_BUCKETS_FORMAT, Tier
+from warmpool.contract.api import DEFAULT_HOT_LAYER_PERCENT, DEFAULT_LENGTH_BUCKETS, Tier
+from warmpool.contract.files import LEARNED_BUCKETS_FORMAT
 from warmpool.heatmap import hot_layers
 
 log = logging.getLogger(__name__)

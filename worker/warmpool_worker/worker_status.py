@@ -13,7 +13,8 @@ from typing import Any
 from warmpool_worker.engine_api import Engine
 from warmpool_worker.warmup import WarmupPlan, WarmupProgress
 
-from warmpool.contract import STAGE_READY, STAGE_STARTING, Tier
+from warmpool.contract.api import Tier
+from warmpool.contract.http import STAGE_READY, STAGE_STARTING
 
 
 @dataclass

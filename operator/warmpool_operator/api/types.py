@@ -40,11 +40,27 @@ from pydantic import (
     model_validator,
 )
 
-from warmpool import contract
+from warmpool.contract.api import (
+    DEFAULT_HOT_LAYER_PERCENT,
+    DEFAULT_HYSTERESIS_PERCENT,
+    DEFAULT_LENGTH_BUCKETS,
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_MIN_WARM,
+    DEFAULT_PAUSE_AT_PERCENT,
+    DEFAULT_PREDICTIVE_HORIZON_SECONDS,
+    DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS,
+    DEFAULT_REPLICAS,
+    DEFAULT_SLEEP_MIN_AWAKE,
+    DEFAULT_TRUNCATE_AT_PERCENT,
+    DEFAULT_WARMUP_TIMEOUT_SECONDS,
+    MAX_POOL_REPLICAS,
+    MAX_SLEEP_AFTER_IDLE_SECONDS,
+    MAX_WARMMODEL_NAME_LENGTH,
+)
+from warmpool.contract.files import CONFIGMAP_KEY_PROMPTS, DEFAULT_NODE_CACHE_ROOT
+from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_ENGINE_PORT, DEFAULT_WORKER_PORT
 from warmpool.tiering import Thresholds
 from warmpool_operator.api.validation import ApiObject, Rule, immutable
-
-API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 
 # --- Reusable constrained types ------------------------------------------------------------
 
@@ -59,7 +75,7 @@ RelativePath = Annotated[str, Field(min_length=1, max_length=1024, pattern=rf"^{
 AbsolutePath = Annotated[str, Field(min_length=2, max_length=1024, pattern=rf"^(/{_SEGMENT})+$")]
 Image = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^\S+$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
-Replicas = Annotated[int, Field(ge=0, le=contract.MAX_POOL_REPLICAS)]
+Replicas = Annotated[int, Field(ge=0, le=MAX_POOL_REPLICAS)]
 Argument = Annotated[str, Field(max_length=4096)]
 
 #: The usual Kubernetes quantity grammar ("1", "500m", "16Gi", "1e3").
@@ -122,7 +138,7 @@ class NodeCacheSource(ApiObject):
     model), filled out of band, e.g. by `warmpool model fetch` or an image pre-puller.
     """
 
-    root: AbsolutePath = contract.DEFAULT_NODE_CACHE_ROOT
+    root: AbsolutePath = DEFAULT_NODE_CACHE_ROOT
     """Absolute directory of the cache on the node."""
     key: RelativePath
     """Directory of this model under the cache root, e.g. "SmolLM2-135M-Instruct"; relative, no ".."."""
@@ -313,9 +329,9 @@ class EngineSpec(ApiObject):
         | None
     ) = None
     """Environment of the external engine's container (sidecar only)."""
-    port: Port = contract.DEFAULT_ENGINE_PORT
+    port: Port = DEFAULT_ENGINE_PORT
     """Port the external engine serves its OpenAI-compatible API on (sidecar only; ignored by builtin)."""
-    health_path: Annotated[str, Field(max_length=256, pattern=r"^/\S*$")] = contract.DEFAULT_ENGINE_HEALTH_PATH
+    health_path: Annotated[str, Field(max_length=256, pattern=r"^/\S*$")] = DEFAULT_ENGINE_HEALTH_PATH
     """Path the sidecar polls until the external engine answers (sidecar only; ignored by builtin)."""
 
     cel_rules = (
@@ -346,13 +362,13 @@ class SleepSpec(ApiObject):
     Sleeping pods count against replicas and minWarm (they are warm: a wake is well under a
     cold start). The operator never sleeps an engine that reports it cannot sleep."""
 
-    after_idle_seconds: Annotated[int, Field(ge=1, le=contract.MAX_SLEEP_AFTER_IDLE_SECONDS)] | None = None
+    after_idle_seconds: Annotated[int, Field(ge=1, le=MAX_SLEEP_AFTER_IDLE_SECONDS)] | None = None
     """A pod that received no request for this long is put to sleep, down to minAwake awake
     pods. Unset: no pod sleeps for idleness (memory pressure may still put idle pods to sleep)."""
-    min_awake: Replicas = contract.DEFAULT_SLEEP_MIN_AWAKE
+    min_awake: Replicas = DEFAULT_SLEEP_MIN_AWAKE
     """Pods kept awake whatever happens; 0 lets the whole pool sleep (accelerator memory to zero:
     the sleeping pods then stay in the Service, and a request wakes the one it reaches)."""
-    level: SleepLevel = 1  # contract.DEFAULT_SLEEP_LEVEL (a Literal needs the literal here)
+    level: SleepLevel = 1  # DEFAULT_SLEEP_LEVEL (a Literal needs the literal here)
     """1: weights moved to host memory, KV cache and graphs freed (fastest wake). 2: weights
     dropped too and re-read from the files on wake (frees host memory as well)."""
 
@@ -365,10 +381,10 @@ class PredictiveSpec(ApiObject):
 
     enabled: bool = False
     """Act on the forecast; false keeps only the reactive count (replicas, minWarm)."""
-    horizon_seconds: Annotated[int, Field(ge=1, le=86400)] = contract.DEFAULT_PREDICTIVE_HORIZON_SECONDS
+    horizon_seconds: Annotated[int, Field(ge=1, le=86400)] = DEFAULT_PREDICTIVE_HORIZON_SECONDS
     """The lead time planned for until a cold start (or wake) has been measured."""
-    max_extra_replicas: Annotated[int, Field(ge=0, le=contract.MAX_POOL_REPLICAS)] = (
-        contract.DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS
+    max_extra_replicas: Annotated[int, Field(ge=0, le=MAX_POOL_REPLICAS)] = (
+        DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS
     )
     """Most pods prediction adds above what replicas (or the autoscaler) asks for."""
 
@@ -376,12 +392,12 @@ class PredictiveSpec(ApiObject):
 class PoolSpec(ApiObject):
     """How many worker pods, and how many of them must be verified warm."""
 
-    replicas: Replicas = contract.DEFAULT_REPLICAS
+    replicas: Replicas = DEFAULT_REPLICAS
     """Desired number of worker pods; the scale subresource (kubectl scale, HPA, KEDA) writes here."""
-    min_warm: Replicas = contract.DEFAULT_MIN_WARM
+    min_warm: Replicas = DEFAULT_MIN_WARM
     """Pods that must be verified warm (not merely Ready) for the WarmModel to be Ready; the
     operator scales up, within maxReplicas, while fewer are warm."""
-    max_replicas: Annotated[int, Field(ge=1, le=contract.MAX_POOL_REPLICAS)] = contract.DEFAULT_MAX_REPLICAS
+    max_replicas: Annotated[int, Field(ge=1, le=MAX_POOL_REPLICAS)] = DEFAULT_MAX_REPLICAS
     """Upper bound on worker pods, for scaling by hand, by an autoscaler or to reach minWarm."""
     sleep: SleepSpec | None = None
     """Sleep and wake of idle pods; unset: pods never sleep (and sleeping ones are woken)."""
@@ -419,7 +435,7 @@ class ConfigMapKeyRef(ApiObject):
     name: DNS1123Subdomain
     """Name of the ConfigMap."""
     key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = (
-        contract.CONFIGMAP_KEY_PROMPTS
+        CONFIGMAP_KEY_PROMPTS
     )
     """Key whose value is a JSON list of prompt strings."""
 
@@ -431,7 +447,7 @@ class WarmupSpec(ApiObject):
     """What a worker does to become warm before it reports Ready."""
 
     buckets: Annotated[list[Annotated[int, Field(ge=1, le=MAX_BUCKET_TOKENS)]], Field(min_length=1, max_length=16)] = (
-        list(contract.DEFAULT_LENGTH_BUCKETS)  # noqa: RUF012 (a pydantic default, copied per object)
+        list(DEFAULT_LENGTH_BUCKETS)  # noqa: RUF012 (a pydantic default, copied per object)
     )
     """Prompt lengths in tokens to pre-fill at warm-up, strictly ascending. A truncated tier
     runs only the shortest."""
@@ -448,7 +464,7 @@ class WarmupSpec(ApiObject):
     kv_prefix_persistence: bool = False
     """Persist the warm prompts' prefix KV cache and reload it on the next start instead of
     recomputing it."""
-    timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = contract.DEFAULT_WARMUP_TIMEOUT_SECONDS
+    timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = DEFAULT_WARMUP_TIMEOUT_SECONDS
     """Longest a worker may spend warming up before it reports Ready anyway (with fewer
     warm buckets) so a pool never stays cold forever."""
     learn_buckets: bool = False
@@ -483,13 +499,13 @@ class GatingSpec(ApiObject):
     (no optional warm-up). A tier is left only hysteresisPercent points below its entry.
     """
 
-    truncate_at_percent: Annotated[int, Field(ge=1, le=99)] = contract.DEFAULT_TRUNCATE_AT_PERCENT
+    truncate_at_percent: Annotated[int, Field(ge=1, le=99)] = DEFAULT_TRUNCATE_AT_PERCENT
     """Memory used (percent) at which warm-up is truncated."""
-    pause_at_percent: Annotated[int, Field(ge=2, le=100)] = contract.DEFAULT_PAUSE_AT_PERCENT
+    pause_at_percent: Annotated[int, Field(ge=2, le=100)] = DEFAULT_PAUSE_AT_PERCENT
     """Memory used (percent) at which optional warm-up pauses; above truncateAtPercent."""
-    hysteresis_percent: Annotated[int, Field(ge=0, le=50)] = contract.DEFAULT_HYSTERESIS_PERCENT
+    hysteresis_percent: Annotated[int, Field(ge=0, le=50)] = DEFAULT_HYSTERESIS_PERCENT
     """Points below a tier's entry threshold the level must fall before the tier is left."""
-    hot_layer_percent: Annotated[int, Field(ge=1, le=100)] = contract.DEFAULT_HOT_LAYER_PERCENT
+    hot_layer_percent: Annotated[int, Field(ge=1, le=100)] = DEFAULT_HOT_LAYER_PERCENT
     """Share of layers (the hottest first) a truncated warm-up touches."""
 
     cel_rules = (
@@ -596,7 +612,7 @@ class PodSpec(ApiObject):
     """Pull policy of the pod's images; unset means Kubernetes' default."""
     image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=8)] | None = None
     """Secrets for pulling the pod's images."""
-    port: Port = contract.DEFAULT_WORKER_PORT
+    port: Port = DEFAULT_WORKER_PORT
     """Port of the warmpool worker's HTTP server (/readyz, /metrics, control and, for builtin,
     the OpenAI-style API)."""
     worker_args: Annotated[list[Argument], Field(max_length=32)] | None = None
@@ -884,7 +900,7 @@ def _name_ok(metadata: Mapping[str, Any]) -> bool:
     if name is None:  # a template or a generateName object not yet named
         return True
     return (
-        isinstance(name, str) and len(name) <= contract.MAX_WARMMODEL_NAME_LENGTH and bool(_DNS1035_LABEL.match(name))
+        isinstance(name, str) and len(name) <= MAX_WARMMODEL_NAME_LENGTH and bool(_DNS1035_LABEL.match(name))
     )
 
 
@@ -907,10 +923,10 @@ class WarmModel(ApiObject):
     cel_rules = (
         Rule(
             # Children are "<name>-<suffix>" Services and labels: DNS-1035 with room to spare.
-            cel=f"self.metadata.name.size() <= {contract.MAX_WARMMODEL_NAME_LENGTH} "
+            cel=f"self.metadata.name.size() <= {MAX_WARMMODEL_NAME_LENGTH} "
             "&& self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
             message=f"metadata.name must be a DNS-1035 label (lower case, starting with a letter) of at most "
-            f"{contract.MAX_WARMMODEL_NAME_LENGTH} characters",
+            f"{MAX_WARMMODEL_NAME_LENGTH} characters",
             check=lambda w: _name_ok(w.metadata),
         ),
     )

@@ -24,7 +24,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from warmpool import contract
+from warmpool.contract.http import DEFAULT_OPERATOR_LIVENESS_PORT, DEFAULT_OPERATOR_METRICS_PORT
+from warmpool.contract.pods import LOG_FORMAT_TEXT, LOG_FORMATS
 from warmpool.logformat import configure_logging
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix, normalise_prefixes
 from warmpool_operator.settings import OperatorConfig
@@ -127,18 +128,18 @@ def _process_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=contract.DEFAULT_OPERATOR_METRICS_PORT,
+        default=DEFAULT_OPERATOR_METRICS_PORT,
         help="port of the operator's own /metrics (0: off)",
     )
     parser.add_argument(
         "--liveness-port",
         type=int,
-        default=contract.DEFAULT_OPERATOR_LIVENESS_PORT,
+        default=DEFAULT_OPERATOR_LIVENESS_PORT,
         help="port of kopf's liveness endpoint /healthz (0: off)",
     )
     parser.add_argument("--bind", default="0.0.0.0", help="address the metrics and liveness endpoints bind")
     parser.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
-    parser.add_argument("--log-format", choices=contract.LOG_FORMATS, default=contract.LOG_FORMAT_TEXT,
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
                         help="text, or json: one object per line, with trace_id/span_id while a span is active")
     parser.add_argument(
         "--leader-elect", action="store_true", help="act only while holding the leader Lease (run several replicas)"

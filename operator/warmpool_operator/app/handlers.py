@@ -28,7 +28,8 @@ from typing import Any
 
 import kopf
 
-from warmpool import contract
+from warmpool.contract.api import API_GROUP, API_VERSION, KOPF_ANNOTATION_PREFIX, OPERATOR_FINALIZER, PLURAL
+from warmpool.contract.pods import MANAGED_BY
 from warmpool_operator.control.reconciler import Permanent, Temporary
 from warmpool_operator.control.registry import Registry
 from warmpool_operator.io import control_key, metrics
@@ -38,7 +39,7 @@ from warmpool_operator.io.watch_cache import MANAGED, Cache, model_key, slim, wa
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.settings import OperatorConfig
 
-GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
+GROUP, VERSION = API_GROUP, API_VERSION
 Index = kopf.Index[Any, Any]
 
 #: Explicit retry policy of every handler (kopf's default is to retry forever, every 60 s).
@@ -55,11 +56,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     """kopf's settings, from the operator's (``memo.config``, put there by the command line)."""
     config: OperatorConfig = memo.config
     # A strict schema prunes kopf's status.kopf: progress and diff-base go to annotations.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=contract.KOPF_ANNOTATION_PREFIX)
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=contract.KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
+        prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
     )
-    settings.persistence.finalizer = contract.OPERATOR_FINALIZER
+    settings.persistence.finalizer = OPERATOR_FINALIZER
     # Watches: the server closes a watch after server_timeout, the client gives up a little
     # later; a silent (stalled) one is dialled again after inactivity_timeout.
     settings.watching.server_timeout = config.watch_server_timeout
@@ -72,7 +73,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Events: ours (tier transitions, errors) and kopf's own at INFO and above.
     settings.posting.enabled = True
     settings.posting.level = logging.INFO
-    settings.posting.reporting_component = contract.MANAGED_BY
+    settings.posting.reporting_component = MANAGED_BY
     # Queueing ("batching" of events per object): bursts are handled once, idle object
     # workers go away, and a stuck watch-stream error backs off instead of spinning.
     # No cap on object workers: an idle worker lingers idle_timeout after its last event and

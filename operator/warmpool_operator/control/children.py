@@ -16,7 +16,8 @@ from typing import Any
 
 import kopf
 
-from warmpool import contract
+from warmpool.contract.files import CONFIGMAP_KEY_PROMPTS
+from warmpool.contract.pods import ANNOTATION_SPEC_HASH, LABEL_MANAGED_BY, MANAGED_BY
 from warmpool.kube import KubeError
 from warmpool_operator.io.kube import CONFIGMAPS, SECRETS, Kube, kind_of
 from warmpool_operator.io.watch_cache import Cache
@@ -98,7 +99,7 @@ async def ensure(kube: Kube, cache: Cache, desired: Obj, owner: Mapping[str, Any
     if not owned_by(actual, str(owner["metadata"]["uid"])):
         raise ChildConflict(kind, namespace, name)
     key = f"{kind}/{name}"
-    want = str(meta["annotations"][contract.ANNOTATION_SPEC_HASH])
+    want = str(meta["annotations"][ANNOTATION_SPEC_HASH])
     if created or settled.versions.get(key) == (want, version(actual)) or not child_drifted(actual, desired):
         settled.versions[key] = (want, version(actual))
         return actual
@@ -164,8 +165,8 @@ async def ensure_secret(kube: Kube, target: Target, owner: Mapping[str, Any], ke
             raise
     try:
         await kube.json_patch(SECRETS, target.namespace, name, [
-            {"op": "test", "path": f"/metadata/labels/{_pointer(contract.LABEL_MANAGED_BY)}",
-             "value": contract.MANAGED_BY},
+            {"op": "test", "path": f"/metadata/labels/{_pointer(LABEL_MANAGED_BY)}",
+             "value": MANAGED_BY},
             {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": uid},
             {"op": "add", "path": "/data", "value": desired["data"]},
         ])
@@ -188,10 +189,10 @@ async def ensure_configmap(kube: Kube, cache: Cache, target: Target, owner: Mapp
     if created:
         return actual
     data = actual.get("data") or {}
-    want = desired["data"].get(contract.CONFIGMAP_KEY_PROMPTS)
-    if data.get(contract.CONFIGMAP_KEY_PROMPTS) == want:
+    want = desired["data"].get(CONFIGMAP_KEY_PROMPTS)
+    if data.get(CONFIGMAP_KEY_PROMPTS) == want:
         return actual
-    return await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {contract.CONFIGMAP_KEY_PROMPTS: want}})
+    return await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {CONFIGMAP_KEY_PROMPTS: want}})
 
 
 @dataclass

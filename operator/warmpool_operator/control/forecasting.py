@@ -29,7 +29,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmpool import contract
+from warmpool.contract.api import CONDITION_PREDICTIVE
 from warmpool_operator.api.types import ForecastStatus, LearnedBucketsStatus, WarmModelSpec
 from warmpool_operator.io.history_store import HistoryStore, StoreSettings
 from warmpool_operator.io.kube import Kube
@@ -297,7 +297,7 @@ class PoolForecast:
             last_count=last.observation.requests if last is not None and last.observation is not None else None,
             capacity_rps=capacity, last_problem=runner.last_problem)
         out.forecast = report.forecast
-        out.conditions.append((contract.CONDITION_PREDICTIVE, report.verdict.status, report.verdict.reason,
+        out.conditions.append((CONDITION_PREDICTIVE, report.verdict.status, report.verdict.reason,
                                report.verdict.message))
         acting = predictive.enabled and report.verdict.status == "True" and made.predicted is not None
         out.wanted = scaling.awake_wanted(spec, made) if acting else None

@@ -12,7 +12,7 @@ import logging
 
 import aiohttp
 
-from warmpool import contract
+from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP, CONFIGMAP_KEY_LEARNED_BUCKETS, LEARNED_BUCKETS_FORMAT
 from warmpool.kube import KubeError
 from warmpool_operator.api.types import LearnedBucketsStatus
 from warmpool_operator.io import metrics
@@ -34,7 +34,7 @@ async def write_heat(kube: Kube, target: Target, state: heat.HeatState, observat
         return
     name = builders.configmap_name(target.name)
     try:
-        await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {contract.CONFIGMAP_KEY_HEATMAP: payload}})
+        await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {CONFIGMAP_KEY_HEATMAP: payload}})
     except (KubeError, aiohttp.ClientError, TimeoutError) as error:
         # Not marked written, so the next due pass tries again.
         metrics.WRITE_FAILURES.labels(metrics.WRITE_HEAT_MAP).inc()
@@ -51,14 +51,14 @@ async def write_learned_buckets(kube: Kube, cache: Cache, target: Target,
     if target.spec.warmup.learn_buckets:
         if learned is None or not learned.buckets:
             return  # none learned (yet, or since a restart): what new pods read stays as it is
-        want = json.dumps({"format": contract.LEARNED_BUCKETS_FORMAT, "buckets": learned.buckets})
+        want = json.dumps({"format": LEARNED_BUCKETS_FORMAT, "buckets": learned.buckets})
     name = builders.configmap_name(target.name)
     live = cache.child("ConfigMap", target.namespace, name)
-    have = ((live or {}).get("data") or {}).get(contract.CONFIGMAP_KEY_LEARNED_BUCKETS)
+    have = ((live or {}).get("data") or {}).get(CONFIGMAP_KEY_LEARNED_BUCKETS)
     if live is None or have == want:
         return
     try:
-        await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {contract.CONFIGMAP_KEY_LEARNED_BUCKETS: want}})
+        await kube.patch(CONFIGMAPS, target.namespace, name, {"data": {CONFIGMAP_KEY_LEARNED_BUCKETS: want}})
     except (KubeError, aiohttp.ClientError, TimeoutError) as error:
         log.warning("%s/%s: learned warm-up lengths not written (%s): carrying on", target.namespace,
                     target.name, error)

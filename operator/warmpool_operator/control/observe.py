@@ -13,7 +13,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from warmpool import contract
+from warmpool.contract.http import PATH_METRICS
+from warmpool.contract.pods import SPAN_SCRAPE
 from warmpool_operator.io import metrics
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing
@@ -122,7 +123,7 @@ async def observe(memory: ScrapeMemory, pods: list[Obj], target: Target, schedul
     """The pool's pods and their latest samples; what is stale is scraped now."""
     refs, by_uid = _scrapeable(target, pods, config)
     port = target.spec.pod.port
-    memory.urls = {ref.uid: worker_url(ref.ip, port, contract.PATH_METRICS) for ref in refs}
+    memory.urls = {ref.uid: worker_url(ref.ip, port, PATH_METRICS) for ref in refs}
     memory.readiness = {ref.uid: pod_ready(by_uid[ref.uid]) for ref in refs}
     for uid in set(memory.samples) - set(memory.urls):
         del memory.samples[uid]
@@ -131,7 +132,7 @@ async def observe(memory: ScrapeMemory, pods: list[Obj], target: Target, schedul
         if uid not in memory.samples or memory.samples[uid].ready != memory.readiness[uid]
     }
     if stale:
-        with tracing.span(contract.SPAN_SCRAPE, {"warmpool.pods": len(stale)}):
+        with tracing.span(SPAN_SCRAPE, {"warmpool.pods": len(stale)}):
             memory.feed(await scheduler.scrape(stale))
     fresh = frozenset(memory.fresh & set(memory.urls))
     memory.fresh.clear()

@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from warmpool import contract
+from warmpool.contract.pods import ATTR_WARMMODEL, ATTR_WARMMODEL_UID, SPAN_APPLY, SPAN_RECONCILE, SPAN_STATUS
 from warmpool.kube import KubeError
 from warmpool_operator.api.types import InvalidWarmModel, WarmModelSpec, parse_spec
 from warmpool_operator.control import children, learning, observe, scale, sleep_actions, tiers
@@ -235,9 +235,9 @@ class Reconciler:
         now = self.shared.monotonic()
         if not prompted and failure.waiting_out(generation, now, self.shared.config.permanent_retry_interval):
             return  # failed for good at this generation: wait for a change or the slow retry
-        attributes = {contract.ATTR_WARMMODEL_UID: self.uid, contract.ATTR_WARMMODEL: "/".join(self.key)}
+        attributes = {ATTR_WARMMODEL_UID: self.uid, ATTR_WARMMODEL: "/".join(self.key)}
         try:
-            with self.shared.tracing.span(contract.SPAN_RECONCILE, attributes):
+            with self.shared.tracing.span(SPAN_RECONCILE, attributes):
                 await self._pass(generation)
             failure.generation = None
         except Permanent as error:
@@ -276,7 +276,7 @@ class Reconciler:
         await learning.write_heat(self.shared.kube, target, self.memory.heat, outcome.observations,
                                   config.heat_write_interval, self.shared.wall())
         await learning.write_learned_buckets(self.shared.kube, self.cache, target, outcome.predicted.learned)
-        with self.shared.tracing.span(contract.SPAN_STATUS):
+        with self.shared.tracing.span(SPAN_STATUS):
             await write_status(self.shared.kube, self.body, self._status(spec, generation, outcome))
 
     async def _children_and_pods(self, target: Target) -> Outcome:
@@ -287,7 +287,7 @@ class Reconciler:
             # Before the Service (whose selector asks for the awake label) is brought up to date.
             await sleep_actions.label_unlabelled(kube, target.namespace, observe.our_pods(
                 self.cache, target, memory.scrapes, str(live["metadata"]["uid"])))
-        with shared.tracing.span(contract.SPAN_APPLY):
+        with shared.tracing.span(SPAN_APPLY):
             made = await children.ensure_supporting(kube, self.cache, target, self.body, memory.children.settled,
                                                     shared.control_key, memory.children.token)
         memory.children.token = made.token
@@ -300,7 +300,7 @@ class Reconciler:
             await self._pods(target, str(live["metadata"]["uid"]), outcome)
         replicas = scale.replicas(memory.scale, target.spec, outcome.predicted, self.body, shared.monotonic())
         try:
-            with shared.tracing.span(contract.SPAN_APPLY):
+            with shared.tracing.span(SPAN_APPLY):
                 outcome.deployment = await children.ensure(
                     kube, self.cache, builders.build_deployment(target, replicas), self.body, memory.children.settled)
         except children.ChildConflict as conflict:

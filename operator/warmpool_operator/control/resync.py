@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from warmpool import contract
+from warmpool.contract.pods import LABEL_MANAGED_BY, MANAGED_BY
 from warmpool_operator.io.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,
@@ -46,7 +46,7 @@ KINDS: dict[str, Kind] = {
     "Pod": PODS,
 }
 #: The watches' own filter (io/watch_cache.py: MANAGED), as a label selector.
-SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 #: After a relist is noticed, the seconds to wait before listing: the other watches broken by the
 #: same cause list again meanwhile, and one resync covers them all.
 SETTLE_SECONDS = 2.0

@@ -29,8 +29,9 @@ from typing import Any
 import aiohttp
 import kopf
 
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import DEFAULT_SCRAPE_INTERVAL_SECONDS, Tier
+from warmpool.contract.http import PATH_CONTROL_SLEEP, PATH_CONTROL_WAKE, PATH_METRICS
+from warmpool.contract.pods import AWAKE_FALSE, AWAKE_TRUE, LABEL_AWAKE
 from warmpool.kube import KubeError
 from warmpool_operator.io.kube import PODS, Kube
 from warmpool_operator.io.worker_client import WorkerClient, worker_url
@@ -125,7 +126,7 @@ class Context:
     #: drops the pod's sample and asks for a pass (its state changed: rescrape it now)
     refresh: Callable[[str], None]
     #: seconds between scrape rounds: what "recent" means for pressure and for a pool's growth
-    scrape_interval: float = contract.DEFAULT_SCRAPE_INTERVAL_SECONDS
+    scrape_interval: float = DEFAULT_SCRAPE_INTERVAL_SECONDS
     clock: Callable[[], float] = time.monotonic
 
     @property
@@ -147,7 +148,7 @@ class Context:
 
 
 def _label_patch(awake: bool) -> Obj:
-    return {"metadata": {"labels": {contract.LABEL_AWAKE: contract.AWAKE_TRUE if awake else contract.AWAKE_FALSE}}}
+    return {"metadata": {"labels": {LABEL_AWAKE: AWAKE_TRUE if awake else AWAKE_FALSE}}}
 
 
 async def set_label(kube: Kube, namespace: str, name: str, awake: bool) -> bool:
@@ -157,10 +158,10 @@ async def set_label(kube: Kube, namespace: str, name: str, awake: bool) -> bool:
     except KubeError as error:
         if error.status == 404:
             return True
-        log.warning("pod %s/%s: %s not set (%s)", namespace, name, contract.LABEL_AWAKE, error)
+        log.warning("pod %s/%s: %s not set (%s)", namespace, name, LABEL_AWAKE, error)
         return False
     except (aiohttp.ClientError, TimeoutError) as error:
-        log.warning("pod %s/%s: %s not set (%s: %s)", namespace, name, contract.LABEL_AWAKE,
+        log.warning("pod %s/%s: %s not set (%s: %s)", namespace, name, LABEL_AWAKE,
                     type(error).__name__, error)
         return False
     return True
@@ -175,7 +176,7 @@ def _event(ctx: Context, pod: Mapping[str, Any], reason: str, message: str, warn
 
 async def _drain(ctx: Context, ip: str) -> float:
     """Wait (bounded) until the pod holds no completion; the in-flight count left."""
-    metrics_url = worker_url(ip, ctx.target.spec.pod.port, contract.PATH_METRICS)
+    metrics_url = worker_url(ip, ctx.target.spec.pod.port, PATH_METRICS)
     deadline = ctx.clock() + DRAIN_TIMEOUT
     left = 0.0
     while True:
@@ -200,7 +201,7 @@ async def sleep_pod(ctx: Context, pod: Mapping[str, Any], ref: gating.PodRef, ac
                          ns, name, left, DRAIN_TIMEOUT)
         _event(ctx, pod, REASON_SLEEPING, f"pod {name} on {ref.node or '?'}: going to sleep at level {level} "
                f"({action.why}: {detail})")
-        error = await ctx.workers.sleep(worker_url(ref.ip, ctx.target.spec.pod.port, contract.PATH_CONTROL_SLEEP),
+        error = await ctx.workers.sleep(worker_url(ref.ip, ctx.target.spec.pod.port, PATH_CONTROL_SLEEP),
                                         ctx.token, level)
         if error is not None:
             await set_label(ctx.kube, ns, name, awake=True)
@@ -218,7 +219,7 @@ async def wake_pod(ctx: Context, pod: Mapping[str, Any], ref: gating.PodRef, act
     ns, name = ctx.target.namespace, ref.name
     try:
         started = ctx.clock()
-        error = await ctx.workers.wake(worker_url(ref.ip, ctx.target.spec.pod.port, contract.PATH_CONTROL_WAKE),
+        error = await ctx.workers.wake(worker_url(ref.ip, ctx.target.spec.pod.port, PATH_CONTROL_WAKE),
                                        ctx.token)
         if error is not None:
             _event(ctx, pod, REASON_WAKE_FAILED, f"pod {name}: wake failed ({error})", warning=True)
@@ -300,7 +301,7 @@ def _view(ctx: Context, state: SleepState, ref: gating.PodRef, pod: Mapping[str,
           readiness: Mapping[str, bool], now: float) -> sleeping.SleepPod:
     """What the rules read of one pod this pass (its activity and sleep level noted on the way)."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    labelled_awake = labels.get(contract.LABEL_AWAKE) == contract.AWAKE_TRUE
+    labelled_awake = labels.get(LABEL_AWAKE) == AWAKE_TRUE
     stale = sample is not None and sample.sent_at < state.acted_at.get(ref.uid, 0.0)
     if sample is None or not sample.ok or stale:
         # State unknown this pass (no sample, or a sample sent before our last sleep or wake
@@ -385,7 +386,7 @@ async def label_unlabelled(kube: Kube, namespace: str, pods: list[Obj]) -> None:
     write raises, so the pass stops before it touches the Service (and is retried)."""
     for pod in pods:
         meta = pod.get("metadata") or {}
-        if meta.get("deletionTimestamp") or contract.LABEL_AWAKE in (meta.get("labels") or {}):
+        if meta.get("deletionTimestamp") or LABEL_AWAKE in (meta.get("labels") or {}):
             continue
         try:
             await kube.patch(PODS, namespace, str(meta.get("name")), _label_patch(True))
@@ -393,4 +394,4 @@ async def label_unlabelled(kube: Kube, namespace: str, pods: list[Obj]) -> None:
             if error.status != 404:
                 raise
         log.info("pod %s/%s: labelled %s=true (made before the label existed)", namespace, meta.get("name"),
-                 contract.LABEL_AWAKE)
+                 LABEL_AWAKE)

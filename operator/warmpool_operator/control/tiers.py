@@ -16,8 +16,9 @@ from typing import Any
 import aiohttp
 import kopf
 
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
+from warmpool.contract.http import PATH_CONTROL_TIER
+from warmpool.contract.pods import ANNOTATION_POD_DELETION_COST, ANNOTATION_TIER, SPAN_DECIDE
 from warmpool.kube import KubeError
 from warmpool_operator.control.observe import PoolPods
 from warmpool_operator.io import metrics
@@ -49,7 +50,7 @@ def _seed_gate(gate: gating.GateState, refs: list[gating.PodRef], pods: Mapping[
     for ref in refs:
         if ref.uid in gate.directives:
             continue
-        note = ((pods[ref.uid].get("metadata") or {}).get("annotations") or {}).get(contract.ANNOTATION_TIER)
+        note = ((pods[ref.uid].get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_TIER)
         try:
             tier = Tier(str(note))
         except ValueError:
@@ -67,7 +68,7 @@ async def decide(memory: TierMemory, pool: PoolPods, target: Target, owner: Mapp
         # Nothing new was read: the last decisions stand (announced and sent already).
         memory.decisions = {uid: d for uid, d in memory.decisions.items() if uid in pool.readiness}
         return dict(memory.decisions)
-    with tracing.span(contract.SPAN_DECIDE, {"warmpool.pods": len(pool.refs)}):
+    with tracing.span(SPAN_DECIDE, {"warmpool.pods": len(pool.refs)}):
         _seed_gate(memory.gate, pool.refs, pool.pods)
         decided = gating.decide(pool.refs, pool.samples, memory.gate, target.spec.gating.thresholds())
         memory.decisions = {d.pod.uid: d for d in decided}
@@ -86,7 +87,7 @@ async def _direct(workers: WorkerClient, target: Target, token: str, ttl: float,
     refused the token."""
     port = target.spec.pod.port
     sendable = [
-        (d.pod.uid, worker_url(d.pod.ip, port, contract.PATH_CONTROL_TIER), d.tier)
+        (d.pod.uid, worker_url(d.pod.ip, port, PATH_CONTROL_TIER), d.tier)
         for d in decisions
         if d.tier is not Tier.UNKNOWN
     ]
@@ -129,7 +130,7 @@ async def _annotate(kube: Kube, target: Target, pod: Mapping[str, Any], tier: Ti
     on (the other pods, the scale decision and the status matter more than one annotation)."""
     meta = pod.get("metadata") or {}
     have = meta.get("annotations") or {}
-    want = {contract.ANNOTATION_TIER: tier.value, contract.ANNOTATION_POD_DELETION_COST: str(cost)}
+    want = {ANNOTATION_TIER: tier.value, ANNOTATION_POD_DELETION_COST: str(cost)}
     if all(have.get(k) == v for k, v in want.items()):
         return
     try:

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from warmpool import contract
+from warmpool.contract.pods import APP_NAME, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY
 from warmpool.kube import KubeError
 from warmpool_operator.io.kube import SECRETS, Kube
 from warmpool_operator.rules.control_token import KEY_BYTES
@@ -46,7 +46,7 @@ def key_secret(namespace: str, name: str, key: bytes) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": {"name": name, "namespace": namespace, "labels": {
-            contract.LABEL_NAME: contract.APP_NAME, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}},
+            LABEL_NAME: APP_NAME, LABEL_MANAGED_BY: MANAGED_BY}},
         "data": {KEY_FIELD: base64.b64encode(key).decode()},
     }
 

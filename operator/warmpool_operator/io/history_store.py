@@ -32,7 +32,16 @@ from typing import Any
 
 import kopf
 
-from warmpool import contract
+from warmpool.contract.files import CONFIGMAP_KEY_HISTORY
+from warmpool.contract.pods import (
+    APP_NAME,
+    COMPONENT_HISTORY,
+    HISTORY_CONFIGMAP_SUFFIX,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MODEL,
+    LABEL_NAME,
+)
 from warmpool.kube import KubeError
 from warmpool_operator.io.kube import CONFIGMAPS, Kube
 from warmpool_operator.rules.forecast.history import History, HistoryLimits, dumps, loads_or_empty
@@ -46,15 +55,15 @@ CONFIGMAP_DATA_LIMIT = 1024 * 1024
 
 def history_configmap_name(warmmodel: str) -> str:
     """The history ConfigMap's name for a WarmModel (within 63 characters: names are at most 48)."""
-    return f"{warmmodel}{contract.HISTORY_CONFIGMAP_SUFFIX}"
+    return f"{warmmodel}{HISTORY_CONFIGMAP_SUFFIX}"
 
 
 def history_labels(warmmodel: str) -> dict[str, str]:
     return {
-        contract.LABEL_MODEL: warmmodel,
-        contract.LABEL_NAME: contract.APP_NAME,
-        contract.LABEL_INSTANCE: warmmodel,
-        contract.LABEL_COMPONENT: contract.COMPONENT_HISTORY,
+        LABEL_MODEL: warmmodel,
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: warmmodel,
+        LABEL_COMPONENT: COMPONENT_HISTORY,
     }
 
 
@@ -68,7 +77,7 @@ class StoreSettings:
     def __post_init__(self) -> None:
         if self.min_interval_s < 0:
             raise ValueError(f"min_interval_s must be >= 0, got {self.min_interval_s}")
-        limit = CONFIGMAP_DATA_LIMIT - len(contract.CONFIGMAP_KEY_HISTORY)
+        limit = CONFIGMAP_DATA_LIMIT - len(CONFIGMAP_KEY_HISTORY)
         if not 0 < self.max_bytes <= limit:
             raise ValueError(f"max_bytes must be within 1..{limit} (a ConfigMap holds 1 MiB), got {self.max_bytes}")
 
@@ -173,7 +182,7 @@ class HistoryStore:
         if not owned_by(live, self.owner_uid):
             return self._empty(f"{self.where} is not owned by WarmModel {self.warmmodel} (uid {self.owner_uid}): "
                                "left alone, and the history is not persisted while it is there", logging.WARNING)
-        text = (live.get("data") or {}).get(contract.CONFIGMAP_KEY_HISTORY)
+        text = (live.get("data") or {}).get(CONFIGMAP_KEY_HISTORY)
         history, why = loads_or_empty(text if isinstance(text, str) else None, self.limits)
         if why is not None:
             return self._empty(f"{self.where}: {why}", logging.WARNING)
@@ -242,7 +251,7 @@ class HistoryStore:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": self.name, "namespace": self.namespace, "labels": history_labels(self.warmmodel)},
-            "data": {contract.CONFIGMAP_KEY_HISTORY: text},
+            "data": {CONFIGMAP_KEY_HISTORY: text},
         }
         kopf.adopt(desired, owner=self.owner)  # type: ignore[arg-type]
         return desired

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warmpool import contract
+from warmpool.contract.api import API_GROUP, API_VERSION, PLURAL
 from warmpool.kube import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, KubeClient, KubeError, client_from_environment
 from warmpool_operator.model import Obj
 
@@ -44,7 +44,7 @@ SECRETS = Kind("/api/v1", "secrets")
 PODS = Kind("/api/v1", "pods")
 PDBS = Kind("/apis/policy/v1", "poddisruptionbudgets")
 LEASES = Kind("/apis/coordination.k8s.io/v1", "leases")
-WARMMODELS = Kind(f"/apis/{contract.API_GROUP}/{contract.API_VERSION}", contract.PLURAL)
+WARMMODELS = Kind(f"/apis/{API_GROUP}/{API_VERSION}", PLURAL)
 
 
 def kind_of(obj: Mapping[str, Any]) -> Kind:

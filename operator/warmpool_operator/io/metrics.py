@@ -11,7 +11,29 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from warmpool import contract
+from warmpool.contract.metrics import (
+    FORECAST_QUANTILE_P50,
+    FORECAST_QUANTILE_P90,
+    LABEL_KIND,
+    LABEL_NAMESPACE,
+    LABEL_QUANTILE,
+    LABEL_REASON,
+    LABEL_SCOPE,
+    LABEL_TARGET,
+    LABEL_TIER,
+    LABEL_WARMMODEL,
+    METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD,
+    METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS,
+    METRIC_OPERATOR_FORECAST_PEAK,
+    METRIC_OPERATOR_FORECAST_RATE_NOW,
+    METRIC_OPERATOR_MIN_WARM_PODS,
+    METRIC_OPERATOR_RECONCILE_ERRORS,
+    METRIC_OPERATOR_RECONCILE_SECONDS,
+    METRIC_OPERATOR_SCRAPE_FAILURES,
+    METRIC_OPERATOR_TIER_DECISIONS,
+    METRIC_OPERATOR_WARM_PODS,
+    METRIC_OPERATOR_WRITE_FAILURES,
+)
 from warmpool_operator.api.types import ForecastStatus
 
 #: Values of WRITE_FAILURES' target label.
@@ -19,62 +41,62 @@ WRITE_POD_ANNOTATION = "pod_annotation"
 WRITE_HEAT_MAP = "heat_map"
 
 RECONCILE_SECONDS = Histogram(
-    contract.METRIC_OPERATOR_RECONCILE_SECONDS,
+    METRIC_OPERATOR_RECONCILE_SECONDS,
     "Seconds one reconcile of a WarmModel took (children, scrape, gating and status)",
-    [contract.LABEL_KIND],
+    [LABEL_KIND],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 RECONCILE_ERRORS = Counter(
-    contract.METRIC_OPERATOR_RECONCILE_ERRORS,
+    METRIC_OPERATOR_RECONCILE_ERRORS,
     "Reconciles that failed, by kind and reason (temporary, permanent, ...)",
-    [contract.LABEL_KIND, contract.LABEL_REASON],
+    [LABEL_KIND, LABEL_REASON],
 )
 SCRAPE_FAILURES = Counter(
-    contract.METRIC_OPERATOR_SCRAPE_FAILURES,
+    METRIC_OPERATOR_SCRAPE_FAILURES,
     "Worker /metrics scrapes that gave no usable figure, by reason",
-    [contract.LABEL_REASON],
+    [LABEL_REASON],
 )
 TIER_DECISIONS = Counter(
-    contract.METRIC_OPERATOR_TIER_DECISIONS,
+    METRIC_OPERATOR_TIER_DECISIONS,
     "Tier decisions taken per pod or node and tier",
-    [contract.LABEL_SCOPE, contract.LABEL_TIER],
+    [LABEL_SCOPE, LABEL_TIER],
 )
 WRITE_FAILURES = Counter(
-    contract.METRIC_OPERATOR_WRITE_FAILURES,
+    METRIC_OPERATOR_WRITE_FAILURES,
     "Best-effort writes that failed and were skipped (the reconcile carried on), by target",
-    [contract.LABEL_TARGET],
+    [LABEL_TARGET],
 )
 WARM_PODS = Gauge(
-    contract.METRIC_OPERATOR_WARM_PODS,
+    METRIC_OPERATOR_WARM_PODS,
     "Worker pods verified warm, per WarmModel",
-    [contract.LABEL_NAMESPACE, contract.LABEL_WARMMODEL],
+    [LABEL_NAMESPACE, LABEL_WARMMODEL],
 )
 MIN_WARM_PODS = Gauge(
-    contract.METRIC_OPERATOR_MIN_WARM_PODS,
+    METRIC_OPERATOR_MIN_WARM_PODS,
     "The WarmModel's pool.minWarm (warm pods it asks for)",
-    [contract.LABEL_NAMESPACE, contract.LABEL_WARMMODEL],
+    [LABEL_NAMESPACE, LABEL_WARMMODEL],
 )
 
-_PER_WARMMODEL = [contract.LABEL_NAMESPACE, contract.LABEL_WARMMODEL]
+_PER_WARMMODEL = [LABEL_NAMESPACE, LABEL_WARMMODEL]
 FORECAST_RATE_NOW = Gauge(
-    contract.METRIC_OPERATOR_FORECAST_RATE_NOW,
+    METRIC_OPERATOR_FORECAST_RATE_NOW,
     "Demand prediction: mean requests per second over the last closed history step (status.forecast.rateNow)",
     _PER_WARMMODEL,
 )
 FORECAST_PEAK = Gauge(
-    contract.METRIC_OPERATOR_FORECAST_PEAK,
+    METRIC_OPERATOR_FORECAST_PEAK,
     "Demand prediction: forecast of a step's peak requests per second one lead time ahead, by quantile: "
     "0.5 (status.forecast.predictedRateP50) and 0.9 (status.forecast.predictedRate, what the pool is sized "
     "for); the step's mean where the history holds no peaks",
-    [*_PER_WARMMODEL, contract.LABEL_QUANTILE],
+    [*_PER_WARMMODEL, LABEL_QUANTILE],
 )
 FORECAST_CAPACITY_PER_POD = Gauge(
-    contract.METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD,
+    METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD,
     "Demand prediction: requests per second one pod serves while busy, measured (status.forecast.capacityPerPod)",
     _PER_WARMMODEL,
 )
 FORECAST_DESIRED_REPLICAS = Gauge(
-    contract.METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS,
+    METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS,
     "Demand prediction: pods the forecast asks for (status.forecast.desiredReplicas; acted on only when "
     "spec.pool.predictive.enabled)",
     _PER_WARMMODEL,
@@ -82,8 +104,8 @@ FORECAST_DESIRED_REPLICAS = Gauge(
 #: The per-WarmModel forecast gauges, each with the quantile it is of (None: no quantile label).
 _FORECAST_GAUGES: tuple[tuple[Gauge, str | None], ...] = (
     (FORECAST_RATE_NOW, None),
-    (FORECAST_PEAK, contract.FORECAST_QUANTILE_P50),
-    (FORECAST_PEAK, contract.FORECAST_QUANTILE_P90),
+    (FORECAST_PEAK, FORECAST_QUANTILE_P50),
+    (FORECAST_PEAK, FORECAST_QUANTILE_P90),
     (FORECAST_CAPACITY_PER_POD, None),
     (FORECAST_DESIRED_REPLICAS, None),
 )

@@ -16,7 +16,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from warmpool import contract
+from warmpool.contract.http import CONTROL_FIELD_TRACEPARENT
+from warmpool.contract.pods import (
+    ENV_OTEL_ENDPOINT,
+    ENV_OTEL_SERVICE_NAME,
+    ENV_OTEL_TRACES_ENDPOINT,
+    TRACE_SERVICE_OPERATOR,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -25,8 +31,8 @@ if TYPE_CHECKING:
 
 def tracing_requested(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
-    return bool(env.get(contract.ENV_OTEL_ENDPOINT, "").strip()
-                or env.get(contract.ENV_OTEL_TRACES_ENDPOINT, "").strip())
+    return bool(env.get(ENV_OTEL_ENDPOINT, "").strip()
+                or env.get(ENV_OTEL_TRACES_ENDPOINT, "").strip())
 
 
 class Tracing:
@@ -46,7 +52,7 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        service = os.environ.get(contract.ENV_OTEL_SERVICE_NAME, "").strip() or contract.TRACE_SERVICE_OPERATOR
+        service = os.environ.get(ENV_OTEL_SERVICE_NAME, "").strip() or TRACE_SERVICE_OPERATOR
         # The sampler comes from OTEL_TRACES_SAMPLER (the SDK's default: every pass).
         provider = TracerProvider(resource=Resource.create({"service.name": service}))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -78,4 +84,4 @@ class Tracing:
 
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier)
-        return carrier.get(contract.CONTROL_FIELD_TRACEPARENT)
+        return carrier.get(CONTROL_FIELD_TRACEPARENT)

@@ -15,11 +15,12 @@ from typing import Any
 
 import kopf
 
-from warmpool import contract
+from warmpool.contract.api import KIND
+from warmpool.contract.pods import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from warmpool_operator.model import Obj
 
 #: The label every object the operator makes carries; the watches are filtered on it.
-MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
 
 
 def slim(body: Mapping[str, Any]) -> Obj:
@@ -33,7 +34,7 @@ def slim(body: Mapping[str, Any]) -> Obj:
 
 def model_key(namespace: str | None, labels: Mapping[str, str]) -> tuple[str, str] | None:
     """(namespace, WarmModel name) of a pod or ReplicaSet by its model label; None without one."""
-    model = labels.get(contract.LABEL_MODEL)
+    model = labels.get(LABEL_MODEL)
     if not namespace or not model:
         return None
     return str(namespace), str(model)
@@ -43,7 +44,7 @@ def warmmodel_owner(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """(namespace, name, uid) of the WarmModel owning a child, from its owner references."""
     meta = body.get("metadata") or {}
     for ref in meta.get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("kind") == contract.KIND:
+        if isinstance(ref, Mapping) and ref.get("kind") == KIND:
             return str(meta.get("namespace")), str(ref.get("name")), str(ref.get("uid"))
     return None
 

@@ -20,8 +20,14 @@ from collections.abc import Iterable, Mapping
 
 import aiohttp
 
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
+from warmpool.contract.http import (
+    CONTROL_FIELD_SLEEP_LEVEL,
+    CONTROL_FIELD_TIER,
+    CONTROL_FIELD_TRACEPARENT,
+    CONTROL_FIELD_TTL,
+    CONTROL_TOKEN_HEADER,
+)
 from warmpool.http_body import BodyTooLarge, read_bounded_text
 from warmpool_operator.io.worker_metrics import parse_metrics
 from warmpool_operator.model import Sample
@@ -70,9 +76,9 @@ async def _scrape(session: aiohttp.ClientSession, url: str, limit: float) -> Sam
 def tier_body(tier: Tier, ttl: float, traceparent: str | None = None) -> dict[str, object]:
     """A tier directive; ``traceparent``: the deciding pass's trace context, so the worker's
     reaction joins its trace."""
-    body: dict[str, object] = {contract.CONTROL_FIELD_TIER: tier.value, contract.CONTROL_FIELD_TTL: ttl}
+    body: dict[str, object] = {CONTROL_FIELD_TIER: tier.value, CONTROL_FIELD_TTL: ttl}
     if traceparent is not None:
-        body[contract.CONTROL_FIELD_TRACEPARENT] = traceparent
+        body[CONTROL_FIELD_TRACEPARENT] = traceparent
     return body
 
 
@@ -94,7 +100,7 @@ async def post_control(
 ) -> str | None:
     """POST a JSON body to one of a worker's authenticated control endpoints (tier, sleep,
     wake); None on success, else why not (status and the head of the worker's answer)."""
-    headers = {contract.CONTROL_TOKEN_HEADER: f"Bearer {token}"}
+    headers = {CONTROL_TOKEN_HEADER: f"Bearer {token}"}
     try:
         async with session.post(
             url, json=dict(body), headers=headers, timeout=aiohttp.ClientTimeout(total=limit)
@@ -159,7 +165,7 @@ class WorkerClient:
 
     async def sleep(self, url: str, token: str, level: int) -> str | None:
         """``POST /control/sleep {"level": N}``: answers once the engine sleeps."""
-        return await self.post(url, token, {contract.CONTROL_FIELD_SLEEP_LEVEL: level}, CONTROL_TIMEOUT)
+        return await self.post(url, token, {CONTROL_FIELD_SLEEP_LEVEL: level}, CONTROL_TIMEOUT)
 
     async def wake(self, url: str, token: str) -> str | None:
         """``POST /control/wake``: answers once the engine is awake and checked by the worker."""

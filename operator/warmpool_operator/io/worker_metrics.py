@@ -20,8 +20,36 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
+from warmpool.contract.metrics import (
+    LABEL_BUCKET,
+    LABEL_DIGEST,
+    LABEL_LAYER,
+    LABEL_LAYERS,
+    LABEL_PHASE,
+    LABEL_TIER,
+    METRIC_ENGINE_BUSY_SECONDS,
+    METRIC_LAYER_HEAT,
+    METRIC_LAYERS_RESIDENT,
+    METRIC_LAYERS_TOTAL,
+    METRIC_MEMORY_CAPACITY_BYTES,
+    METRIC_MEMORY_USED_BYTES,
+    METRIC_MEMORY_USED_RATIO,
+    METRIC_MODEL_INFO,
+    METRIC_PHASE_DURATION,
+    METRIC_PHASE_TIMESTAMP,
+    METRIC_PREFIX,
+    METRIC_READY,
+    METRIC_REQUEST_PROMPT_TOKENS,
+    METRIC_REQUESTS_IN_FLIGHT,
+    METRIC_REQUESTS_TOTAL,
+    METRIC_SLEEP_CAPABLE,
+    METRIC_SLEEP_LEVEL,
+    METRIC_TIER,
+    METRIC_WAKE_DURATION,
+    METRIC_WARMUP_PREFILLS,
+    METRIC_WARMUP_TIER,
+)
 from warmpool.tiering import clean_ratio
 from warmpool_operator.model import Sample
 
@@ -85,60 +113,60 @@ class _Reading:
 
 def _read(reading: _Reading, name: str, labels: Mapping[str, str], value: float, family_type: str) -> None:
     """One line of a worker's metrics into the sample, each figure clamped to what it can mean."""
-    if name == contract.METRIC_MEMORY_USED_RATIO:
+    if name == METRIC_MEMORY_USED_RATIO:
         ratio = clean_ratio(value)
         if ratio is not None:
             reading.ratios.append(ratio)
-    elif name == contract.METRIC_MEMORY_USED_BYTES and _finite(value):
+    elif name == METRIC_MEMORY_USED_BYTES and _finite(value):
         reading.sample.used_bytes = value
-    elif name == contract.METRIC_MEMORY_CAPACITY_BYTES and _finite(value):
+    elif name == METRIC_MEMORY_CAPACITY_BYTES and _finite(value):
         reading.sample.capacity_bytes = value
-    elif name == contract.METRIC_READY:
+    elif name == METRIC_READY:
         reading.sample.ready = value == 1
-    elif name == contract.METRIC_TIER:
-        reading.tiers[labels.get(contract.LABEL_TIER, "")] = value
-    elif name == contract.METRIC_WARMUP_TIER:
-        reading.warmup_tiers[labels.get(contract.LABEL_TIER, "")] = value
-    elif name == contract.METRIC_LAYERS_RESIDENT and _finite(value):
+    elif name == METRIC_TIER:
+        reading.tiers[labels.get(LABEL_TIER, "")] = value
+    elif name == METRIC_WARMUP_TIER:
+        reading.warmup_tiers[labels.get(LABEL_TIER, "")] = value
+    elif name == METRIC_LAYERS_RESIDENT and _finite(value):
         reading.sample.layers_resident = _layer_count(value)
-    elif name == contract.METRIC_LAYERS_TOTAL and _finite(value):
+    elif name == METRIC_LAYERS_TOTAL and _finite(value):
         reading.sample.layers_total = _layer_count(value)
-    elif name == contract.METRIC_PHASE_DURATION and _non_negative(value):
-        reading.sample.phase_durations[labels.get(contract.LABEL_PHASE, "")] = value
-    elif name == contract.METRIC_PHASE_TIMESTAMP and _non_negative(value):
-        reading.sample.phase_timestamps[labels.get(contract.LABEL_PHASE, "")] = value
+    elif name == METRIC_PHASE_DURATION and _non_negative(value):
+        reading.sample.phase_durations[labels.get(LABEL_PHASE, "")] = value
+    elif name == METRIC_PHASE_TIMESTAMP and _non_negative(value):
+        reading.sample.phase_timestamps[labels.get(LABEL_PHASE, "")] = value
     elif (
-        name == contract.METRIC_WARMUP_PREFILLS + "_total"
-        or (name == contract.METRIC_WARMUP_PREFILLS and family_type == "counter")
+        name == METRIC_WARMUP_PREFILLS + "_total"
+        or (name == METRIC_WARMUP_PREFILLS and family_type == "counter")
     ) and _non_negative(value):
-        reading.sample.prefills[labels.get(contract.LABEL_BUCKET, "")] = value
-    elif name == contract.METRIC_LAYER_HEAT and _non_negative(value):
-        layer = _layer_index(labels.get(contract.LABEL_LAYER, ""))
+        reading.sample.prefills[labels.get(LABEL_BUCKET, "")] = value
+    elif name == METRIC_LAYER_HEAT and _non_negative(value):
+        layer = _layer_index(labels.get(LABEL_LAYER, ""))
         if layer is not None:
             reading.sample.heat[layer] = min(value, MAX_LAYER_HEAT)
-    elif name == contract.METRIC_SLEEP_LEVEL and _non_negative(value):
+    elif name == METRIC_SLEEP_LEVEL and _non_negative(value):
         reading.sample.sleep_level = int(min(value, 9))
-    elif name == contract.METRIC_SLEEP_CAPABLE and _finite(value):
+    elif name == METRIC_SLEEP_CAPABLE and _finite(value):
         reading.sample.sleep_capable = value == 1
-    elif name == contract.METRIC_REQUESTS_TOTAL and _non_negative(value):
+    elif name == METRIC_REQUESTS_TOTAL and _non_negative(value):
         reading.sample.requests_total = value
-    elif name == contract.METRIC_REQUESTS_IN_FLIGHT and _finite(value):
+    elif name == METRIC_REQUESTS_IN_FLIGHT and _finite(value):
         reading.sample.requests_in_flight = max(0.0, value)
-    elif name == contract.METRIC_REQUEST_PROMPT_TOKENS + "_bucket" and _non_negative(value):
+    elif name == METRIC_REQUEST_PROMPT_TOKENS + "_bucket" and _non_negative(value):
         bound = _bucket_bound(labels.get("le", ""))
         if bound is not None:
             reading.sample.prompt_buckets[bound] = value
-    elif name == contract.METRIC_REQUEST_PROMPT_TOKENS + "_count" and _non_negative(value):
+    elif name == METRIC_REQUEST_PROMPT_TOKENS + "_count" and _non_negative(value):
         reading.sample.prompt_count = value
-    elif name == contract.METRIC_ENGINE_BUSY_SECONDS and _non_negative(value):
+    elif name == METRIC_ENGINE_BUSY_SECONDS and _non_negative(value):
         reading.sample.busy_seconds = value
-    elif name == contract.METRIC_WAKE_DURATION + "_bucket" and _non_negative(value):
+    elif name == METRIC_WAKE_DURATION + "_bucket" and _non_negative(value):
         bound = _bucket_bound(labels.get("le", ""))
         if bound is not None:
             reading.sample.wake_buckets[bound] = value
-    elif name == contract.METRIC_MODEL_INFO and value == 1:
-        reading.sample.digest = labels.get(contract.LABEL_DIGEST) or None
-        layers = _layer_index(labels.get(contract.LABEL_LAYERS, ""))
+    elif name == METRIC_MODEL_INFO and value == 1:
+        reading.sample.digest = labels.get(LABEL_DIGEST) or None
+        layers = _layer_index(labels.get(LABEL_LAYERS, ""))
         reading.sample.num_layers = layers if layers else None
 
 
@@ -152,7 +180,7 @@ def parse_metrics(text: str) -> Sample:
     seen = False
     for family in families:
         for s in family.samples:
-            if s.name.startswith(contract.METRIC_PREFIX):
+            if s.name.startswith(METRIC_PREFIX):
                 seen = True
                 _read(reading, s.name, s.labels, float(s.value), family.type)
     if not seen:

@@ -16,7 +16,42 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from warmpool import contract
+from warmpool.contract.files import (
+    CONFIG_MOUNT_PATH,
+    CONFIGMAP_KEY_HEATMAP,
+    CONFIGMAP_KEY_LEARNED_BUCKETS,
+    CONFIGMAP_KEY_PROMPTS,
+    CONTROL_MOUNT_PATH,
+    KV_PREFIX_MOUNT_PATH,
+    MODEL_MOUNT_PATH,
+    PROMPTS_MOUNT_PATH,
+)
+from warmpool.contract.http import PATH_LIVEZ, PATH_READYZ, WORKER_PORT_NAME
+from warmpool.contract.pods import (
+    ANNOTATION_CACHE_REVISION,
+    ANNOTATION_CONFIG_HASH,
+    ANNOTATION_REVISION,
+    ANNOTATION_SPEC_HASH,
+    APP_NAME,
+    AWAKE_TRUE,
+    COMPONENT_WORKER,
+    CONFIGMAP_SUFFIX,
+    CONTROL_SECRET_KEY,
+    CONTROL_SECRET_SUFFIX,
+    ENGINE_CONTAINER,
+    ENV_NODE_NAME,
+    ENV_POD_IP,
+    ENV_POD_NAME,
+    ENV_VLLM_SERVER_DEV_MODE,
+    LABEL_AWAKE,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_MODEL,
+    LABEL_NAME,
+    MANAGED_BY,
+    WORKER_CONTAINER,
+)
 from warmpool_operator.api.types import EnvVar, ResourceRequirements, WarmModelSpec
 from warmpool_operator.model import Obj, Target
 from warmpool_operator.rules import object_store_pods
@@ -45,16 +80,16 @@ def pdb_name(name: str) -> str:
 
 
 def configmap_name(name: str) -> str:
-    return f"{name}{contract.CONFIGMAP_SUFFIX}"
+    return f"{name}{CONFIGMAP_SUFFIX}"
 
 
 def control_secret_name(name: str) -> str:
-    return f"{name}{contract.CONTROL_SECRET_SUFFIX}"
+    return f"{name}{CONTROL_SECRET_SUFFIX}"
 
 
 def selector_labels(name: str) -> dict[str, str]:
     """The worker pods' selector: immutable on a Deployment, so only stable identity labels."""
-    return {contract.LABEL_MODEL: name, contract.LABEL_COMPONENT: contract.COMPONENT_WORKER}
+    return {LABEL_MODEL: name, LABEL_COMPONENT: COMPONENT_WORKER}
 
 
 def selector_string(name: str) -> str:
@@ -68,15 +103,15 @@ def service_selector(name: str) -> dict[str, str]:
     The pod template sets the label true, so with the operator down every Ready pod serves;
     the operator sets it false before a pod sleeps.  Never in the Deployment's selector (that
     is immutable, and a relabelled pod must stay the Deployment's)."""
-    return {**selector_labels(name), contract.LABEL_AWAKE: contract.AWAKE_TRUE}
+    return {**selector_labels(name), LABEL_AWAKE: AWAKE_TRUE}
 
 
 def common_labels(name: str) -> dict[str, str]:
     return {
         **selector_labels(name),
-        contract.LABEL_NAME: contract.APP_NAME,
-        contract.LABEL_INSTANCE: name,
-        contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: name,
+        LABEL_MANAGED_BY: MANAGED_BY,
     }
 
 
@@ -94,7 +129,7 @@ def _stamp(obj: Obj) -> Obj:
     """Put the hash of the object's desired content into its own annotations."""
     body = {k: v for k, v in obj.items() if k != "metadata"}
     body["labels"] = obj["metadata"].get("labels", {})
-    obj["metadata"].setdefault("annotations", {})[contract.ANNOTATION_SPEC_HASH] = spec_hash(body)
+    obj["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = spec_hash(body)
     return obj
 
 
@@ -117,9 +152,9 @@ def build_configmap(target: Target, heatmap_json: str | None = None) -> Obj:
     data: dict[str, str] = {}
     prompts = prompts_payload(target.spec)
     if prompts is not None:
-        data[contract.CONFIGMAP_KEY_PROMPTS] = prompts
+        data[CONFIGMAP_KEY_PROMPTS] = prompts
     if heatmap_json is not None:
-        data[contract.CONFIGMAP_KEY_HEATMAP] = heatmap_json
+        data[CONFIGMAP_KEY_HEATMAP] = heatmap_json
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -138,7 +173,7 @@ def build_control_secret(target: Target, token: str) -> Obj:
         "kind": "Secret",
         "metadata": _metadata(target, control_secret_name(target.name)),
         "type": "Opaque",
-        "data": {contract.CONTROL_SECRET_KEY: base64.b64encode(token.encode()).decode()},
+        "data": {CONTROL_SECRET_KEY: base64.b64encode(token.encode()).decode()},
     }
 
 
@@ -154,7 +189,7 @@ def build_service(target: Target) -> Obj:
             "metadata": _metadata(target, service_name(target.name)),
             "spec": {
                 "selector": service_selector(target.name),
-                "ports": [{"name": contract.WORKER_PORT_NAME, "port": port, "targetPort": contract.WORKER_PORT_NAME,
+                "ports": [{"name": WORKER_PORT_NAME, "port": port, "targetPort": WORKER_PORT_NAME,
                        "protocol": "TCP"}],
                 # Warm pods only: unready (cold) pods never get traffic.
                 "publishNotReadyAddresses": False,
@@ -200,8 +235,8 @@ def _engine_env(spec: WarmModelSpec) -> list[Obj]:
     """The external engine's environment; with spec.pool.sleep, VLLM_SERVER_DEV_MODE=1 (vLLM
     serves its sleep API only then), unless the user sets that variable themselves."""
     env = _env(spec.engine.env)
-    if spec.pool.sleep is not None and all(e["name"] != contract.ENV_VLLM_SERVER_DEV_MODE for e in env):
-        env.append({"name": contract.ENV_VLLM_SERVER_DEV_MODE, "value": "1"})
+    if spec.pool.sleep is not None and all(e["name"] != ENV_VLLM_SERVER_DEV_MODE for e in env):
+        env.append({"name": ENV_VLLM_SERVER_DEV_MODE, "value": "1"})
     return env
 
 
@@ -211,30 +246,30 @@ def _worker_args(target: Target) -> list[str]:
     gating = spec.gating
     warmup = spec.warmup
     args = [
-        f"--host=$({contract.ENV_POD_IP})",
+        f"--host=$({ENV_POD_IP})",
         f"--port={spec.pod.port}",
-        f"--heat-map={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_HEATMAP}",
+        f"--heat-map={CONFIG_MOUNT_PATH}/{CONFIGMAP_KEY_HEATMAP}",
         f"--buckets={','.join(str(b) for b in warmup.buckets)}",
         f"--truncate-at={gating.truncate_at_percent}",
         f"--pause-at={gating.pause_at_percent}",
         f"--hysteresis={gating.hysteresis_percent}",
         f"--hot-layer-percent={gating.hot_layer_percent}",
-        f"--control-token-file={contract.CONTROL_MOUNT_PATH}/{contract.CONTROL_SECRET_KEY}",
+        f"--control-token-file={CONTROL_MOUNT_PATH}/{CONTROL_SECRET_KEY}",
         f"--warmup-timeout={warmup.timeout_seconds}",
     ]
     if warmup.learn_buckets:  # the operator writes the key once it has learned them
-        args.append(f"--learned-buckets={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_LEARNED_BUCKETS}")
+        args.append(f"--learned-buckets={CONFIG_MOUNT_PATH}/{CONFIGMAP_KEY_LEARNED_BUCKETS}")
     if warmup.prompts is not None:
-        args.append(f"--prompts={contract.CONFIG_MOUNT_PATH}/{contract.CONFIGMAP_KEY_PROMPTS}")
+        args.append(f"--prompts={CONFIG_MOUNT_PATH}/{CONFIGMAP_KEY_PROMPTS}")
     elif warmup.prompts_config_map_ref is not None:
-        args.append(f"--prompts={contract.PROMPTS_MOUNT_PATH}/{contract.CONFIGMAP_KEY_PROMPTS}")
+        args.append(f"--prompts={PROMPTS_MOUNT_PATH}/{CONFIGMAP_KEY_PROMPTS}")
     if spec.engine.kind == "sidecar":
         # The sidecar prefetches the weights the engine reads, warms the engine over HTTP on the
         # pod's shared loopback, and passes the pool's traffic (/v1/...) on to it.
         args += [
             f"--engine-url=http://{ENGINE_LOOPBACK}:{spec.engine.port}",
             f"--health-path={spec.engine.health_path}",
-            f"--model-dir={contract.MODEL_MOUNT_PATH}",
+            f"--model-dir={MODEL_MOUNT_PATH}",
             # vLLM pre-allocates ~90 % of the GPU at start, so a device-wide reading beside it would
             # hold the pod paused for good; the engine's KV-cache use is the pressure that matters.
             # An engine that exports no such gauge reads Unknown (full warm-up), never 0 % used.
@@ -244,14 +279,14 @@ def _worker_args(target: Target) -> list[str]:
             args.append(f"--served-model-name={spec.model.served_name}")
     else:
         args += [
-            f"--model={target.cache.model_path if target.cache is not None else contract.MODEL_MOUNT_PATH}",
+            f"--model={target.cache.model_path if target.cache is not None else MODEL_MOUNT_PATH}",
             f"--model-name={spec.model.served_name or target.name}",
             "--graph-capture" if warmup.graph_capture else "--no-graph-capture",
         ]
         if target.cache is not None and target.cache.partial:
             args.append("--partial-cache")  # the model is a partial view still filling (rules/object_store_pods.py)
         if warmup.kv_prefix_persistence:
-            args.append(f"--kv-prefix-dir={contract.KV_PREFIX_MOUNT_PATH}")
+            args.append(f"--kv-prefix-dir={KV_PREFIX_MOUNT_PATH}")
         threads = torch_threads(spec.pod.resources)
         if threads is not None:
             args.append(f"--threads={threads}")
@@ -295,7 +330,7 @@ def torch_threads(resources: ResourceRequirements | None) -> int | None:
 def _model_volume(target: Target) -> tuple[Obj, Obj]:
     """The model's volume and its read-only mount (at MODEL_MOUNT_PATH; a partial start of an
     object-store source mounts the whole node cache instead: rules/object_store_pods.py)."""
-    mount: Obj = {"name": "model", "mountPath": contract.MODEL_MOUNT_PATH, "readOnly": True}
+    mount: Obj = {"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True}
     model = target.spec.model
     if model.object_store() is not None:
         if target.cache is None:
@@ -322,20 +357,20 @@ def _probes(spec: WarmModelSpec) -> Obj:
     startup_failures = max(30, math.ceil((spec.warmup.timeout_seconds + 120) / period))
     return {
         "startupProbe": {
-            "httpGet": {"path": contract.PATH_READYZ, "port": "http"},
+            "httpGet": {"path": PATH_READYZ, "port": "http"},
             "periodSeconds": period,
             "timeoutSeconds": 2,
             "failureThreshold": min(startup_failures, 10000),
         },
         "readinessProbe": {
-            "httpGet": {"path": contract.PATH_READYZ, "port": "http"},
+            "httpGet": {"path": PATH_READYZ, "port": "http"},
             "periodSeconds": 5,
             "timeoutSeconds": 2,
             "failureThreshold": 2,
             "successThreshold": 1,
         },
         "livenessProbe": {
-            "httpGet": {"path": contract.PATH_LIVEZ, "port": "http"},
+            "httpGet": {"path": PATH_LIVEZ, "port": "http"},
             "periodSeconds": 10,
             "timeoutSeconds": 3,
             "failureThreshold": 3,
@@ -365,8 +400,8 @@ def _volumes(target: Target) -> tuple[Obj, list[Obj], list[Obj]]:
     model_volume, model_mount = _model_volume(target)
     mounts: list[Obj] = [
         model_mount,
-        {"name": "config", "mountPath": contract.CONFIG_MOUNT_PATH, "readOnly": True},
-        {"name": "control", "mountPath": contract.CONTROL_MOUNT_PATH, "readOnly": True},
+        {"name": "config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
+        {"name": "control", "mountPath": CONTROL_MOUNT_PATH, "readOnly": True},
         # readOnlyRootFilesystem: scratch space (torch, tokenizers) goes to /tmp.
         {"name": "tmp", "mountPath": "/tmp"},
     ]
@@ -381,15 +416,15 @@ def _volumes(target: Target) -> tuple[Obj, list[Obj], list[Obj]]:
     ]
     ref = spec.warmup.prompts_config_map_ref
     if ref is not None:
-        mounts.append({"name": "prompts", "mountPath": contract.PROMPTS_MOUNT_PATH, "readOnly": True})
+        mounts.append({"name": "prompts", "mountPath": PROMPTS_MOUNT_PATH, "readOnly": True})
         volumes.append(
             {
                 "name": "prompts",
-                "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": contract.CONFIGMAP_KEY_PROMPTS}]},
+                "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": CONFIGMAP_KEY_PROMPTS}]},
             }
         )
     if spec.warmup.kv_prefix_persistence:
-        mounts.append({"name": "kv-prefix", "mountPath": contract.KV_PREFIX_MOUNT_PATH})
+        mounts.append({"name": "kv-prefix", "mountPath": KV_PREFIX_MOUNT_PATH})
         volumes.append({"name": "kv-prefix", "emptyDir": {"sizeLimit": KV_PREFIX_SIZE_LIMIT}})
     return model_mount, mounts, volumes
 
@@ -398,18 +433,18 @@ def _worker_container(target: Target, mounts: list[Obj]) -> Obj:
     spec = target.spec
     pod = spec.pod
     env: list[Obj] = [
-        {"name": contract.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": contract.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "HOME", "value": "/tmp"},
         *_env(pod.worker_env),
     ]
     worker: Obj = {
-        "name": contract.WORKER_CONTAINER,
+        "name": WORKER_CONTAINER,
         "image": target.worker_image,
         "command": ["warmpool", "worker", "sidecar" if spec.engine.kind == "sidecar" else "serve"],
         "args": _worker_args(target),
-        "ports": [{"name": contract.WORKER_PORT_NAME, "containerPort": pod.port, "protocol": "TCP"}],
+        "ports": [{"name": WORKER_PORT_NAME, "containerPort": pod.port, "protocol": "TCP"}],
         "env": env,
         "volumeMounts": mounts,
         "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
@@ -430,7 +465,7 @@ def _engine_container(target: Target, model_mount: Obj) -> Obj:
     """The external engine beside the warmpool sidecar (the worker's `sidecar` mode), which owns readiness."""
     spec = target.spec
     engine: Obj = {
-        "name": contract.ENGINE_CONTAINER,
+        "name": ENGINE_CONTAINER,
         "image": spec.engine.image,
         "ports": [{"name": "engine", "containerPort": spec.engine.port, "protocol": "TCP"}],
         "env": _engine_env(spec),
@@ -487,14 +522,14 @@ def build_pod_template(target: Target) -> Obj:
     if spec.engine.kind == "sidecar":
         containers.append(_engine_container(target, model_mount))
     annotations = {
-        contract.ANNOTATION_REVISION: spec.model.revision or "",
+        ANNOTATION_REVISION: spec.model.revision or "",
         # Prompts are baked into warm-up: a change must roll the pool like a revision does.
-        contract.ANNOTATION_CONFIG_HASH: spec_hash({"prompts": prompts_payload(spec)}),
+        ANNOTATION_CONFIG_HASH: spec_hash({"prompts": prompts_payload(spec)}),
     }
     if target.cache is not None:  # the node agent's pin on the revision these pods mount
-        annotations[contract.ANNOTATION_CACHE_REVISION] = target.cache.digest
+        annotations[ANNOTATION_CACHE_REVISION] = target.cache.digest
     # Awake at birth: the Service routes to a new pod as soon as it is Ready, operator or not.
-    labels = {**common_labels(target.name), contract.LABEL_AWAKE: contract.AWAKE_TRUE}
+    labels = {**common_labels(target.name), LABEL_AWAKE: AWAKE_TRUE}
     return {
         "metadata": {"labels": labels, "annotations": annotations},
         "spec": _pod_spec(target, containers, volumes),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
 from warmpool.tiering import Thresholds, decide_tier, stricter
 from warmpool_operator.model import Sample
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from warmpool import contract
+from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
+from warmpool.contract.nodecache import CACHE_REVISIONS_DIR
 from warmpool_operator.api.types import WarmModelSpec
 
 #: The default prefixes: the node-local model cache root and a conventional models mount.
@@ -66,13 +67,13 @@ def is_allowed(path: str, prefixes: Iterable[str]) -> bool:
     return any(prefix == "/" or clean == prefix or clean.startswith(prefix + "/") for prefix in prefixes)
 
 
-def mounted_host_paths(spec: WarmModelSpec, cache_root: str = contract.DEFAULT_BLOCK_CACHE_ROOT) -> tuple[str, ...]:
+def mounted_host_paths(spec: WarmModelSpec, cache_root: str = DEFAULT_BLOCK_CACHE_ROOT) -> tuple[str, ...]:
     """Every node directory the worker pods of ``spec`` would mount (as the builders write it)."""
     model = spec.model
     if model.object_store() is not None:  # the node cache (rules/object_store_pods.py): its revisions, or all of it
         if model.start_on_partial_cache:
             return (cache_root.rstrip("/"),)
-        return (f"{cache_root.rstrip('/')}/{contract.CACHE_REVISIONS_DIR}",)
+        return (f"{cache_root.rstrip('/')}/{CACHE_REVISIONS_DIR}",)
     return own_host_paths(spec)
 
 
@@ -93,7 +94,7 @@ def own_host_paths(spec: WarmModelSpec) -> tuple[str, ...]:
 
 
 def refusal(
-    spec: WarmModelSpec, prefixes: tuple[str, ...], cache_root: str = contract.DEFAULT_BLOCK_CACHE_ROOT,
+    spec: WarmModelSpec, prefixes: tuple[str, ...], cache_root: str = DEFAULT_BLOCK_CACHE_ROOT,
     reported: Iterable[tuple[str, str]] = (),
 ) -> str | None:
     """None when every hostPath of ``spec`` lies under ``prefixes``, and every real path the node

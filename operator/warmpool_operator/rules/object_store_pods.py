@@ -29,7 +29,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from warmpool import cachekeys, contract
+from warmpool import cachekeys
+from warmpool.contract.files import MODEL_MOUNT_PATH
+from warmpool.contract.nodecache import CACHE_ROOT_MOUNT_PATH, CACHE_WAIT_CONTAINER
 from warmpool_operator.api.types import WarmModelSpec
 from warmpool_operator.model import CacheRevision, Obj
 
@@ -80,8 +82,8 @@ def model_volume(cache: CacheRevision) -> tuple[Obj, Obj]:
     worker's mount of it (the revision itself, or the whole root)."""
     volume: Obj = {"name": "model", "hostPath": {"path": cache.host_dir, "type": "DirectoryOrCreate"}}
     if cache.partial:
-        return volume, {"name": "model", "mountPath": contract.CACHE_ROOT_MOUNT_PATH, "readOnly": True}
-    mount: Obj = {"name": "model", "mountPath": contract.MODEL_MOUNT_PATH, "readOnly": True, "subPath": cache.hex}
+        return volume, {"name": "model", "mountPath": CACHE_ROOT_MOUNT_PATH, "readOnly": True}
+    mount: Obj = {"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True, "subPath": cache.hex}
     return volume, mount
 
 
@@ -96,7 +98,7 @@ def wait_container(cache: CacheRevision, image: str, security: Mapping[str, Any]
         "exit 1; fi; sleep 1; done"
     )
     return {
-        "name": contract.CACHE_WAIT_CONTAINER,
+        "name": CACHE_WAIT_CONTAINER,
         "image": image,
         "command": ["sh", "-c", script, cache.waited_path],
         "volumeMounts": [{"name": "model", "mountPath": cache.wait_mount, "readOnly": True}],

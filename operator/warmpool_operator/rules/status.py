@@ -13,8 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from warmpool import contract
-from warmpool.contract import Tier
+from warmpool.contract.api import (
+    CONDITION_DEGRADED,
+    CONDITION_PROGRESSING,
+    CONDITION_READY,
+    CONDITION_WARMUP_GATED,
+    Tier,
+)
 from warmpool_operator.api.types import (
     Condition,
     ForecastStatus,
@@ -90,10 +95,10 @@ class _Stamp:
 
 def _degraded_conditions(cond: _Stamp, why: Degradation) -> list[Condition]:
     return [
-        cond(contract.CONDITION_READY, "False", why.reason, f"not reconciled: {why.message}"),
-        cond(contract.CONDITION_PROGRESSING, "False", why.reason, "waiting for the spec to be fixed"),
-        cond(contract.CONDITION_DEGRADED, "True", why.reason, why.message),
-        cond(contract.CONDITION_WARMUP_GATED, "Unknown", why.reason, "no pods are managed"),
+        cond(CONDITION_READY, "False", why.reason, f"not reconciled: {why.message}"),
+        cond(CONDITION_PROGRESSING, "False", why.reason, "waiting for the spec to be fixed"),
+        cond(CONDITION_DEGRADED, "True", why.reason, why.message),
+        cond(CONDITION_WARMUP_GATED, "Unknown", why.reason, "no pods are managed"),
     ]
 
 
@@ -101,17 +106,17 @@ def _ready_condition(cond: _Stamp, min_warm: int, pods: Sequence[PodObservation]
     warm = sum(p.warm for p in pods)
     ready = sum(p.ready for p in pods)
     if min_warm == 0:
-        return cond(contract.CONDITION_READY, "True", REASON_NO_WARM_MINIMUM, f"minWarm is 0; {warm} pods warm")
+        return cond(CONDITION_READY, "True", REASON_NO_WARM_MINIMUM, f"minWarm is 0; {warm} pods warm")
     if warm >= min_warm:
-        return cond(contract.CONDITION_READY, "True", REASON_MIN_WARM_REACHED,
+        return cond(CONDITION_READY, "True", REASON_MIN_WARM_REACHED,
                     f"{warm} of {len(pods)} pods verified warm (minWarm {min_warm})")
     counts = f"{warm} of {len(pods)} pods verified warm, {ready} Ready; minWarm is {min_warm}"
     # Ready by the kubelet, yet unreadable: what keeps the pool from being verified warm.
     unreadable = sorted(p.name for p in pods if p.ready and p.metrics_unavailable)
     if unreadable:
-        return cond(contract.CONDITION_READY, "False", REASON_METRICS_UNAVAILABLE,
+        return cond(CONDITION_READY, "False", REASON_METRICS_UNAVAILABLE,
                     f"{counts}; metrics unavailable from: {', '.join(unreadable)}")
-    return cond(contract.CONDITION_READY, "False", REASON_BELOW_MIN_WARM, counts)
+    return cond(CONDITION_READY, "False", REASON_BELOW_MIN_WARM, counts)
 
 
 def _progressing_condition(cond: _Stamp, pods: Sequence[PodObservation],
@@ -129,20 +134,20 @@ def _progressing_condition(cond: _Stamp, pods: Sequence[PodObservation],
     rolling = deployment is not None and (not generation_seen or updated < want or total > want)
     if failing:
         # A pod that crash-loops will not come up by itself: say so instead of "rolling out".
-        return cond(contract.CONDITION_PROGRESSING, "False", REASON_ROLLOUT_STALLED if rolling else REASON_PODS_FAILING,
+        return cond(CONDITION_PROGRESSING, "False", REASON_ROLLOUT_STALLED if rolling else REASON_PODS_FAILING,
                     ("rollout stalled: " if rolling else "")
                     + f"{len(failing)} pod(s) failing ({'; '.join(failing)}); {warm} warm pod(s) keep serving")
     if deployment is None:
-        return cond(contract.CONDITION_PROGRESSING, "True", REASON_RECONCILING, "creating children")
+        return cond(CONDITION_PROGRESSING, "True", REASON_RECONCILING, "creating children")
     if rolling:
-        return cond(contract.CONDITION_PROGRESSING, "True", REASON_ROLLING_OUT,
+        return cond(CONDITION_PROGRESSING, "True", REASON_ROLLING_OUT,
                     f"{updated} of {want} pods updated, {total} exist")
     if len(pods) != want:
-        return cond(contract.CONDITION_PROGRESSING, "True", REASON_SCALING, f"{len(pods)} pods, want {want}")
+        return cond(CONDITION_PROGRESSING, "True", REASON_SCALING, f"{len(pods)} pods, want {want}")
     if warm < len(pods):
-        return cond(contract.CONDITION_PROGRESSING, "True", REASON_WARMING_UP,
+        return cond(CONDITION_PROGRESSING, "True", REASON_WARMING_UP,
                     f"{len(pods) - warm} of {len(pods)} pods not yet verified warm")
-    return cond(contract.CONDITION_PROGRESSING, "False", REASON_STABLE, "all pods warm")
+    return cond(CONDITION_PROGRESSING, "False", REASON_STABLE, "all pods warm")
 
 
 def _gated_condition(cond: _Stamp, pods: Sequence[PodObservation]) -> Condition:
@@ -151,13 +156,13 @@ def _gated_condition(cond: _Stamp, pods: Sequence[PodObservation]) -> Condition:
     if gated:
         detail = ", ".join(f"{p.name}={p.decision.tier.value}" for p in gated if p.decision is not None)
         extra = f"; metrics unavailable: {', '.join(sorted(unknown))}" if unknown else ""
-        return cond(contract.CONDITION_WARMUP_GATED, "True", REASON_MEMORY_PRESSURE, f"{detail}{extra}")
+        return cond(CONDITION_WARMUP_GATED, "True", REASON_MEMORY_PRESSURE, f"{detail}{extra}")
     if unknown:
-        return cond(contract.CONDITION_WARMUP_GATED, "Unknown", REASON_METRICS_UNAVAILABLE,
+        return cond(CONDITION_WARMUP_GATED, "Unknown", REASON_METRICS_UNAVAILABLE,
                     f"no trustworthy memory figure from: {', '.join(sorted(unknown))}")
     if not pods:
-        return cond(contract.CONDITION_WARMUP_GATED, "False", REASON_NO_PODS, "no worker pods")
-    return cond(contract.CONDITION_WARMUP_GATED, "False", REASON_FULL_WARMUP, "every pod runs the full warm-up")
+        return cond(CONDITION_WARMUP_GATED, "False", REASON_NO_PODS, "no worker pods")
+    return cond(CONDITION_WARMUP_GATED, "False", REASON_FULL_WARMUP, "every pod runs the full warm-up")
 
 
 def _tier_counts(pods: Iterable[PodObservation]) -> TierCounts:
@@ -194,7 +199,7 @@ def compute_status(
         conditions = [
             _ready_condition(cond, spec.pool.min_warm, live),
             _progressing_condition(cond, live, deployment),
-            cond(contract.CONDITION_DEGRADED, "False", REASON_AS_EXPECTED, "spec reconciled"),
+            cond(CONDITION_DEGRADED, "False", REASON_AS_EXPECTED, "spec reconciled"),
             _gated_condition(cond, live),
             *(cond(*extra) for extra in extra_conditions),
         ]

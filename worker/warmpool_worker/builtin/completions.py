@@ -50,7 +50,7 @@ from warmpool_worker.http_app import BadRequest
 from warmpool_worker.metrics import WorkerMetrics
 from warmpool_worker.worker_status import WorkerStatus
 
-from warmpool.contract import STAGE_FAILED, STAGE_UNHEALTHY
+from warmpool.contract.http import STAGE_FAILED, STAGE_UNHEALTHY
 
 log = logging.getLogger(__name__)
 

@@ -71,7 +71,8 @@ from warmpool_worker.warmup import (
 )
 from warmpool_worker.worker_status import WorkerStatus
 
-from warmpool.contract import STAGE_FAILED, STAGE_LOADING, STAGE_READY, STAGE_WARMING, Tier
+from warmpool.contract.api import Tier
+from warmpool.contract.http import STAGE_FAILED, STAGE_LOADING, STAGE_READY, STAGE_WARMING
 from warmpool.heatmap import layer_order, usable_heat
 
 log = logging.getLogger("warmpool.worker")

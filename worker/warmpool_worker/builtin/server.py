@@ -30,7 +30,7 @@ from warmpool_worker.http_app import error_response, json_errors
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
 from warmpool_worker.worker_status import WorkerStatus
 
-from warmpool.contract import PATH_HEALTH, PATH_LIVEZ, PATH_METRICS, PATH_READYZ
+from warmpool.contract.http import PATH_HEALTH, PATH_LIVEZ, PATH_METRICS, PATH_READYZ
 
 if TYPE_CHECKING:
     from warmpool_worker.tracing import TraceSink

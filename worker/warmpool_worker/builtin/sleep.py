@@ -33,7 +33,7 @@ from warmpool_worker.metrics import WorkerMetrics
 from warmpool_worker.sleep_request import parse_level, requested_level
 from warmpool_worker.worker_status import WorkerStatus
 
-from warmpool.contract import (
+from warmpool.contract.http import (
     PATH_CONTROL_SLEEP,
     PATH_CONTROL_WAKE,
     PATH_VLLM_IS_SLEEPING,

@@ -62,14 +62,14 @@ from warmpool_worker.warmup import (
 )
 from warmpool_worker.worker_status import WarmupStatus
 
-from warmpool.contract import (
+from warmpool.contract.api import Tier
+from warmpool.contract.http import (
     PATH_LIVEZ,
     PATH_METRICS,
     PATH_READYZ,
     STAGE_READY,
     STAGE_WAITING_ENGINE,
     STAGE_WARMING,
-    Tier,
 )
 
 log = logging.getLogger("warmpool.sidecar")

@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 from warmpool_worker.engine_signals import EngineSignals, signals_from_samples
 
-from warmpool.contract import METRIC_PHASE_TIMESTAMP, VLLM_KV_CACHE_USAGE_METRICS
+from warmpool.contract.metrics import METRIC_PHASE_TIMESTAMP, VLLM_KV_CACHE_USAGE_METRICS
 from warmpool.http_body import BodyTooLarge, read_bounded
 
 log = logging.getLogger(__name__)

@@ -30,15 +30,14 @@ from warmpool_worker.metrics import WorkerMetrics
 from warmpool_worker.sidecar.engine_client import EngineClient, EngineUnavailable
 from warmpool_worker.sleep_request import requested_level
 
-from warmpool.contract import (
+from warmpool.contract.http import (
     PATH_CONTROL_SLEEP,
     PATH_CONTROL_WAKE,
-    PATH_SGLANG_RELEASE_MEMORY,
-    PATH_SGLANG_RESUME_MEMORY,
     PATH_VLLM_IS_SLEEPING,
     PATH_VLLM_SLEEP,
     PATH_VLLM_WAKE_UP,
 )
+from warmpool.contract.metrics import PATH_SGLANG_RELEASE_MEMORY, PATH_SGLANG_RESUME_MEMORY
 
 log = logging.getLogger(__name__)
 

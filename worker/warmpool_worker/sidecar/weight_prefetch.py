@@ -20,7 +20,7 @@ from warmpool_worker.guard import TierGuard
 from warmpool_worker.metrics import SidecarMetrics
 from warmpool_worker.prefetch import Prefetcher, PrefetchReport, PrefetchStopped, WeightMap, map_weights, plan_prefetch
 
-from warmpool.contract import Tier
+from warmpool.contract.api import Tier
 from warmpool.heatmap import layer_order, usable_heat
 
 log = logging.getLogger("warmpool.sidecar")

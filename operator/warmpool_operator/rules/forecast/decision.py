@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from warmpool import contract
+from warmpool.contract.api import DEFAULT_PREDICTIVE_HORIZON_SECONDS, DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class PredictiveSpec:
 
     enabled: bool = False
     #: the lead time to plan for until cold start / wake are measured
-    horizon_seconds: int = contract.DEFAULT_PREDICTIVE_HORIZON_SECONDS
-    max_extra_replicas: int = contract.DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS
+    horizon_seconds: int = DEFAULT_PREDICTIVE_HORIZON_SECONDS
+    max_extra_replicas: int = DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS
 
     def __post_init__(self) -> None:
         if self.horizon_seconds < 1 or self.max_extra_replicas < 0:

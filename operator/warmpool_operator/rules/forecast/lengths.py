@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from warmpool.contract import TOKEN_LENGTH_EDGES
+from warmpool.contract.files import TOKEN_LENGTH_EDGES
 
 #: Upper edges (inclusive) of the length bins; a length above the last lands in the overflow bin.
 #: The contract owns them: the workers' token histograms use the same buckets.

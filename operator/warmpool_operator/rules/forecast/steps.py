@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from warmpool.contract import TOKEN_LENGTH_EDGES
+from warmpool.contract.files import TOKEN_LENGTH_EDGES
 from warmpool_operator.model import Sample
 from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, StepObservation, peak_of
 from warmpool_operator.rules.forecast.lengths import BIN_COUNT

@@ -1,0 +1,38 @@
+"""The node cache, as the node agent, the operator and worker pods agree on it: mount paths,
+the cache's directories, node labels, field managers, Lease and container names.
+
+Part of the contract: names both sides must agree on, each defined once (see warmpool/contract/__init__.py)."""
+
+from __future__ import annotations
+
+from warmpool.contract.api import API_GROUP
+
+# --- The node agent and the operator, about object-store model sources ----------------
+#: Where worker pods of an http/s3 source see the node cache's published revisions (the
+#: cache's ``revisions/`` directory, read-only); the model is ``<this>/<digest hex>``.
+CACHE_REVISIONS_MOUNT_PATH = "/warmpool/cache-revisions"
+#: The cache root's subdirectory of published revisions (warmpool_nodecache.layout names it too).
+CACHE_REVISIONS_DIR = "revisions"
+#: The cache root's subdirectory of links to partial views: ``<this>/<digest hex>`` names a fill's
+#: view while it fills, then the published revision (spec.model.startOnPartialCache).
+CACHE_PARTIAL_DIR = "partial"
+#: Where worker pods that start on a partial view see the whole node cache (read-only): the
+#: model is ``<this>/partial/<digest hex>``, and the fill's progress record is beside its view.
+CACHE_ROOT_MOUNT_PATH = "/warmpool/node-cache"
+#: Node label saying the node's cache holds a published revision: key ``<prefix>/sha256-<56 hex>``
+#: (a label name is at most 63 characters; 56 hex digits = 224 bits still name one revision).
+CACHE_NODE_LABEL_PREFIX = f"cache.{API_GROUP}"
+CACHE_NODE_LABEL_HEX = 56
+CACHE_NODE_LABEL_VALUE = "published"
+#: Field manager of a node agent's server-side apply of its WarmModel status entry; one per node
+#: (``<this>.<node-hash>``), so one agent's apply never drops another node's entry.
+NODE_AGENT_FIELD_MANAGER = "warmpool-node-agent"
+#: Prefix of the coordination.k8s.io Lease guarding one (node, revision) fill.
+FILL_LEASE_PREFIX = "warmpool-fill"
+#: Name of the init container that holds a worker pod until its revision is published on the node.
+CACHE_WAIT_CONTAINER = "wait-cache"
+#: A fill's partial view of a revision (its files while blocks land, hottest first; see
+#: warmpool.fill_progress): the progress record's format tag, and the suffix that names the record
+#: beside the view's directory (``<view dir name><suffix>``, in the same parent directory).
+FILL_PROGRESS_FORMAT = "warmpool.fill-progress/v1"
+FILL_PROGRESS_SUFFIX = ".fill-progress.json"
