@@ -1,4 +1,4 @@
-"""``python -m warmpool_nodecache fill|evict``: the cache core from a shell (the node agent comes later).
+"""``python -m warmpool_nodecache fill|evict``: the cache core from a shell (the node agent runs the same core).
 
 ``fill`` takes one source: ``--source-http URL``, or ``--source-s3 s3://bucket/prefix --endpoint URL``
 with credentials from ``--credentials-file`` (AWS shared-credentials format) or the standard

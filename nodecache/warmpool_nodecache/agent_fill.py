@@ -13,8 +13,8 @@ from warmpool.kube import KubeError
 from warmpool.lease import Lease, LeaseLostError
 from warmpool_nodecache import agent
 from warmpool_nodecache.blocks import BlockStore
+from warmpool_nodecache.eviction_lock import gc_lock
 from warmpool_nodecache.fill import FillOptions, FillResult, fill_revision
-from warmpool_nodecache.gclock import gc_lock
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import Manifest
 from warmpool_nodecache.source import Source

@@ -12,7 +12,7 @@ from warmpool_nodecache import agent
 from warmpool_nodecache import agent_notices as notices
 from warmpool_nodecache.agent_kube import AgentKube
 from warmpool_nodecache.evict import evict
-from warmpool_nodecache.gclock import CacheBusyError
+from warmpool_nodecache.eviction_lock import CacheBusyError
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.use import RevisionNotCachedError, pinned
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from warmpool.contract.nodecache import FILL_PROGRESS_SUFFIX
 from warmpool_nodecache.blocks import BlockStore
-from warmpool_nodecache.gclock import gc_lock
+from warmpool_nodecache.eviction_lock import gc_lock
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import ManifestError, parse_manifest
 from warmpool_nodecache.use import live_pins, mapped_revisions, use_times

@@ -12,7 +12,7 @@
    fetched again, a bounded number of times), materialises the files in a staging directory, and
    publishes it by renaming it to ``revisions/<digest>`` under the lease's fence.
 
-The fetches overlap (``pipeline.OrderedPool``): ``fetch_workers`` threads each fetch, verify and
+The fetches overlap (``ordered_pool.OrderedPool``): ``fetch_workers`` threads each fetch, verify and
 stage one block (``BlockStore.stage``: written, not yet fsynced, under the fill's staging), at
 most ``2 x fetch_workers`` blocks ahead of the one the fill takes next, so memory stays at
 ``fetch_workers x block size`` of fetched bytes.  The fill takes the staged blocks in its order
@@ -49,14 +49,14 @@ from pathlib import Path
 from warmpool.contract.files import MANIFEST_FILENAME
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore, fsync_dir
 from warmpool_nodecache.commits import BlockCommits
+from warmpool_nodecache.eviction_lock import gc_lock
 from warmpool_nodecache.file_lease import FileLease
-from warmpool_nodecache.gclock import gc_lock
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError, parse_manifest
 from warmpool_nodecache.materialise import materialise_file
 from warmpool_nodecache.order import BlockOrder
+from warmpool_nodecache.ordered_pool import OrderedPool
 from warmpool_nodecache.partial import PartialView, point_link, remove_views
-from warmpool_nodecache.pipeline import OrderedPool
 from warmpool_nodecache.source import Source
 from warmpool_nodecache.use import record_use
 

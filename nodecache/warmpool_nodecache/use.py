@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from warmpool_nodecache.gclock import gc_lock
+from warmpool_nodecache.eviction_lock import gc_lock
 from warmpool_nodecache.layout import CacheLayout
 
 _pin_counter = itertools.count()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
 from warmpool_nodecache.layout import CacheLayout
-from warmpool_nodecache.pipeline import OrderedPool
+from warmpool_nodecache.ordered_pool import OrderedPool
 
 BOUND_S = 30.0  # how long a test waits for a thread before it fails (never reached when it passes)
 
