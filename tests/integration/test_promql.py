@@ -38,12 +38,14 @@ from warmpool.contract.http import DEFAULT_WORKER_PORT
 from warmpool.contract.metrics import (
     FORECAST_QUANTILE_P50,
     FORECAST_QUANTILE_P90,
+    METRIC_ENGINE_BUSY_SECONDS,
     METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD,
     METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS,
     METRIC_OPERATOR_FORECAST_PEAK,
     METRIC_OPERATOR_FORECAST_RATE_NOW,
     METRIC_OPERATOR_WARM_PODS,
     METRIC_READY,
+    METRIC_REQUESTS_TOTAL,
     METRIC_TTFT,
 )
 from warmpool.contract.pods import LABEL_MODEL, WORKER_CONTAINER
@@ -122,7 +124,7 @@ def _add_operator_arg(cluster: ClusterHandle, arg: str) -> None:
     cluster.kubectl("rollout", "status", "-n", _NAMESPACE, deployment, "--timeout=180s", timeout=200)
 
 
-def _serve_until_capacity_measured(url: str, completions: str) -> None:
+def _serve_until_capacity_measured(cluster: ClusterHandle, url: str, completions: str) -> None:
     """Completions, one at a time, until Prometheus has the operator's measured per-pod capacity."""
     metric = f'{METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}'
     deadline = time.monotonic() + CAPACITY_TIMEOUT_S
@@ -133,9 +135,21 @@ def _serve_until_capacity_measured(url: str, completions: str) -> None:
         sent += 1
         if sent % CAPACITY_CHECK_EVERY == 0 and _series(url, metric):
             return
-    got = _wait_for("the operator's measured capacity per pod in Prometheus", lambda: _series(url, metric),
-                    SERIES_TIMEOUT_S, 2.0)
-    assert got, f"{sent} completions sent"
+    try:
+        _wait_for("the operator's measured capacity per pod in Prometheus", lambda: _series(url, metric),
+                  SERIES_TIMEOUT_S, 2.0)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{sent} completions sent\n{_capacity_diagnosis(cluster, url)}") from None
+
+
+def _capacity_diagnosis(cluster: ClusterHandle, url: str) -> str:
+    """What the operator and the worker said while the capacity never showed (a failure's report)."""
+    status = cluster.kubectl("get", PLURAL, "tiny", "-n", _NAMESPACE, "-o", "jsonpath={.status}", check=False)
+    logs = cluster.kubectl("logs", "-n", _NAMESPACE, f"deployment/{RELEASE}-warmpool", "--tail=80", check=False)
+    busy = _series(url, f'{METRIC_ENGINE_BUSY_SECONDS}{{warmmodel="tiny"}}')
+    served = _series(url, f'{METRIC_REQUESTS_TOTAL}{{warmmodel="tiny"}}')
+    return (f"the WarmModel's status: {status.stdout}\nthe worker's busy seconds in Prometheus: {busy}\n"
+            f"its requests: {served}\nthe operator's last log lines:\n{logs.stdout}{logs.stderr}")
 
 
 #: This module's namespace: the release's and the WarmModel's (the chart renders for it).
@@ -192,7 +206,7 @@ def live_pool(cluster: ClusterHandle, crd: str, tmp_path_factory: pytest.TempPat
         code, text = http(completions, {"model": "tiny", "prompt": "hello", "max_tokens": 2})
         assert code == 200, text
         # Enough served work for the operator to measure a pod's capacity: the forecast panel's warm capacity.
-        _serve_until_capacity_measured(url, completions)
+        _serve_until_capacity_measured(cluster, url, completions)
 
         def ttft_rate_seen() -> bool:
             return bool(_series(url, f"sum(rate({METRIC_TTFT}_count[5m])) > 0"))
