@@ -16,7 +16,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from warmpool.contract.pods import LOG_FORMAT_JSON, LOG_FORMAT_TEXT, LOG_FORMATS
+from warmpool.contract.telemetry import LOG_FORMAT_JSON, LOG_FORMAT_TEXT, LOG_FORMATS
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warmpool.contract.files import DEFAULT_BLOCK_SIZE
+from warmpool_nodecache.manifest import DEFAULT_BLOCK_SIZE
 
 TARGET_FILL_VS_RAW = 0.80
 TARGET_DELTA_BYTES = 0.15

@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warmpool_operator.io.history_store import history_configmap_name, history_labels
+from warmpool_operator.io.history_store import CONFIGMAP_KEY_HISTORY, history_configmap_name, history_labels
 from warmpool_operator.rules.forecast.history import History, dumps
 
 from warmpool.contract.api import API_GROUP, API_GROUP_VERSION, API_VERSION, KIND, PLURAL
-from warmpool.contract.files import CONFIGMAP_KEY_HISTORY
 from warmpool.contract.pods import LABEL_MODEL
 from warmpool_bench.bench_cluster import BenchCluster
 from warmpool_bench.predict_live_pool import PoolWatch

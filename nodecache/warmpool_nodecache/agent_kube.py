@@ -24,7 +24,6 @@ from typing import Any
 import aiohttp
 
 from warmpool.contract.api import API_GROUP, API_GROUP_VERSION, API_VERSION, PLURAL
-from warmpool.contract.nodecache import FILL_LEASE_PREFIX, NODE_AGENT_FIELD_MANAGER
 from warmpool.contract.pods import LABEL_MANAGED_BY, MANAGED_BY
 from warmpool.kube import (
     APPLY_PATCH,
@@ -36,6 +35,13 @@ from warmpool.kube import (
     micro_time,
 )
 from warmpool.lease import Lease, Observed
+
+#: Prefix of the coordination.k8s.io Lease guarding one (node, revision) fill.
+FILL_LEASE_PREFIX = "warmpool-fill"
+#: Field manager of a node agent's server-side apply of its WarmModel status entry; one per node
+#: (``<this>.<node-hash>``), so one agent's apply never drops another node's entry.
+NODE_AGENT_FIELD_MANAGER = "warmpool-node-agent"
+
 
 #: A watch lasts WATCH_SECONDS (the server ends it) and is then opened again; a silent stream
 #: is given up after sock_read seconds.

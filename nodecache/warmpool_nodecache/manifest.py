@@ -27,7 +27,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from warmpool.contract.files import DEFAULT_BLOCK_SIZE, MANIFEST_FILENAME, MANIFEST_FORMAT
+from warmpool.contract.files import MANIFEST_FILENAME
+
+#: A revision manifest's format tag and its file name beside the model's files at a source.
+MANIFEST_FORMAT = "warmpool.manifest/v1"
+#: The block size revisions are split into (and hashed by) unless a manifest says otherwise.
+DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
+
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmpool.contract.files import DEFAULT_BLOCK_SIZE, MANIFEST_FILENAME
-from warmpool_nodecache.manifest import Manifest, ManifestError, ManifestFile, build_manifest
+from warmpool.contract.files import MANIFEST_FILENAME
+from warmpool_nodecache.manifest import DEFAULT_BLOCK_SIZE, Manifest, ManifestError, ManifestFile, build_manifest
 from warmpool_nodecache.s3 import (
     S3Credentials,
     S3SourceConfig,

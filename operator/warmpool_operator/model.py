@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmpool.contract.api import DEFAULT_WORKER_IMAGE, Tier
+from warmpool.contract.api import Tier
 from warmpool.contract.files import MODEL_MOUNT_PATH
 from warmpool.contract.nodecache import (
     CACHE_PARTIAL_DIR,
@@ -20,6 +20,10 @@ from warmpool.contract.nodecache import (
     CACHE_ROOT_MOUNT_PATH,
 )
 from warmpool_operator.api.types import WarmModelSpec
+
+#: Default image of the warmpool worker (the whole worker for builtin, the sidecar for sidecar).
+DEFAULT_WORKER_IMAGE = "ghcr.io/warmpool/worker:0.1.0"
+
 
 Obj = dict[str, Any]
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from warmpool.contract.api import (
-    DEFAULT_DIRECTIVE_TTL_SECONDS,
-    DEFAULT_SCRAPE_INTERVAL_SECONDS,
-    DEFAULT_WORKER_IMAGE,
-    MAX_DIRECTIVE_TTL_SECONDS,
-)
+from warmpool.contract.api import DEFAULT_DIRECTIVE_TTL_SECONDS, MAX_DIRECTIVE_TTL_SECONDS
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
+from warmpool_operator.model import DEFAULT_WORKER_IMAGE
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS
+
+#: Default seconds between scrapes of a WarmModel's worker pods.
+DEFAULT_SCRAPE_INTERVAL_SECONDS = 10.0
+
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 

@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import config as k8s_config
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_nodecache.agent_kube import AgentKube, agent_lease, lease_name
+from warmpool_nodecache.agent_kube import (
+    FILL_LEASE_PREFIX,
+    NODE_AGENT_FIELD_MANAGER,
+    AgentKube,
+    agent_lease,
+    lease_name,
+)
 from warmpool_nodecache.blocks import BlockStore
 from warmpool_nodecache.fill import FillOptions, fill_revision
 from warmpool_nodecache.layout import CacheLayout
@@ -40,7 +46,7 @@ from tests.support.range_server import RangeServer, serve_directory
 from warmpool import cachekeys
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
 from warmpool.contract.http import PATH_READYZ
-from warmpool.contract.nodecache import CACHE_WAIT_CONTAINER, FILL_LEASE_PREFIX, NODE_AGENT_FIELD_MANAGER
+from warmpool.contract.nodecache import CACHE_WAIT_CONTAINER
 from warmpool.contract.pods import ANNOTATION_CACHE_REVISION, LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from warmpool.lease import Lease, LeaseLostError, Observed
 

@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator.io.history_store import history_configmap_name
+from warmpool_operator.io.history_store import CONFIGMAP_KEY_HISTORY, history_configmap_name
+from warmpool_operator.rules.builders import CONFIGMAP_KEY_LEARNED_BUCKETS
 from warmpool_operator.rules.forecast.buckets import MIN_PROMPTS
 from warmpool_operator.rules.forecast.history import loads
 from warmpool_operator.rules.forecast.lengths import round_up
 
 from tests.support.e2e import Operator, World, delete_warmmodels, http, metric, pod_ready, readable_by_pods, warmmodel
 from warmpool.contract.api import CONDITION_PREDICTIVE
-from warmpool.contract.files import CONFIGMAP_KEY_HISTORY, CONFIGMAP_KEY_LEARNED_BUCKETS
 from warmpool.contract.http import PATH_METRICS
 from warmpool.contract.metrics import METRIC_WARMUP_PLANNED
 from warmpool.contract.pods import CONFIGMAP_SUFFIX

@@ -19,15 +19,20 @@ import pytest
 from kubernetes_asyncio import config
 from warmpool_bench.predict_trace import load_trace, repeat
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator.io.history_store import HistoryStore, StoreSettings, history_configmap_name
+from warmpool_operator.io.history_store import (
+    COMPONENT_HISTORY,
+    CONFIGMAP_KEY_HISTORY,
+    HistoryStore,
+    StoreSettings,
+    history_configmap_name,
+)
 from warmpool_operator.io.kube import Kube
 from warmpool_operator.rules.forecast.history import History, HistoryLimits, StepObservation, dumps
 from warmpool_operator.rules.forecast.lengths import histogram
 
 from tests.support.e2e import warmmodel
 from warmpool.contract.api import KIND
-from warmpool.contract.files import CONFIGMAP_KEY_HISTORY
-from warmpool.contract.pods import COMPONENT_HISTORY, LABEL_COMPONENT, LABEL_MANAGED_BY
+from warmpool.contract.pods import LABEL_COMPONENT, LABEL_MANAGED_BY
 
 pytestmark = pytest.mark.integration
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from warmpool_worker.engine_signals import VLLM_REQUEST_SUCCESS
 
 from tests.integration.test_sidecar import SidecarProcess, wait_for
 from tests.support.vllm_engine import VllmStandIn
@@ -27,7 +28,6 @@ from warmpool.contract.metrics import (
     METRIC_REQUESTS_IN_FLIGHT,
     METRIC_REQUESTS_QUEUED,
     METRIC_REQUESTS_TOTAL,
-    VLLM_REQUEST_SUCCESS,
 )
 
 pytestmark = pytest.mark.integration

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import pytest
 from warmpool_devcluster.jaeger import LOOPBACK, JaegerHandle, start_jaeger
 from warmpool_devcluster.testing import ClusterHandle
+from warmpool_worker.tracing import ENV_OTEL_SAMPLER_ARG
 
 from tests.support.e2e import Operator, World, http, metric
 from tests.support.procs import HOST, free_port, subprocess_env
@@ -33,7 +34,8 @@ from warmpool.contract.metrics import (
     METRIC_PHASE_DURATION,
     METRIC_PHASE_TIMESTAMP,
 )
-from warmpool.contract.pods import (
+from warmpool.contract.pods import ENV_POD_NAME
+from warmpool.contract.telemetry import (
     ATTR_BUCKET,
     ATTR_DEVICE,
     ATTR_DIGEST,
@@ -43,9 +45,7 @@ from warmpool.contract.pods import (
     ATTR_TOKENS,
     ATTR_WARMMODEL_UID,
     ENV_OTEL_ENDPOINT,
-    ENV_OTEL_SAMPLER_ARG,
     ENV_OTEL_SERVICE_NAME,
-    ENV_POD_NAME,
     SPAN_APPLY,
     SPAN_COLD_START,
     SPAN_DECIDE,

@@ -15,6 +15,13 @@ import pytest
 import yaml
 from warmpool_operator.api import crdgen
 from warmpool_operator.api import types as api
+from warmpool_operator.api.types import (
+    DEFAULT_ENGINE_PORT,
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_MIN_WARM,
+    DEFAULT_NODE_CACHE_ROOT,
+    DEFAULT_REPLICAS,
+)
 from warmpool_operator.api.validation import ApiObject
 
 from warmpool.contract.api import (
@@ -22,15 +29,12 @@ from warmpool.contract.api import (
     DEFAULT_HOT_LAYER_PERCENT,
     DEFAULT_HYSTERESIS_PERCENT,
     DEFAULT_LENGTH_BUCKETS,
-    DEFAULT_MAX_REPLICAS,
-    DEFAULT_MIN_WARM,
     DEFAULT_PAUSE_AT_PERCENT,
-    DEFAULT_REPLICAS,
     DEFAULT_TRUNCATE_AT_PERCENT,
     DEFAULT_WARMUP_TIMEOUT_SECONDS,
 )
-from warmpool.contract.files import DEFAULT_NODE_CACHE_ROOT, MODEL_MOUNT_PATH
-from warmpool.contract.http import DEFAULT_ENGINE_PORT, DEFAULT_WORKER_PORT
+from warmpool.contract.files import MODEL_MOUNT_PATH
+from warmpool.contract.http import DEFAULT_WORKER_PORT
 
 pytestmark = pytest.mark.unit
 

@@ -6,17 +6,12 @@ import copy
 from typing import Any
 
 import pytest
-from warmpool_operator.api.types import parse_spec
+from warmpool_operator.api.types import DEFAULT_NODE_CACHE_ROOT, parse_spec
 from warmpool_operator.model import Target
 from warmpool_operator.rules import builders, scaling
+from warmpool_operator.rules.builders import KV_PREFIX_MOUNT_PATH
 
-from warmpool.contract.files import (
-    CONFIGMAP_KEY_HEATMAP,
-    CONFIGMAP_KEY_PROMPTS,
-    DEFAULT_NODE_CACHE_ROOT,
-    KV_PREFIX_MOUNT_PATH,
-    MODEL_MOUNT_PATH,
-)
+from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP, CONFIGMAP_KEY_PROMPTS, MODEL_MOUNT_PATH
 from warmpool.contract.http import PATH_LIVEZ, PATH_READYZ, WORKER_PORT_NAME
 from warmpool.contract.pods import (
     ANNOTATION_REVISION,

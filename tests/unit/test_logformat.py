@@ -7,16 +7,16 @@ import logging
 import sys
 
 import pytest
-from warmpool_worker.tracing import TracingConfig, TracingConfigError, valid_traceparent
-
-from warmpool.contract.pods import (
+from warmpool_worker.tracing import (
     DEFAULT_REQUEST_SAMPLE_RATIO,
-    ENV_OTEL_ENDPOINT,
     ENV_OTEL_SAMPLER_ARG,
-    ENV_OTEL_SERVICE_NAME,
-    ENV_OTEL_TRACES_ENDPOINT,
-    ENV_POD_NAME,
+    TracingConfig,
+    TracingConfigError,
+    valid_traceparent,
 )
+
+from warmpool.contract.pods import ENV_POD_NAME
+from warmpool.contract.telemetry import ENV_OTEL_ENDPOINT, ENV_OTEL_SERVICE_NAME, ENV_OTEL_TRACES_ENDPOINT
 from warmpool.logformat import JsonFormatter, configure_logging
 
 pytestmark = pytest.mark.unit

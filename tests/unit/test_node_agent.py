@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from warmpool_nodecache import agent
-from warmpool_nodecache.agent_kube import field_manager, lease_name
+from warmpool_nodecache.agent_kube import FILL_LEASE_PREFIX, field_manager, lease_name
 from warmpool_nodecache.blocks import BlockStore
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import build_manifest
@@ -19,7 +19,7 @@ from warmpool_nodecache.s3 import S3Source
 from warmpool_nodecache.source import HttpSource, SourceError
 
 from warmpool import cachekeys
-from warmpool.contract.nodecache import CACHE_NODE_LABEL_VALUE, FILL_LEASE_PREFIX
+from warmpool.contract.nodecache import CACHE_NODE_LABEL_VALUE
 from warmpool.contract.pods import ANNOTATION_CACHE_REVISION
 from warmpool.heatmap import HeatMap
 

@@ -7,9 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from warmpool_nodecache.manifest import ManifestError, build_manifest, parse_manifest
-
-from warmpool.contract.files import DEFAULT_BLOCK_SIZE, MANIFEST_FORMAT
+from warmpool_nodecache.manifest import (
+    DEFAULT_BLOCK_SIZE,
+    MANIFEST_FORMAT,
+    ManifestError,
+    build_manifest,
+    parse_manifest,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from warmpool_operator.api.types import MAX_WARMMODEL_NAME_LENGTH
 from warmpool_operator.io.history_store import (
+    COMPONENT_HISTORY,
     CONFIGMAP_DATA_LIMIT,
+    HISTORY_CONFIGMAP_SUFFIX,
     StoreSettings,
     bounded_dump,
     history_configmap_name,
@@ -17,14 +20,7 @@ from warmpool_operator.io.history_store import (
 from warmpool_operator.rules.forecast.history import History, HistoryLimits, StepObservation, dumps, loads
 from warmpool_operator.rules.forecast.lengths import histogram
 
-from warmpool.contract.api import MAX_WARMMODEL_NAME_LENGTH
-from warmpool.contract.pods import (
-    COMPONENT_HISTORY,
-    HISTORY_CONFIGMAP_SUFFIX,
-    LABEL_COMPONENT,
-    LABEL_MANAGED_BY,
-    LABEL_MODEL,
-)
+from warmpool.contract.pods import LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_MODEL
 
 pytestmark = pytest.mark.unit
 

@@ -16,6 +16,7 @@ from warmpool_operator.control.forecasting import copy_history, forecaster_confi
 from warmpool_operator.io.worker_metrics import parse_metrics
 from warmpool_operator.model import Sample, Target
 from warmpool_operator.rules import builders, scaling
+from warmpool_operator.rules.builders import CONFIG_MOUNT_PATH, CONFIGMAP_KEY_LEARNED_BUCKETS
 from warmpool_operator.rules.forecast import report as ps
 from warmpool_operator.rules.forecast.baselines import QuantileForecast
 from warmpool_operator.rules.forecast.decision import LeadSource, LeadTime
@@ -33,12 +34,7 @@ from warmpool_operator.rules.forecast.steps import (
 from warmpool_operator.rules.sleep_wake import WHY_FORECAST, Policy, SleepPod, plan
 from warmpool_worker.warmup import read_learned_buckets
 
-from warmpool.contract.files import (
-    CONFIG_MOUNT_PATH,
-    CONFIGMAP_KEY_LEARNED_BUCKETS,
-    LEARNED_BUCKETS_FORMAT,
-    TOKEN_LENGTH_EDGES,
-)
+from warmpool.contract.files import LEARNED_BUCKETS_FORMAT, TOKEN_LENGTH_EDGES
 from warmpool.contract.metrics import METRIC_ENGINE_BUSY_SECONDS, METRIC_REQUEST_PROMPT_TOKENS, METRIC_REQUESTS_TOTAL
 
 pytestmark = pytest.mark.unit

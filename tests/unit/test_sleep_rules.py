@@ -8,14 +8,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from warmpool_operator.api.types import InvalidWarmModel, parse_spec
+from warmpool_operator.api.types import DEFAULT_SLEEP_MIN_AWAKE, InvalidWarmModel, parse_spec
 from warmpool_operator.io.worker_metrics import parse_metrics
 from warmpool_operator.model import Target
 from warmpool_operator.rules import builders
 from warmpool_operator.rules import sleep_wake as sleeping
 from warmpool_operator.rules.sleep_wake import Candidate, Policy, SleepPod, plan
 
-from warmpool.contract.api import DEFAULT_SLEEP_LEVEL, DEFAULT_SLEEP_MIN_AWAKE
+from warmpool.contract.api import DEFAULT_SLEEP_LEVEL
 from warmpool.contract.metrics import (
     METRIC_REQUESTS_IN_FLIGHT,
     METRIC_REQUESTS_TOTAL,

@@ -19,6 +19,10 @@ CRD_NAME = f"{PLURAL}.{API_GROUP}"
 #: A WarmModel's apiVersion.
 API_GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 
+#: The operator's finalizer on WarmModels (kopf's; users meet it on a WarmModel stuck deleting
+#: while no operator runs: the runbooks name it).
+OPERATOR_FINALIZER = f"{API_GROUP}/operator"
+
 #: Status condition types of a WarmModel (each has a CamelCase reason and a message).
 CONDITION_READY = "Ready"  # at least pool.minWarm pods verified warm
 CONDITION_PROGRESSING = "Progressing"  # a rollout or scale is under way
@@ -29,34 +33,11 @@ CONDITION_TYPES = (CONDITION_READY, CONDITION_PROGRESSING, CONDITION_DEGRADED, C
 #: pool; False (the pool scales reactively) with the reason why not, e.g. request metrics missing.
 CONDITION_PREDICTIVE = "Predictive"
 
-#: Prefix of kopf's own annotations on WarmModels (progress and diff-base storage).
-KOPF_ANNOTATION_PREFIX = API_GROUP
-#: kopf's finalizer on WarmModels (timers need one so they are stopped before deletion).
-OPERATOR_FINALIZER = f"{API_GROUP}/operator"
 
 # --------------------------------------------------------------------------- 2. defaults and bounds
 
-DEFAULT_REPLICAS = 1
-DEFAULT_MIN_WARM = 1
-DEFAULT_MAX_REPLICAS = 8
-#: Hard ceiling on pool sizes accepted at admission (a typo like 10000 is refused).
-MAX_POOL_REPLICAS = 1000
 DEFAULT_WARMUP_TIMEOUT_SECONDS = 600
-#: Longest WarmModel name: children are named "<name>-<suffix>" and must stay DNS-1035 labels.
-MAX_WARMMODEL_NAME_LENGTH = 48
-#: Default image of the warmpool worker (the whole worker for builtin, the sidecar for sidecar).
-DEFAULT_WORKER_IMAGE = "ghcr.io/warmpool/worker:0.1.0"
-#: Default seconds between scrapes of a WarmModel's worker pods.
-DEFAULT_SCRAPE_INTERVAL_SECONDS = 10.0
-#: Defaults of spec.pool.sleep: pods kept awake, and the level a pod sleeps at.
-DEFAULT_SLEEP_MIN_AWAKE = 1
 DEFAULT_SLEEP_LEVEL = 1
-#: Longest spec.pool.sleep.afterIdleSeconds accepted (a week).
-MAX_SLEEP_AFTER_IDLE_SECONDS = 7 * 24 * 3600
-#: Defaults of spec.pool.predictive: the lead time planned for until one is measured, and the most
-#: pods prediction adds above the reactive count.
-DEFAULT_PREDICTIVE_HORIZON_SECONDS = 300
-DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS = 4
 
 # --------------------------------------------------------------------------- 3. tiers and thresholds
 

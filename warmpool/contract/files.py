@@ -12,12 +12,6 @@ CONFIGMAP_KEY_PROMPTS = "prompts.json"
 CONFIGMAP_KEY_HEATMAP = "heatmap.json"
 #: The heat map file's format tag (see warmpool.heatmap).
 HEATMAP_FORMAT = "warmpool.heatmap/v1"
-#: Key of the history ConfigMap holding the serialised history (predict/history.py's format).
-CONFIGMAP_KEY_HISTORY = "history"
-#: Key of the WarmModel's ConfigMap holding the warm-up lengths learned from traffic
-#: (spec.warmup.learnBuckets): a JSON object {"format": LEARNED_BUCKETS_FORMAT, "buckets": [...]};
-#: a worker started while it is there warms at those lengths instead of --buckets.
-CONFIGMAP_KEY_LEARNED_BUCKETS = "learned-buckets.json"
 LEARNED_BUCKETS_FORMAT = "warmpool.learned-buckets/v1"
 
 #: Token lengths, as upper edges (inclusive) of bins: the buckets of the workers' token
@@ -33,20 +27,10 @@ TOKEN_LENGTH_EDGES: tuple[int, ...] = (
 #: The model's directory, whatever its source (an external engine's args point here,
 #: e.g. `--model=/warmpool/model`).
 MODEL_MOUNT_PATH = "/warmpool/model"
-CONFIG_MOUNT_PATH = "/warmpool/config"  # the WarmModel's ConfigMap (prompts + heat map)
-PROMPTS_MOUNT_PATH = "/warmpool/prompts"  # a user's prompts ConfigMap (promptsConfigMapRef)
-CONTROL_MOUNT_PATH = "/warmpool/control"  # the control-token Secret
-KV_PREFIX_MOUNT_PATH = "/warmpool/kv"  # warm-prefix KV persistence (emptyDir)
-#: Where node-local model caches live on a node (a WarmModel's nodeCache.root default).
-DEFAULT_NODE_CACHE_ROOT = "/var/lib/warmpool/models"
 #: Where the node agent's content-addressed block cache lives on a node (warmpool_nodecache);
 #: under /var/lib/warmpool, so inside host_paths.DEFAULT_ALLOWED_HOST_PATHS.
 DEFAULT_BLOCK_CACHE_ROOT = "/var/lib/warmpool/cache"
-#: A revision manifest's format tag and its file name beside the model's files at a source.
-MANIFEST_FORMAT = "warmpool.manifest/v1"
 MANIFEST_FILENAME = "warmpool-manifest.json"
-#: The block size revisions are split into (and hashed by) unless a manifest says otherwise.
-DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024
 #: Keys of the Secret that spec.model.s3.secretRef names (the AWS SDKs' own names, as
 #: KServe's S3 secrets use them): the node agent reads these two and nothing else.
 S3_SECRET_ACCESS_KEY_ID_KEY = "AWS_ACCESS_KEY_ID"

@@ -27,10 +27,7 @@ PATH_VLLM_IS_SLEEPING = "/is_sleeping"
 DEFAULT_WORKER_PORT = 8080
 #: The worker container's port name, which its Service targets and the chart's NetworkPolicy opens.
 WORKER_PORT_NAME = "http"
-DEFAULT_ENGINE_PORT = 8000  # vLLM's and SGLang's usual port; TGI users set 80 or 3000
 DEFAULT_ENGINE_HEALTH_PATH = "/health"
-DEFAULT_OPERATOR_METRICS_PORT = 9090
-DEFAULT_OPERATOR_LIVENESS_PORT = 8081
 
 #: POST /control/tier: the bearer token's header and the body's keys ({"tier": "truncated", "ttl_seconds": 60}).
 CONTROL_TOKEN_HEADER = "Authorization"  # "Bearer <token>"

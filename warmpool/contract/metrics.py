@@ -6,7 +6,6 @@ from __future__ import annotations
 
 # --------------------------------------------------------------------------- 7. metrics
 
-METRIC_PREFIX = "warmpool_"
 
 # The worker's (built-in and sidecar), scraped by the operator.
 METRIC_PHASE_TIMESTAMP = "warmpool_coldstart_phase_timestamp_seconds"  # label: phase
@@ -70,7 +69,6 @@ METRIC_KV_BLOCKS_RESERVED = "warmpool_kv_blocks_reserved"
 METRIC_KV_BLOCKS_FREE = "warmpool_kv_blocks_free"
 #: Tokens generated per second over the last TOKENS_PER_SECOND_WINDOW seconds (all requests).
 METRIC_GENERATION_TOKENS_PER_SECOND = "warmpool_generation_tokens_per_second"
-TOKENS_PER_SECOND_WINDOW = 10.0
 #: Warm-prefix KV files that could not be saved (ENOSPC, read-only, ...), by errno name.
 METRIC_KV_PREFIX_SAVE_ERRORS = "warmpool_kv_prefix_save_errors_total"  # label: reason
 #: Requests (and warm-up prefills) whose logits held NaN/Inf.
@@ -87,10 +85,6 @@ METRIC_WAKES_ON_REQUEST = "warmpool_wakes_on_request_total"
 #: 1 when the engine can sleep, 0 when it has no sleep API (llama.cpp, TGI: never put it to
 #: sleep); absent while the sidecar has not found out yet.
 METRIC_SLEEP_CAPABLE = "warmpool_sleep_capable"
-#: The sidecar's flag naming the engine's sleep API (auto: probe vLLM's GET /is_sleeping).
-ENGINE_SLEEP_APIS = ("auto", "vllm", "sglang", "none")
-PATH_SGLANG_RELEASE_MEMORY = "/release_memory_occupation"
-PATH_SGLANG_RESUME_MEMORY = "/resume_memory_occupation"
 
 # The sidecar's own (`warmpool worker sidecar`).
 METRIC_ENGINE_MEMORY_RATIO = "warmpool_engine_memory_used_ratio"  # the engine's own figure
@@ -110,17 +104,6 @@ METRIC_PREFETCH_RESIDENT_BYTES = "warmpool_prefetch_resident_bytes"
 METRIC_PREFETCH_FILE_ERRORS = "warmpool_prefetch_file_errors"
 
 # An external engine's, read by the sidecar.
-#: vLLM's KV-cache usage gauge (a 0..1 fraction despite "perc"), under both of its names:
-#: `gpu_cache_usage_perc` up to v0.10, `kv_cache_usage_perc` from then on.  Read both.
-VLLM_KV_CACHE_USAGE_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-#: vLLM's request figures, re-exported by the sidecar under warmpool's names (sample names as
-#: exposed; every series is summed over vLLM's model_name/engine labels).
-VLLM_PROMPT_TOKENS_HISTOGRAM = "vllm:request_prompt_tokens"  # -> METRIC_REQUEST_PROMPT_TOKENS
-VLLM_GENERATION_TOKENS_HISTOGRAM = "vllm:request_generation_tokens"  # -> METRIC_REQUEST_GENERATED_TOKENS
-VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"  # -> METRIC_REQUESTS_IN_FLIGHT
-VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"  # -> METRIC_REQUESTS_QUEUED
-VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # -> METRIC_GENERATED_TOKENS
-VLLM_REQUEST_SUCCESS = "vllm:request_success_total"  # summed over finished_reason -> METRIC_REQUESTS_TOTAL
 
 # The operator's own.
 METRIC_OPERATOR_RECONCILE_SECONDS = "warmpool_operator_reconcile_duration_seconds"  # label: kind

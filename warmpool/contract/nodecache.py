@@ -24,11 +24,6 @@ CACHE_ROOT_MOUNT_PATH = "/warmpool/node-cache"
 CACHE_NODE_LABEL_PREFIX = f"cache.{API_GROUP}"
 CACHE_NODE_LABEL_HEX = 56
 CACHE_NODE_LABEL_VALUE = "published"
-#: Field manager of a node agent's server-side apply of its WarmModel status entry; one per node
-#: (``<this>.<node-hash>``), so one agent's apply never drops another node's entry.
-NODE_AGENT_FIELD_MANAGER = "warmpool-node-agent"
-#: Prefix of the coordination.k8s.io Lease guarding one (node, revision) fill.
-FILL_LEASE_PREFIX = "warmpool-fill"
 #: Name of the init container that holds a worker pod until its revision is published on the node.
 CACHE_WAIT_CONTAINER = "wait-cache"
 #: A fill's partial view of a revision (its files while blocks land, hottest first; see

@@ -12,8 +12,6 @@ from warmpool.contract.api import API_GROUP
 #: Suffixes of a WarmModel's children ("<name><suffix>"); the Deployment, Service and PDB take the bare name.
 CONFIGMAP_SUFFIX = "-warmup"
 CONTROL_SECRET_SUFFIX = "-control"
-#: The ConfigMap persisting a WarmModel's request history (operator/warmpool_operator/io/history_store.py).
-HISTORY_CONFIGMAP_SUFFIX = "-history"
 #: Key of the control-token Secret holding the bearer token of POST /control/tier.
 CONTROL_SECRET_KEY = "token"
 #: Name of the worker container in worker pods (the one that holds the model for builtin).
@@ -30,8 +28,6 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "warmpool"
 #: app.kubernetes.io/component of worker pods.
 COMPONENT_WORKER = "worker"
-#: app.kubernetes.io/component of the ConfigMap holding a WarmModel's request history.
-COMPONENT_HISTORY = "history"
 MANAGED_BY = "warmpool-operator"
 
 #: On worker pods: "true" while the pod takes the Service's traffic.  The pod template sets
@@ -63,48 +59,3 @@ ENV_NODE_NAME = "NODE_NAME"
 #: vLLM serves its sleep API only with this set to 1: the operator sets it on the engine
 #: container of a sidecar pool with spec.pool.sleep.
 ENV_VLLM_SERVER_DEV_MODE = "VLLM_SERVER_DEV_MODE"
-
-# OpenTelemetry's own variables (the standard names): tracing is on only when an endpoint is set.
-ENV_OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
-ENV_OTEL_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-ENV_OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
-#: The share of requests after the first that the worker traces (0..1).
-ENV_OTEL_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
-DEFAULT_REQUEST_SAMPLE_RATIO = 0.01
-#: Service names in traces (OTEL_SERVICE_NAME overrides).
-TRACE_SERVICE_WORKER = "warmpool-worker"
-TRACE_SERVICE_OPERATOR = "warmpool-operator"
-
-# Span names: the worker's cold start (one trace per pod start; children in phase order) ...
-SPAN_COLD_START = "cold_start"
-SPAN_IMPORTS = "interpreter_and_imports"
-SPAN_WEIGHTS_MAPPED = "weights_mapped"
-SPAN_LAYER = "layer_materialised"
-SPAN_PREFILL = "warmup_prefill"
-SPAN_GRAPH_CAPTURE = "graph_capture"
-SPAN_READY = "ready"
-SPAN_FIRST_REQUEST = "first_request"
-SPAN_REQUEST = "request"
-SPAN_TIER_APPLIED = "tier_directive_applied"
-# ... and the operator's reconcile pass.
-SPAN_RECONCILE = "reconcile"
-SPAN_APPLY = "apply"
-SPAN_SCRAPE = "scrape"
-SPAN_DECIDE = "decide"
-SPAN_STATUS = "status"
-
-# Span attributes.
-ATTR_POD = "k8s.pod.name"
-ATTR_DIGEST = "warmpool.model.digest"
-ATTR_TIER = "warmpool.tier"
-ATTR_DEVICE = "warmpool.device"
-ATTR_LAYER = "warmpool.layer"
-ATTR_BUCKET = "warmpool.bucket"
-ATTR_TOKENS = "warmpool.tokens"
-ATTR_WARMMODEL_UID = "warmpool.warmmodel.uid"
-ATTR_WARMMODEL = "warmpool.warmmodel"
-
-#: ``--log-format`` values of `warmpool worker ...` and `warmpool operator`.
-LOG_FORMAT_TEXT = "text"
-LOG_FORMAT_JSON = "json"
-LOG_FORMATS = (LOG_FORMAT_TEXT, LOG_FORMAT_JSON)

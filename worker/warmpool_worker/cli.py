@@ -38,6 +38,7 @@ from warmpool_worker.defaults import (
     DEFAULT_RETRY_BACKOFF_S,
     DEFAULT_SLEEP_DRAIN_TIMEOUT_S,
     DEFAULT_WAKE_TIMEOUT_S,
+    ENGINE_SLEEP_APIS,
 )
 
 from warmpool.contract.api import (
@@ -49,8 +50,8 @@ from warmpool.contract.api import (
     DEFAULT_WARMUP_TIMEOUT_SECONDS,
 )
 from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_WORKER_PORT
-from warmpool.contract.metrics import ENGINE_SLEEP_APIS
-from warmpool.contract.pods import ENV_POD_IP, LOG_FORMAT_TEXT, LOG_FORMATS
+from warmpool.contract.pods import ENV_POD_IP
+from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
 from warmpool.logformat import configure_logging
 
 if TYPE_CHECKING:

@@ -45,11 +45,11 @@ from warmpool_worker.device import valid_device
 
 if TYPE_CHECKING:  # only with --partial-cache is the module imported (the CLI builds it then)
     from warmpool_worker.partial_cache import PartialCacheConfig
+from warmpool_worker.defaults import ENGINE_SLEEP_APIS
 from warmpool_worker.tracing import TracingConfig
 
 from warmpool.contract.api import DEFAULT_HOT_LAYER_PERCENT, DEFAULT_LENGTH_BUCKETS, DEFAULT_WARMUP_TIMEOUT_SECONDS
 from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_WORKER_PORT
-from warmpool.contract.metrics import ENGINE_SLEEP_APIS
 from warmpool.tiering import Thresholds
 
 MemorySource = Literal["device", "engine-kv"]

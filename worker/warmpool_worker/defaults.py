@@ -8,6 +8,10 @@ the operator and the worker use (port, buckets, tier thresholds, warm-up timeout
 
 from __future__ import annotations
 
+#: The sidecar's flag naming the engine's sleep API (auto: probe vLLM's GET /is_sleeping).
+ENGINE_SLEEP_APIS = ("auto", "vllm", "sglang", "none")
+
+
 #: Warm-up prompts per length bucket at the full tier, and tokens decoded after each prefill.
 DEFAULT_PROMPTS_PER_BUCKET = 2
 DEFAULT_DECODE_TOKENS = 4

@@ -54,13 +54,17 @@ from warmpool.contract.metrics import (
     METRIC_REQUESTS_IN_FLIGHT,
     METRIC_REQUESTS_QUEUED,
     METRIC_REQUESTS_TOTAL,
-    VLLM_GENERATION_TOKENS,
-    VLLM_GENERATION_TOKENS_HISTOGRAM,
-    VLLM_PROMPT_TOKENS_HISTOGRAM,
-    VLLM_REQUEST_SUCCESS,
-    VLLM_REQUESTS_RUNNING,
-    VLLM_REQUESTS_WAITING,
 )
+
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # -> METRIC_GENERATED_TOKENS
+VLLM_GENERATION_TOKENS_HISTOGRAM = "vllm:request_generation_tokens"  # -> METRIC_REQUEST_GENERATED_TOKENS
+#: vLLM's request figures, re-exported by the sidecar under warmpool's names (sample names as
+#: exposed; every series is summed over vLLM's model_name/engine labels).
+VLLM_PROMPT_TOKENS_HISTOGRAM = "vllm:request_prompt_tokens"  # -> METRIC_REQUEST_PROMPT_TOKENS
+VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"  # -> METRIC_REQUESTS_IN_FLIGHT
+VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"  # -> METRIC_REQUESTS_QUEUED
+VLLM_REQUEST_SUCCESS = "vllm:request_success_total"  # summed over finished_reason -> METRIC_REQUESTS_TOTAL
+
 
 log = logging.getLogger(__name__)
 

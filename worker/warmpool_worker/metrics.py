@@ -97,13 +97,15 @@ from warmpool.contract.metrics import (
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
     PHASES,
-    TOKENS_PER_SECOND_WINDOW,
 )
 
 if TYPE_CHECKING:
     from warmpool_worker.engine_api import KVBlockStats
     from warmpool_worker.guard import GuardState
     from warmpool_worker.prefetch import PrefetchReport
+
+TOKENS_PER_SECOND_WINDOW = 10.0
+
 
 #: TTFT buckets: from a warm tiny model on a GPU (ms) to a cold large one on a CPU (a minute).
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

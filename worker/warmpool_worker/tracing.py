@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from warmpool.contract.http import CONTROL_FIELD_TRACEPARENT
-from warmpool.contract.pods import (
+from warmpool.contract.pods import ENV_POD_NAME
+from warmpool.contract.telemetry import (
     ATTR_BUCKET,
     ATTR_DEVICE,
     ATTR_DIGEST,
@@ -48,12 +49,9 @@ from warmpool.contract.pods import (
     ATTR_POD,
     ATTR_TIER,
     ATTR_TOKENS,
-    DEFAULT_REQUEST_SAMPLE_RATIO,
     ENV_OTEL_ENDPOINT,
-    ENV_OTEL_SAMPLER_ARG,
     ENV_OTEL_SERVICE_NAME,
     ENV_OTEL_TRACES_ENDPOINT,
-    ENV_POD_NAME,
     SPAN_COLD_START,
     SPAN_FIRST_REQUEST,
     SPAN_GRAPH_CAPTURE,
@@ -71,6 +69,11 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
+
+DEFAULT_REQUEST_SAMPLE_RATIO = 0.01
+#: The share of requests after the first that the worker traces (0..1).
+ENV_OTEL_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
+
 
 log = logging.getLogger(__name__)
 

@@ -44,23 +44,34 @@ from warmpool.contract.api import (
     DEFAULT_HOT_LAYER_PERCENT,
     DEFAULT_HYSTERESIS_PERCENT,
     DEFAULT_LENGTH_BUCKETS,
-    DEFAULT_MAX_REPLICAS,
-    DEFAULT_MIN_WARM,
     DEFAULT_PAUSE_AT_PERCENT,
-    DEFAULT_PREDICTIVE_HORIZON_SECONDS,
-    DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS,
-    DEFAULT_REPLICAS,
-    DEFAULT_SLEEP_MIN_AWAKE,
     DEFAULT_TRUNCATE_AT_PERCENT,
     DEFAULT_WARMUP_TIMEOUT_SECONDS,
-    MAX_POOL_REPLICAS,
-    MAX_SLEEP_AFTER_IDLE_SECONDS,
-    MAX_WARMMODEL_NAME_LENGTH,
 )
-from warmpool.contract.files import CONFIGMAP_KEY_PROMPTS, DEFAULT_NODE_CACHE_ROOT
-from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_ENGINE_PORT, DEFAULT_WORKER_PORT
+from warmpool.contract.files import CONFIGMAP_KEY_PROMPTS
+from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_WORKER_PORT
 from warmpool.tiering import Thresholds
 from warmpool_operator.api.validation import ApiObject, Rule, immutable
+
+DEFAULT_REPLICAS = 1
+DEFAULT_MIN_WARM = 1
+DEFAULT_MAX_REPLICAS = 8
+#: Hard ceiling on pool sizes accepted at admission (a typo like 10000 is refused).
+MAX_POOL_REPLICAS = 1000
+#: Longest spec.pool.sleep.afterIdleSeconds accepted (a week).
+MAX_SLEEP_AFTER_IDLE_SECONDS = 7 * 24 * 3600
+#: Longest WarmModel name: children are named "<name>-<suffix>" and must stay DNS-1035 labels.
+MAX_WARMMODEL_NAME_LENGTH = 48
+#: Defaults of spec.pool.sleep: pods kept awake, and the level a pod sleeps at.
+DEFAULT_SLEEP_MIN_AWAKE = 1
+#: Where node-local model caches live on a node (a WarmModel's nodeCache.root default).
+DEFAULT_NODE_CACHE_ROOT = "/var/lib/warmpool/models"
+DEFAULT_ENGINE_PORT = 8000  # vLLM's and SGLang's usual port; TGI users set 80 or 3000
+#: Defaults of spec.pool.predictive: the lead time planned for until one is measured, and the most
+#: pods prediction adds above the reactive count.
+DEFAULT_PREDICTIVE_HORIZON_SECONDS = 300
+DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS = 4
+
 
 # --- Reusable constrained types ------------------------------------------------------------
 

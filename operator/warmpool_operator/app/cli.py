@@ -24,14 +24,17 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from warmpool.contract.http import DEFAULT_OPERATOR_LIVENESS_PORT, DEFAULT_OPERATOR_METRICS_PORT
-from warmpool.contract.pods import LOG_FORMAT_TEXT, LOG_FORMATS
+from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
 from warmpool.logformat import configure_logging
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix, normalise_prefixes
 from warmpool_operator.settings import OperatorConfig
 
 if TYPE_CHECKING:
     from warmpool_operator.app.leader import Renewal
+
+DEFAULT_OPERATOR_LIVENESS_PORT = 8081
+DEFAULT_OPERATOR_METRICS_PORT = 9090
+
 
 #: The defaults every flag shows, from the settings type itself (one place owns each default).
 DEFAULTS = OperatorConfig()

@@ -28,7 +28,7 @@ from typing import Any
 
 import kopf
 
-from warmpool.contract.api import API_GROUP, API_VERSION, KOPF_ANNOTATION_PREFIX, OPERATOR_FINALIZER, PLURAL
+from warmpool.contract.api import API_GROUP, API_VERSION, OPERATOR_FINALIZER, PLURAL
 from warmpool.contract.pods import MANAGED_BY
 from warmpool_operator.control.reconciler import Permanent, Temporary
 from warmpool_operator.control.registry import Registry
@@ -38,6 +38,10 @@ from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.watch_cache import MANAGED, Cache, model_key, slim, warmmodel_owner
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.settings import OperatorConfig
+
+#: Prefix of kopf's own annotations on WarmModels (progress and diff-base storage).
+KOPF_ANNOTATION_PREFIX = API_GROUP
+
 
 GROUP, VERSION = API_GROUP, API_VERSION
 Index = kopf.Index[Any, Any]

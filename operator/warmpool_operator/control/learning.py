@@ -12,7 +12,7 @@ import logging
 
 import aiohttp
 
-from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP, CONFIGMAP_KEY_LEARNED_BUCKETS, LEARNED_BUCKETS_FORMAT
+from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP, LEARNED_BUCKETS_FORMAT
 from warmpool.kube import KubeError
 from warmpool_operator.api.types import LearnedBucketsStatus
 from warmpool_operator.io import metrics
@@ -20,6 +20,7 @@ from warmpool_operator.io.kube import CONFIGMAPS, Kube
 from warmpool_operator.io.watch_cache import Cache
 from warmpool_operator.model import Target
 from warmpool_operator.rules import builders, heat
+from warmpool_operator.rules.builders import CONFIGMAP_KEY_LEARNED_BUCKETS
 from warmpool_operator.rules.observation import PodObservation
 
 log = logging.getLogger("warmpool.operator")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from warmpool.contract.http import PATH_METRICS
-from warmpool.contract.pods import SPAN_SCRAPE
+from warmpool.contract.telemetry import SPAN_SCRAPE
 from warmpool_operator.io import metrics
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing

@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from warmpool.contract.pods import ATTR_WARMMODEL, ATTR_WARMMODEL_UID, SPAN_APPLY, SPAN_RECONCILE, SPAN_STATUS
+from warmpool.contract.telemetry import ATTR_WARMMODEL, ATTR_WARMMODEL_UID, SPAN_APPLY, SPAN_RECONCILE, SPAN_STATUS
 from warmpool.kube import KubeError
 from warmpool_operator.api.types import InvalidWarmModel, WarmModelSpec, parse_spec
 from warmpool_operator.control import children, learning, observe, scale, sleep_actions, tiers

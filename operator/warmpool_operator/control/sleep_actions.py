@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from warmpool.contract.api import DEFAULT_SCRAPE_INTERVAL_SECONDS, Tier
+from warmpool.contract.api import Tier
 from warmpool.contract.http import PATH_CONTROL_SLEEP, PATH_CONTROL_WAKE, PATH_METRICS
 from warmpool.contract.pods import AWAKE_FALSE, AWAKE_TRUE, LABEL_AWAKE
 from warmpool.kube import KubeError
@@ -38,6 +38,7 @@ from warmpool_operator.io.worker_client import WorkerClient, worker_url
 from warmpool_operator.model import Obj, Sample, Target
 from warmpool_operator.rules import gating
 from warmpool_operator.rules import sleep_wake as sleeping
+from warmpool_operator.settings import DEFAULT_SCRAPE_INTERVAL_SECONDS
 
 log = logging.getLogger("warmpool.operator")
 

@@ -18,7 +18,8 @@ import kopf
 
 from warmpool.contract.api import Tier
 from warmpool.contract.http import PATH_CONTROL_TIER
-from warmpool.contract.pods import ANNOTATION_POD_DELETION_COST, ANNOTATION_TIER, SPAN_DECIDE
+from warmpool.contract.pods import ANNOTATION_POD_DELETION_COST, ANNOTATION_TIER
+from warmpool.contract.telemetry import SPAN_DECIDE
 from warmpool.kube import KubeError
 from warmpool_operator.control.observe import PoolPods
 from warmpool_operator.io import metrics

@@ -32,20 +32,19 @@ from typing import Any
 
 import kopf
 
-from warmpool.contract.files import CONFIGMAP_KEY_HISTORY
-from warmpool.contract.pods import (
-    APP_NAME,
-    COMPONENT_HISTORY,
-    HISTORY_CONFIGMAP_SUFFIX,
-    LABEL_COMPONENT,
-    LABEL_INSTANCE,
-    LABEL_MODEL,
-    LABEL_NAME,
-)
+from warmpool.contract.pods import APP_NAME, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_MODEL, LABEL_NAME
 from warmpool.kube import KubeError
 from warmpool_operator.io.kube import CONFIGMAPS, Kube
 from warmpool_operator.rules.forecast.history import History, HistoryLimits, dumps, loads_or_empty
 from warmpool_operator.rules.ownership import owned_by
+
+#: Key of the history ConfigMap holding the serialised history (predict/history.py's format).
+CONFIGMAP_KEY_HISTORY = "history"
+#: The ConfigMap persisting a WarmModel's request history (operator/warmpool_operator/io/history_store.py).
+HISTORY_CONFIGMAP_SUFFIX = "-history"
+#: app.kubernetes.io/component of the ConfigMap holding a WarmModel's request history.
+COMPONENT_HISTORY = "history"
+
 
 log = logging.getLogger("warmpool.operator")
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from warmpool.contract.http import CONTROL_FIELD_TRACEPARENT
-from warmpool.contract.pods import (
+from warmpool.contract.telemetry import (
     ENV_OTEL_ENDPOINT,
     ENV_OTEL_SERVICE_NAME,
     ENV_OTEL_TRACES_ENDPOINT,

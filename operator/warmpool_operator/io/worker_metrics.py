@@ -38,7 +38,6 @@ from warmpool.contract.metrics import (
     METRIC_MODEL_INFO,
     METRIC_PHASE_DURATION,
     METRIC_PHASE_TIMESTAMP,
-    METRIC_PREFIX,
     METRIC_READY,
     METRIC_REQUEST_PROMPT_TOKENS,
     METRIC_REQUESTS_IN_FLIGHT,
@@ -52,6 +51,9 @@ from warmpool.contract.metrics import (
 )
 from warmpool.tiering import clean_ratio
 from warmpool_operator.model import Sample
+
+METRIC_PREFIX = "warmpool_"
+
 
 #: Most layers a model can report (the largest checkpoints have ~130): a sanity bound on
 #: layer counts and indices, so a number like 1e300 never becomes a 300-digit integer.

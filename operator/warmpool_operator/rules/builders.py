@@ -16,16 +16,7 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from warmpool.contract.files import (
-    CONFIG_MOUNT_PATH,
-    CONFIGMAP_KEY_HEATMAP,
-    CONFIGMAP_KEY_LEARNED_BUCKETS,
-    CONFIGMAP_KEY_PROMPTS,
-    CONTROL_MOUNT_PATH,
-    KV_PREFIX_MOUNT_PATH,
-    MODEL_MOUNT_PATH,
-    PROMPTS_MOUNT_PATH,
-)
+from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP, CONFIGMAP_KEY_PROMPTS, MODEL_MOUNT_PATH
 from warmpool.contract.http import PATH_LIVEZ, PATH_READYZ, WORKER_PORT_NAME
 from warmpool.contract.pods import (
     ANNOTATION_CACHE_REVISION,
@@ -56,6 +47,16 @@ from warmpool_operator.api.types import EnvVar, ResourceRequirements, WarmModelS
 from warmpool_operator.model import Obj, Target
 from warmpool_operator.rules import object_store_pods
 from warmpool_operator.rules.scaling import desired_replicas
+
+CONTROL_MOUNT_PATH = "/warmpool/control"  # the control-token Secret
+PROMPTS_MOUNT_PATH = "/warmpool/prompts"  # a user's prompts ConfigMap (promptsConfigMapRef)
+CONFIG_MOUNT_PATH = "/warmpool/config"  # the WarmModel's ConfigMap (prompts + heat map)
+KV_PREFIX_MOUNT_PATH = "/warmpool/kv"  # warm-prefix KV persistence (emptyDir)
+#: Key of the WarmModel's ConfigMap holding the warm-up lengths learned from traffic
+#: (spec.warmup.learnBuckets): a JSON object {"format": LEARNED_BUCKETS_FORMAT, "buckets": [...]};
+#: a worker started while it is there warms at those lengths instead of --buckets.
+CONFIGMAP_KEY_LEARNED_BUCKETS = "learned-buckets.json"
+
 
 #: Bound of the warm-prefix KV emptyDir.  The worker writes one file per warm-up prompt
 #: (buckets x prompts per bucket): a few hundred MB for an 8B model at the default buckets,

@@ -38,8 +38,13 @@ from typing import Any
 import aiohttp
 from warmpool_worker.engine_signals import EngineSignals, signals_from_samples
 
-from warmpool.contract.metrics import METRIC_PHASE_TIMESTAMP, VLLM_KV_CACHE_USAGE_METRICS
+from warmpool.contract.metrics import METRIC_PHASE_TIMESTAMP
 from warmpool.http_body import BodyTooLarge, read_bounded
+
+#: vLLM's KV-cache usage gauge (a 0..1 fraction despite "perc"), under both of its names:
+#: `gpu_cache_usage_perc` up to v0.10, `kv_cache_usage_perc` from then on.  Read both.
+VLLM_KV_CACHE_USAGE_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
 
 log = logging.getLogger(__name__)
 

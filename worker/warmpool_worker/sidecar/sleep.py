@@ -37,7 +37,10 @@ from warmpool.contract.http import (
     PATH_VLLM_SLEEP,
     PATH_VLLM_WAKE_UP,
 )
-from warmpool.contract.metrics import PATH_SGLANG_RELEASE_MEMORY, PATH_SGLANG_RESUME_MEMORY
+
+PATH_SGLANG_RELEASE_MEMORY = "/release_memory_occupation"
+PATH_SGLANG_RESUME_MEMORY = "/resume_memory_occupation"
+
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from warmpool.contract.api import DEFAULT_PREDICTIVE_HORIZON_SECONDS, DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS
+from warmpool_operator.api.types import DEFAULT_PREDICTIVE_HORIZON_SECONDS, DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS
 
 
 @dataclass(frozen=True)
