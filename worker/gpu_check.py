@@ -105,6 +105,36 @@ def _sleep_round_trip(engine: Any, prompt: list[int]) -> dict[str, Any]:
     return out
 
 
+def _warm_speed(engine: Any, prompt: list[int], ttft_cold: float) -> dict[str, Any]:
+    """After the warm-up prefills and the graph capture: capture seconds per bucket, warm time to
+    first token (median of 5), decode tokens/s alone and in a batch of 8."""
+    import torch
+
+    for bucket in (32, 128, 512):  # the warm-up prefills
+        engine.prefill((prompt * 4)[:bucket])
+    capture = engine.capture_graphs()
+    capture_s = {str(b): round(s, 3) for b, s in sorted(capture.items())}
+
+    def ttft() -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        list(engine.generate(prompt, 1))
+        return time.perf_counter() - t0
+
+    warm = sorted(ttft() for _ in range(5))
+    started = time.perf_counter()
+    steps = list(engine.generate(prompt, 64))
+    torch.cuda.synchronize()
+    decode1 = len(steps) / (time.perf_counter() - started)
+    started = time.perf_counter()
+    outs = engine.generate_batch([prompt] * 8, 64)
+    torch.cuda.synchronize()
+    decode8 = sum(len(o) for o in outs) / (time.perf_counter() - started)
+    return {"capture_s": capture_s,
+            "ttft_s": {"cold_including_load": round(ttft_cold, 3), "warm_median": round(warm[2], 4)},
+            "decode_tokens_per_s": {"batch1": round(decode1, 1), "batch8": round(decode8, 1)}}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="a HF-layout model dir (default: synthetic 1.1B)")
@@ -162,28 +192,7 @@ def main(argv: list[str]) -> int:
             "gb_per_s": round(engine.bytes_loaded / load_s / 1e9, 2),
         }
 
-        for bucket in (32, 128, 512):  # the warm-up prefills
-            engine.prefill((prompt * 4)[:bucket])
-        capture = engine.capture_graphs()
-        result["capture_s"] = {str(b): round(s, 3) for b, s in sorted(capture.items())}
-
-        def ttft() -> float:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            list(engine.generate(prompt, 1))
-            return time.perf_counter() - t0
-
-        warm = sorted(ttft() for _ in range(5))
-        started = time.perf_counter()
-        steps = list(engine.generate(prompt, 64))
-        torch.cuda.synchronize()
-        decode1 = len(steps) / (time.perf_counter() - started)
-        started = time.perf_counter()
-        outs = engine.generate_batch([prompt] * 8, 64)
-        torch.cuda.synchronize()
-        decode8 = sum(len(o) for o in outs) / (time.perf_counter() - started)
-        result["ttft_s"] = {"cold_including_load": round(ttft_cold, 3), "warm_median": round(warm[2], 4)}
-        result["decode_tokens_per_s"] = {"batch1": round(decode1, 1), "batch8": round(decode8, 1)}
+        result |= _warm_speed(engine, prompt, ttft_cold)
         result["max_memory_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
         result["sleep"] = _sleep_round_trip(engine, prompt)
 

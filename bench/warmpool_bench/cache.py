@@ -15,7 +15,7 @@ One run, one store, one model (the ~1 GB synthetic Llama by default):
    partial fill with the worker started at once, ``first_layer_rounds`` alternating rounds
    (``cache_first_layer.py``).
 
-Targets (from issue #18), judged as met or missed, never tuned to: fill throughput >= 80 %
+Targets, judged as met or missed, never tuned to: fill throughput >= 80 %
 of the raw read's; the 10 % revision <= 15 % of a full fill's bytes; a held revision 0 bytes;
 first layer with the partial fill <= 0.3x the full fill's (medians).
 """
@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,36 @@ def _fill(source: Any, root: Path) -> tuple[Any, float]:
     return result, time.perf_counter() - started
 
 
+def _measure_rounds(rounds: int, client: Any, bucket: str, keys: list[str], manifest: Any,
+                    config: Callable[[str], Any], work: Path,
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, float]]]:
+    """Each round side by side: the raw read of the store, a ranged read and a plain download (context),
+    and a fill into an empty cache; the last round's cache is left holding r1."""
+    from warmpool_nodecache.s3 import S3Source
+
+    total = manifest.total_bytes
+    raw: list[dict[str, Any]] = []
+    fills: list[dict[str, Any]] = []
+    context: list[dict[str, float]] = []  # not judged: where the fill's time goes
+    for round_ in range(rounds):
+        read_bytes, read_s = _raw_read(client, bucket, keys)
+        raw.append({"bytes": read_bytes, "seconds": read_s, "mib_s": read_bytes / read_s / 2**20})
+        ranged_bytes, ranged_s = _ranged_read(S3Source(config("bench/r1"), client=client), manifest)
+        context.append({"ranged_mib_s": ranged_bytes / ranged_s / 2**20})
+        down_bytes, down_s = _download(client, bucket, keys, work / "download")
+        context[-1]["download_mib_s"] = down_bytes / down_s / 2**20
+        root = work / f"cache-{round_}"
+        shutil.rmtree(root, ignore_errors=True)
+        source = CountingSource(S3Source(config("bench/r1"), client=client))
+        _, fill_s = _fill(source, root)
+        fills.append({"bytes": source.bytes, "requests": source.requests, "seconds": fill_s,
+                      "mib_s": total / fill_s / 2**20})
+        _log(f"round {round_ + 1}: raw read {raw[-1]['mib_s']:.0f} MiB/s, fill {fills[-1]['mib_s']:.0f} MiB/s")
+        if round_ < rounds - 1:
+            shutil.rmtree(root, ignore_errors=True)
+    return raw, fills, context
+
+
 def run_cache(size: str, rounds: int, work_dir: Path | None = None,
               block_size: int = DEFAULT_BLOCK_SIZE, first_layer_rounds: int = 2,
               source_mib_s: float = 0.0) -> dict[str, Any]:
@@ -171,25 +202,7 @@ def run_cache(size: str, rounds: int, work_dir: Path | None = None,
         push_model(work / "r2", config("bench/r2"), client=client, block_size=block_size)
         keys = [f"bench/r1/{f.path}" for f in manifest.files]
 
-        raw: list[dict[str, Any]] = []
-        fills: list[dict[str, Any]] = []
-        context: list[dict[str, float]] = []  # not judged: where the fill's time goes
-        for round_ in range(rounds):
-            read_bytes, read_s = _raw_read(client, store.bucket, keys)
-            raw.append({"bytes": read_bytes, "seconds": read_s, "mib_s": read_bytes / read_s / 2**20})
-            ranged_bytes, ranged_s = _ranged_read(S3Source(config("bench/r1"), client=client), manifest)
-            context.append({"ranged_mib_s": ranged_bytes / ranged_s / 2**20})
-            down_bytes, down_s = _download(client, store.bucket, keys, work / "download")
-            context[-1]["download_mib_s"] = down_bytes / down_s / 2**20
-            root = work / f"cache-{round_}"
-            shutil.rmtree(root, ignore_errors=True)
-            source = CountingSource(S3Source(config("bench/r1"), client=client))
-            _, fill_s = _fill(source, root)
-            fills.append({"bytes": source.bytes, "requests": source.requests, "seconds": fill_s,
-                          "mib_s": total / fill_s / 2**20})
-            _log(f"round {round_ + 1}: raw read {raw[-1]['mib_s']:.0f} MiB/s, fill {fills[-1]['mib_s']:.0f} MiB/s")
-            if round_ < rounds - 1:
-                shutil.rmtree(root, ignore_errors=True)
+        raw, fills, context = _measure_rounds(rounds, client, store.bucket, keys, manifest, config, work)
         node = work / f"cache-{rounds - 1}"  # holds r1 now
         delta = CountingSource(S3Source(config("bench/r2"), client=client))
         _, delta_s = _fill(delta, node)

@@ -1,5 +1,5 @@
 """`warmpool bench cache`, part two: time to the worker's first layer, a full fill before start
-against a hot-first partial fill with the worker started at once (issue #18's fourth target).
+against a hot-first partial fill with the worker started at once (the node cache's first-layer target).
 
 Both variants, alternating in each round, from the same store (SeaweedFS, the revision r1 part
 one pushed) into an empty cache, with the same fill order (``agent.start_order``: config and

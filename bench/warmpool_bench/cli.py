@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from warmpool_bench.results import write_results
 
@@ -28,10 +29,22 @@ def _csv(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from warmpool_bench.coldstart import CACHE_STATES, VARIANTS
-
     parser = argparse.ArgumentParser(prog="warmpool bench", description="warmpool benchmarks")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_coldstart_parser(commands)
+    _add_render_and_scale_parsers(commands)
+    _add_wake_parser(commands)
+    _add_cache_parser(commands)
+    from warmpool_bench.predict_cli import add_predict_parser
+
+    add_predict_parser(commands, DEFAULT_RESULTS)
+    _add_serve_parser(commands)
+    _add_tracing_imports_parser(commands)
+    return parser
+
+
+def _add_coldstart_parser(commands: Any) -> None:
+    from warmpool_bench.coldstart import CACHE_STATES, VARIANTS
 
     cold = commands.add_parser("coldstart", help="cold start side by side with the baselines")
     cold.add_argument("--sizes", type=_csv, default=["small", "synthetic"],
@@ -52,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     cold.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     cold.add_argument("--name", default="coldstart", help="results file stem")
 
+
+def _add_render_and_scale_parsers(commands: Any) -> None:
     render = commands.add_parser("render", help="re-render the Markdown of a results JSON")
     render.add_argument("json", type=Path, help="bench/results/<name>.json (the .md is written beside it)")
 
@@ -65,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     scale.add_argument("--name", default="scale", help="results file stem")
 
+
+def _add_wake_parser(commands: Any) -> None:
     from warmpool_bench.wake_settings import VARIANTS as WAKE_VARIANTS
 
     wake = commands.add_parser("wake", help="wake of a sleeping worker against a fresh process and a new pod")
@@ -86,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     wake.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     wake.add_argument("--name", default="wake", help="results file stem")
 
+
+def _add_cache_parser(commands: Any) -> None:
     cache = commands.add_parser("cache", help="node cache fill from a local SeaweedFS against a raw read")
     cache.add_argument("--size", default="synthetic", help="model: synthetic (~1 GB random Llama), small, tiny")
     cache.add_argument("--rounds", type=_positive, default=3, help="alternating raw-read / fill rounds")
@@ -97,10 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     cache.add_argument("--name", default="cache", help="results file stem")
 
-    from warmpool_bench.predict_cli import add_predict_parser
 
-    add_predict_parser(commands, DEFAULT_RESULTS)
-
+def _add_serve_parser(commands: Any) -> None:
     from warmpool_bench.serve import DEFAULT_CONCURRENCY, SERVERS
 
     serve = commands.add_parser("serve", help="throughput and TTFT/TPOT against concurrency, beside llama.cpp's server")
@@ -120,11 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     serve.add_argument("--name", default="serve", help="results file stem")
 
+
+def _add_tracing_imports_parser(commands: Any) -> None:
     imports = commands.add_parser("tracing-imports", help="what tracing's OpenTelemetry imports cost a worker")
     imports.add_argument("--rounds", type=_positive, default=7, help="fresh interpreters per variant")
     imports.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
     imports.add_argument("--name", default="tracing-imports", help="results file stem")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """`warmpool bench predict`: no pre-warm vs reactive vs predictive scaling, replayed over a real trace.
 
-Offline half of issue #16's benchmark: the trace (the shared Azure code trace by default)
+Offline half of the predictive-scaling benchmark: the trace (the shared Azure code trace by default)
 is replayed through :mod:`.predict_sim`'s queueing model of a pool (its docstring says what
 TTFT means there) under each policy of :mod:`.predict_policies`, with the operator's own
 prediction code (:mod:`warmpool_operator.rules.forecast`) doing the forecasting and deciding.

@@ -1,6 +1,6 @@
 """`warmpool bench predict --live`: a segment of the trace replayed against real pods, one WarmModel per policy.
 
-The live half of issue #16's benchmark (the offline half is :mod:`.predict`).  The segment
+The live half of the predictive-scaling benchmark (the offline half is :mod:`.predict`).  The segment
 (:mod:`.predict_live_segment`: thinned, time-compressed, prompts and generation capped) is played by a
 load generator (:mod:`.predict_live_load`) against the pods of one WarmModel per policy, run
 **one after another** (side by side, three pools would share the two CPU cores this was built on, and

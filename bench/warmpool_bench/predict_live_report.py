@@ -30,6 +30,19 @@ def _cell(value: Any, kind: str) -> str:
     return fmt(value, digits=2)
 
 
+def _target_lines(targets: Mapping[str, Any]) -> list[str]:
+    """One line per target: its figure and met or missed."""
+    lines = []
+    for name, target in targets.items():
+        if target["value"] is None:
+            lines.append(f"- {target['target']}: not computable (reactive had no request without warm capacity)")
+            continue
+        verdict = "met" if target["met"] else "**missed**"
+        value = (fmt_pct(target["value"]) if "points" not in name else f"{target['value']:+.1f} points")
+        lines.append(f"- {target['target']}: {value}: {verdict}")
+    return lines
+
+
 def render_live(result: Mapping[str, Any]) -> str:
     seg, s, machine = result["segment"], result["settings"], result["machine"]
     live, offline = result["policies"], result.get("offline", {})
@@ -76,13 +89,7 @@ def render_live(result: Mapping[str, Any]) -> str:
     for policy, why in (result.get("skipped") or {}).items():
         out.append(f"\n**{policy} skipped**: {why}")
     out += ["", "## Targets (predictive against reactive and the fixed pool, live figures)", ""]
-    for name, target in (result.get("targets") or {}).items():
-        if target["value"] is None:
-            out.append(f"- {target['target']}: not computable (reactive had no request without warm capacity)")
-            continue
-        verdict = "met" if target["met"] else "**missed**"
-        value = (fmt_pct(target["value"]) if "points" not in name else f"{target['value']:+.1f} points")
-        out.append(f"- {target['target']}: {value}: {verdict}")
+    out += _target_lines(result.get("targets") or {})
     pred = live.get("predictive")
     if pred is not None:
         samples = [x for x in pred.get("forecast_samples", []) if x.get("predictedRate") is not None]

@@ -208,6 +208,50 @@ def _free_port() -> int:
         return port
 
 
+def reconcile_figures(text: str) -> dict[str, Any]:
+    """The operator's reconcile and scrape-cycle quantiles, per kind and overall, from its /metrics."""
+    hists = reconcile_histograms(text)
+    figures: dict[str, Any] = {"reconcile_kinds": {k: v[-1][1] for k, v in hists.items() if v}}
+    merged: dict[float, float] = {}
+    for kind, buckets in hists.items():
+        for bound, value in buckets:
+            merged[bound] = merged.get(bound, 0.0) + value
+        figures[f"reconcile_{kind}_p50_s"] = histogram_quantile(buckets, 0.5)
+        figures[f"reconcile_{kind}_p95_s"] = histogram_quantile(buckets, 0.95)
+    all_buckets = list(merged.items())
+    figures["reconcile_p50_s"] = histogram_quantile(all_buckets, 0.5)
+    figures["reconcile_p95_s"] = histogram_quantile(all_buckets, 0.95)
+    timer = hists.get("timer")
+    figures["scrape_cycle_p50_s"] = histogram_quantile(timer, 0.5) if timer else None
+    figures["scrape_cycle_p95_s"] = histogram_quantile(timer, 0.95) if timer else None
+    return figures
+
+
+def _idle_window(pid: int, scrape_interval: float, point: dict[str, Any]) -> tuple[float, int, int] | None:
+    """Idle at N: two scrape rounds at steady state, the operator's CPU over just that window (into
+    ``point``); the operator's CPU and memory reading at its end."""
+    idle_from = _proc_cpu_rss(pid)
+    idle_started = time.monotonic()
+    time.sleep(min(2 * scrape_interval, 60))
+    end = _proc_cpu_rss(pid)
+    if idle_from is not None and end is not None:
+        point["idle_cpu_percent"] = 100 * (end[0] - idle_from[0]) / (time.monotonic() - idle_started)
+        point["idle_rss_bytes"] = end[1]
+    return end
+
+
+def _delete_all(cluster: Any, namespace: str, timeout_s: float) -> float | None:
+    """Delete every WarmModel of the namespace; seconds until none is left (None: not within the timeout)."""
+    deleting = time.monotonic()
+    cluster.kubectl("delete", "warmmodels", "--all", "-n", namespace, "--wait=false", check=False)
+    while time.monotonic() - deleting < timeout_s:
+        left = cluster.kubectl("get", "warmmodels", "-n", namespace, "-o", "name", check=False)
+        if left.returncode == 0 and not left.stdout.strip():
+            return time.monotonic() - deleting
+        time.sleep(1.0)
+    return None
+
+
 def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, work: Path) -> dict[str, Any]:
     namespace = f"bench-scale-{count}-{os.getpid()}"
     cluster.kubectl("create", "namespace", namespace)
@@ -253,14 +297,7 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                     break
                 time.sleep(1.0)
             point["ready_count"] = ready
-            # Idle at N: two scrape rounds at steady state, the operator's CPU over just that window.
-            idle_from = _proc_cpu_rss(operator.pid)
-            idle_started = time.monotonic()
-            time.sleep(min(2 * scrape_interval, 60))
-            end = _proc_cpu_rss(operator.pid)
-            if idle_from is not None and end is not None:
-                point["idle_cpu_percent"] = 100 * (end[0] - idle_from[0]) / (time.monotonic() - idle_started)
-                point["idle_rss_bytes"] = end[1]
+            end = _idle_window(operator.pid, scrape_interval, point)
             # After the idle window: these events would not be idle.
             if ready >= count:
                 picked = [f"wm-{i:04d}" for i in range(0, count, max(1, count // LAG_SAMPLE))][:LAG_SAMPLE]
@@ -276,29 +313,9 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                 point["operator_rss_peak_bytes"] = max(end[2], peak_rss)
             with contextlib.suppress(OSError):
                 text = urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10).read().decode()
-                hists = reconcile_histograms(text)
-                point["reconcile_kinds"] = {k: v[-1][1] for k, v in hists.items() if v}
-                merged: dict[float, float] = {}
-                for kind, buckets in hists.items():
-                    for bound, value in buckets:
-                        merged[bound] = merged.get(bound, 0.0) + value
-                    point[f"reconcile_{kind}_p50_s"] = histogram_quantile(buckets, 0.5)
-                    point[f"reconcile_{kind}_p95_s"] = histogram_quantile(buckets, 0.95)
-                all_buckets = list(merged.items())
-                point["reconcile_p50_s"] = histogram_quantile(all_buckets, 0.5)
-                point["reconcile_p95_s"] = histogram_quantile(all_buckets, 0.95)
-                timer = hists.get("timer")
-                point["scrape_cycle_p50_s"] = histogram_quantile(timer, 0.5) if timer else None
-                point["scrape_cycle_p95_s"] = histogram_quantile(timer, 0.95) if timer else None
+                point |= reconcile_figures(text)
             # Teardown while the operator runs: it owns a finalizer on each WarmModel.
-            deleting = time.monotonic()
-            cluster.kubectl("delete", "warmmodels", "--all", "-n", namespace, "--wait=false", check=False)
-            while time.monotonic() - deleting < timeout_s:
-                left = cluster.kubectl("get", "warmmodels", "-n", namespace, "-o", "name", check=False)
-                if left.returncode == 0 and not left.stdout.strip():
-                    point["all_deleted_s"] = time.monotonic() - deleting
-                    break
-                time.sleep(1.0)
+            point["all_deleted_s"] = _delete_all(cluster, namespace, timeout_s)
         finally:
             if operator.poll() is None:
                 operator.terminate()
@@ -407,7 +424,7 @@ def _target(value: float | None, limit: float, unit: str = "") -> dict[str, Any]
 
 
 def targets(point: dict[str, Any], growth_table: dict[str, dict[str, float | None]]) -> dict[str, dict[str, Any]]:
-    """The issue's targets (#14) at the largest N, each with its figure and met / missed (None: not measured)."""
+    """The scale targets at the largest N, each with its figure and met / missed (None: not measured)."""
     rss = point.get("operator_rss_peak_bytes")
     doublings = [v for key in ("all_ready_s", "operator_cpu_s", "operator_rss_peak_bytes", "all_deleted_s")
                  for v in growth_table.get(key, {}).values() if v is not None]

@@ -1,6 +1,6 @@
 """`warmpool bench tracing-imports`: what turning tracing on costs a worker in imports.
 
-Issue #17 asks for the OpenTelemetry import cost to be measured.  Each figure is the wall time of
+What the OpenTelemetry imports cost, measured.  Each figure is the wall time of
 one set of imports in a fresh interpreter (timed inside the child, so interpreter start-up is
 left out), repeated round-robin so that a busy moment on a shared machine hits every variant
 alike; the headline is the median of the rounds:

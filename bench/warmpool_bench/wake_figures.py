@@ -25,7 +25,7 @@ from warmpool_bench.stats import median, percentile, ratio
 #: The compute dtypes the worker takes (--dtype) -> the safetensors name and bytes per element.
 COMPUTE_DTYPES: dict[str, tuple[str, int]] = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
 
-#: The issue's targets (#15), as limits on the figures below.
+#: The wake targets, as limits on the figures below.
 WAKE_P95_LIMIT_S = 1.0
 NEW_POD_SPEEDUP_MIN = 20.0
 RELEASED_SHARE_MIN = 0.9

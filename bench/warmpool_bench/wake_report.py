@@ -107,7 +107,7 @@ def render_wake(result: Mapping[str, Any]) -> str:
                 *timing_table(model), *phases_table(model), "",
                 "Memory around each sleep (medians; /proc/PID/smaps; 'held beyond the mapping' is computed from the "
                 "checkpoint's headers: converted copies at the compute dtype):", "",
-                *memory_table(model), "", "Targets (issue #15):", "", *targets_table(model)]
+                *memory_table(model), "", "Targets:", "", *targets_table(model)]
         side = model.get("side_figures") or {}
         if side:
             out += ["", "Beside the targets: " + ", ".join(f"{k} {fmt(v)}" for k, v in side.items()) + "."]

@@ -1,4 +1,4 @@
-"""`warmpool demo --object-store`: the demo's model served from a real object store (#18).
+"""`warmpool demo --object-store`: the demo's model served from a real object store.
 
 SeaweedFS starts beside the demo cluster, on loopback, with fresh credentials (the same store
 as `warmpool cluster up --with-object-store`; its first use builds ``weed``: long).  The model

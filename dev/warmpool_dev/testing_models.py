@@ -11,6 +11,7 @@ merges: every string encodes, and it costs nothing to build).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +69,12 @@ def make_tiny_llama(
     runs to max_tokens, so a test decides how long a generation lasts.
     """
     import torch
-    from safetensors.torch import save_file
 
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer_vocab = build_tokenizer_json(dest / "tokenizer.json")
     if vocab_size < tokenizer_vocab:
         raise ValueError(f"vocab_size {vocab_size} is below the tokenizer's {tokenizer_vocab}")
     torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    head_dim = hidden // heads
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int, scale: float = std) -> torch.Tensor:
@@ -87,22 +86,8 @@ def make_tiny_llama(
     llama_bias = qkv_bias and model_type != "qwen2"
     tensors: dict[str, torch.Tensor] = {"model.embed_tokens.weight": rand(vocab_size, hidden, scale=1.0)}
     for i in range(layers):
-        p = f"model.layers.{i}."
-        tensors[p + "input_layernorm.weight"] = norm(hidden)
-        tensors[p + "post_attention_layernorm.weight"] = norm(hidden)
-        tensors[p + "self_attn.q_proj.weight"] = rand(heads * head_dim, hidden)
-        tensors[p + "self_attn.k_proj.weight"] = rand(kv_heads * head_dim, hidden)
-        tensors[p + "self_attn.v_proj.weight"] = rand(kv_heads * head_dim, hidden)
-        tensors[p + "self_attn.o_proj.weight"] = rand(hidden, heads * head_dim)
-        if qkv_bias or model_type == "qwen2":
-            tensors[p + "self_attn.q_proj.bias"] = rand(heads * head_dim)
-            tensors[p + "self_attn.k_proj.bias"] = rand(kv_heads * head_dim)
-            tensors[p + "self_attn.v_proj.bias"] = rand(kv_heads * head_dim)
-        if llama_bias:
-            tensors[p + "self_attn.o_proj.bias"] = rand(hidden)
-        tensors[p + "mlp.gate_proj.weight"] = rand(intermediate, hidden)
-        tensors[p + "mlp.up_proj.weight"] = rand(intermediate, hidden)
-        tensors[p + "mlp.down_proj.weight"] = rand(hidden, intermediate)
+        tensors |= _layer_weights(f"model.layers.{i}.", rand, norm, (hidden, heads, kv_heads, intermediate),
+                                  qkv_bias or model_type == "qwen2", llama_bias)
     for i in poison_layers:
         tensors[f"model.layers.{i}.mlp.down_proj.weight"][0, 0] = poison_value
     for token in poison_tokens:
@@ -113,6 +98,24 @@ def make_tiny_llama(
 
     eos: int | None = SPECIAL_TOKENS.index("<|im_end|>") if with_eos else None
     bos = SPECIAL_TOKENS.index("<|im_start|>")
+    config = _config(model_type, (vocab_size, hidden, intermediate, layers, heads, kv_heads),
+                     max_position_embeddings, rope_theta, rope_scaling, tie, dtype, (bos, eos), llama_bias)
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (dest / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos, "eos_token_id": eos}, indent=2) + "\n"
+    )
+
+    _save_shards(dest, tensors, shards)
+    return dest
+
+
+
+def _config(model_type: str, sizes: tuple[int, int, int, int, int, int], max_position_embeddings: int,
+            rope_theta: float, rope_scaling: dict[str, Any] | None, tie: bool, dtype: str,
+            special: tuple[int, int | None], llama_bias: bool) -> dict[str, Any]:
+    """The checkpoint's config.json; ``sizes``: vocab, hidden, intermediate, layers, heads, kv heads."""
+    vocab_size, hidden, intermediate, layers, heads, kv_heads = sizes
+    bos, eos = special
     config: dict[str, Any] = {
         "architectures": ["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"],
         "model_type": model_type,
@@ -139,15 +142,42 @@ def make_tiny_llama(
     else:
         config["attention_bias"] = llama_bias
         config["mlp_bias"] = False
-    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (dest / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": bos, "eos_token_id": eos}, indent=2) + "\n"
-    )
+    return config
+
+
+def _layer_weights(prefix: str, rand: Callable[..., Any], norm: Callable[[int], Any],
+                   sizes: tuple[int, int, int, int], qkv_bias: bool, o_bias: bool) -> dict[str, Any]:
+    """One decoder layer's random tensors; ``sizes``: hidden, heads, kv heads, intermediate."""
+    hidden, heads, kv_heads, intermediate = sizes
+    head_dim = hidden // heads
+    tensors = {
+        prefix + "input_layernorm.weight": norm(hidden),
+        prefix + "post_attention_layernorm.weight": norm(hidden),
+        prefix + "self_attn.q_proj.weight": rand(heads * head_dim, hidden),
+        prefix + "self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden),
+        prefix + "self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden),
+        prefix + "self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+    }
+    if qkv_bias:
+        tensors[prefix + "self_attn.q_proj.bias"] = rand(heads * head_dim)
+        tensors[prefix + "self_attn.k_proj.bias"] = rand(kv_heads * head_dim)
+        tensors[prefix + "self_attn.v_proj.bias"] = rand(kv_heads * head_dim)
+    if o_bias:
+        tensors[prefix + "self_attn.o_proj.bias"] = rand(hidden)
+    tensors[prefix + "mlp.gate_proj.weight"] = rand(intermediate, hidden)
+    tensors[prefix + "mlp.up_proj.weight"] = rand(intermediate, hidden)
+    tensors[prefix + "mlp.down_proj.weight"] = rand(hidden, intermediate)
+    return tensors
+
+
+def _save_shards(dest: Path, tensors: dict[str, Any], shards: int) -> None:
+    """The tensors as one safetensors file, or as ``shards`` files with the HF index beside them."""
+    from safetensors.torch import save_file
 
     names = list(tensors)
     if shards <= 1:
         save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-        return dest
+        return
     weight_map: dict[str, str] = {}
     per = -(-len(names) // shards)
     for s in range(shards):
@@ -158,4 +188,3 @@ def make_tiny_llama(
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return dest

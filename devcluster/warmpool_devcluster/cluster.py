@@ -441,6 +441,32 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
              f"kubeconfig: {kubeconfig_path(name)}")
         return kubeconfig_path(name)
 
+    _start_controllers(state, root, binaries, spawn)
+    _save_state(state)
+    if state.node is not None:
+        node.write_node_kubeconfigs(root, state.apiserver_url,
+                                    lambda path, server, stem: _write_kubeconfig(path, server, pki, stem))
+        _log(f"real node starting: containerd, kubelet, kube-proxy on bridge {state.node.network.bridge} "
+             f"({state.node.network.pod_cidr})")
+        node.start_runtime(state.node, root, spawn)
+        _save_state(state)
+        node.start_agents(state.node, root, binaries, spawn)
+        _save_state(state)
+        node.wait_ready(state.node, root, lambda: _ready_nodes(name, NODE_NAME) >= 1)
+    if fake_nodes:
+        _start_fake_nodes(state, binaries["kwok"], fake_nodes)
+    _wait("the default service account", lambda: kubectl(
+        name, "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
+        state, "kube-controller-manager")
+    _log(f"cluster {name!r} is up in {time.monotonic() - started:.1f}s; "
+         f"kubeconfig: {kubeconfig_path(name)}")
+    return kubeconfig_path(name)
+
+
+def _start_controllers(state: ClusterState, root: Path, binaries: dict[str, Path],
+                       spawn: Callable[[str, list[str]], int]) -> None:
+    """The controller manager and the scheduler, each with its own identity."""
+    ports, pki = state.ports, root / "pki"
     state.pids["kube-controller-manager"] = spawn("kube-controller-manager", [
         str(binaries["kube-controller-manager"]),
         *_component_identity_flags(root / "controller-manager.kubeconfig", ports["controller-manager"]),
@@ -463,25 +489,6 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
         *_component_identity_flags(root / "scheduler.kubeconfig", ports["scheduler"]),
         "--v", "1",
     ])
-    _save_state(state)
-    if state.node is not None:
-        node.write_node_kubeconfigs(root, state.apiserver_url,
-                                    lambda path, server, stem: _write_kubeconfig(path, server, pki, stem))
-        _log(f"real node starting: containerd, kubelet, kube-proxy on bridge {state.node.network.bridge} "
-             f"({state.node.network.pod_cidr})")
-        node.start_runtime(state.node, root, spawn)
-        _save_state(state)
-        node.start_agents(state.node, root, binaries, spawn)
-        _save_state(state)
-        node.wait_ready(state.node, root, lambda: _ready_nodes(name, NODE_NAME) >= 1)
-    if fake_nodes:
-        _start_fake_nodes(state, binaries["kwok"], fake_nodes)
-    _wait("the default service account", lambda: kubectl(
-        name, "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
-        state, "kube-controller-manager")
-    _log(f"cluster {name!r} is up in {time.monotonic() - started:.1f}s; "
-         f"kubeconfig: {kubeconfig_path(name)}")
-    return kubeconfig_path(name)
 
 
 def _start_fake_nodes(state: ClusterState, kwok_binary: Path, count: int) -> None:
