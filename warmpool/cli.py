@@ -4,12 +4,21 @@ Every subcommand's module is imported only when it runs, so `warmpool worker ser
 pays for nothing but the worker (cold start is the product).  The developer tools
 (`cluster`, `model`, `bench`, `demo`) live in packages the images do not ship: there the
 subcommand says so instead of failing with a traceback.
+
+Run as the process's own command line, it exits on SIGTERM from its first instruction: in a
+container it is PID 1, and the kernel drops any signal PID 1 has no handler for, so a pod deleted
+before its part installs a handler of its own (the operator's standby waiting for the leader Lease,
+a worker still importing torch) ignored the kubelet's SIGTERM, went on (a standby then took the
+Lease and acted) and took the whole grace period and a SIGKILL.  The parts that stop gracefully
+(kopf, the workers' and the node agent's event loops) install their own handlers while they run.
 """
 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+from types import FrameType
 
 #: subcommand -> (module with a `main(argv) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -53,8 +62,27 @@ def _missing(module: str, error: ModuleNotFoundError) -> str:
     return f"not available in this install (its package {package} is not installed)"
 
 
+class StopRequested(SystemExit):
+    """SIGTERM arrived before the running part had a handler of its own: stop where it stands."""
+
+
+def _stop_requested(signum: int, frame: FrameType | None) -> None:
+    raise StopRequested(0)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    """``argv`` None: the process's own command line (the console script, ``python -m warmpool``),
+    which alone sets the process's SIGTERM handler; a caller's in-process call leaves it alone."""
+    if argv is None:
+        signal.signal(signal.SIGTERM, _stop_requested)
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except StopRequested:
+        print("warmpool: SIGTERM: stopped", file=sys.stderr)
+        return 0
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0

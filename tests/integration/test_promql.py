@@ -115,13 +115,31 @@ def _series(url: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
+def _operator_pods(cluster: ClusterHandle) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+    pods: list[dict[str, Any]] = json.loads(cluster.kubectl(
+        "get", "pods", "-n", _NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
+    return pods
+
+
 def _add_operator_arg(cluster: ClusterHandle, arg: str) -> None:
     """Add a flag the chart has no value for (a test-only setting) to the installed operator, and
-    wait for the rollout (the new pod takes the leader Lease once the old one is gone)."""
+    wait for the rollout: the old pod gone and a pod of the new one holding the leader Lease (a
+    pod is Ready as a standby, before it holds the Lease)."""
     deployment = f"deployment/{RELEASE}-warmpool"
     patch = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": arg}]
     cluster.kubectl("patch", "-n", _NAMESPACE, deployment, "--type=json", "-p", json.dumps(patch))
     cluster.kubectl("rollout", "status", "-n", _NAMESPACE, deployment, "--timeout=180s", timeout=200)
+
+    def new_pod_leads() -> bool:
+        pods = _operator_pods(cluster)
+        lease = json.loads(cluster.kubectl("get", "lease", f"{RELEASE}-warmpool", "-n", _NAMESPACE, "-o", "json",
+                                           check=False).stdout or "{}")
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+        acting = [p for p in pods if holder.startswith(p["metadata"]["name"] + "-")]
+        return len(pods) == 1 and bool(acting) and arg in acting[0]["spec"]["containers"][0]["args"]
+
+    _wait_for(f"the operator pod with {arg} alone, holding the leader Lease", new_pod_leads, 90.0)
 
 
 def _serve_until_capacity_measured(cluster: ClusterHandle, url: str, completions: str) -> None:
@@ -148,8 +166,12 @@ def _capacity_diagnosis(cluster: ClusterHandle, url: str) -> str:
     logs = cluster.kubectl("logs", "-n", _NAMESPACE, f"deployment/{RELEASE}-warmpool", "--tail=80", check=False)
     busy = _series(url, f'{METRIC_ENGINE_BUSY_SECONDS}{{warmmodel="tiny"}}')
     served = _series(url, f'{METRIC_REQUESTS_TOTAL}{{warmmodel="tiny"}}')
+    # A restarted operator starts its counters' baselines again: the served burst before it is not measured.
+    restarts = [(p["metadata"]["name"], [(c.get("restartCount"), c.get("lastState")) for c in
+                                         p["status"].get("containerStatuses") or []]) for p in _operator_pods(cluster)]
     return (f"the WarmModel's status: {status.stdout}\nthe worker's busy seconds in Prometheus: {busy}\n"
-            f"its requests: {served}\nthe operator's last log lines:\n{logs.stdout}{logs.stderr}")
+            f"its requests: {served}\nthe operator's pods (restarts, last state): {restarts}\n"
+            f"the operator's last log lines:\n{logs.stdout}{logs.stderr}")
 
 
 #: This module's namespace: the release's and the WarmModel's (the chart renders for it).

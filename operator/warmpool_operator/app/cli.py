@@ -280,20 +280,24 @@ def main(argv: list[str] | None = None) -> int:
     atexit.register(tracing.shutdown)
     importlib.import_module("warmpool_operator.app.handlers")  # the handlers register with kopf on import
     renewal = _lead(args) if args.leader_elect else None
-    metrics.serve(args.metrics_port, args.bind)
-    liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port > 0 else None
-    kopf.run(
-        clusterwide=bool(args.all_namespaces),
-        namespaces=list(args.namespace),
-        liveness_endpoint=liveness,
-        standalone=True,
-        # An explicit identity: kopf would otherwise look the process's user up (getpass), which
-        # raises for a UID with no passwd entry -- an image's non-root UID often has none.
-        identity=Identity(default_identity()),
-        memo=kopf.Memo(config=config, tracing=tracing),
-    )
-    if renewal is not None:  # kopf has stopped (SIGTERM): nothing acts any more, hand the Lease on
-        renewal.release()
+    try:
+        metrics.serve(args.metrics_port, args.bind)
+        liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port > 0 else None
+        kopf.run(
+            clusterwide=bool(args.all_namespaces),
+            namespaces=list(args.namespace),
+            liveness_endpoint=liveness,
+            standalone=True,
+            # An explicit identity: kopf would otherwise look the process's user up (getpass), which
+            # raises for a UID with no passwd entry -- an image's non-root UID often has none.
+            identity=Identity(default_identity()),
+            memo=kopf.Memo(config=config, tracing=tracing),
+        )
+    finally:
+        # kopf has stopped (its SIGTERM), or never got as far as its own handler (warmpool.cli's
+        # SIGTERM, while kopf started): nothing acts any more, so hand the Lease on at once.
+        if renewal is not None:
+            renewal.release()
     return 0
 
 
