@@ -43,7 +43,7 @@ from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, St
 from warmpool_operator.rules.forecast.lengths import histogram
 
 from warmpool_bench.coldstart import machine_info
-from warmpool_bench.predict_inputs import DERIVED_DECODE_TOKENS_PER_S, REQUESTS_PER_POD, MeasuredInputs
+from warmpool_bench.predict_inputs import MeasuredInputs
 from warmpool_bench.predict_policies import FixedPool, HpaSettings, Predictive, Reactive
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
 from warmpool_bench.predict_trace import Trace
@@ -84,8 +84,9 @@ def settings_from_measured(measured: MeasuredInputs, extra_cold_starts_s: Sequen
           for s in extra_cold_starts_s),
     )
     fields: dict[str, Any] = {"prefill_tokens_per_s": measured.prefill_tokens_per_s,
-                              "decode_tokens_per_s": DERIVED_DECODE_TOKENS_PER_S, "scale_ups": scale_ups,
-                              "prefill_source": measured.prefill_source, **overrides}
+                              "decode_tokens_per_s": measured.batch.decode_tokens_per_s,
+                              "speedups": measured.batch.speedups, "decode_source": measured.batch.source,
+                              "scale_ups": scale_ups, "prefill_source": measured.prefill_source, **overrides}
     return PredictBenchSettings(**fields)
 
 
@@ -100,6 +101,9 @@ class PredictBenchSettings:
     cold_start_s: float = 0.0  # the scenario being replayed (set from scale_ups by run_predict)
     lead_s: float = 0.0
     prefill_source: str = "as set"
+    #: the batch's speed-up per batch size (its length: the requests a pod serves at once)
+    speedups: tuple[float, ...] = (1.0,)
+    decode_source: str = "as set"
     min_warm: int = 1
     max_replicas: int = 64
     max_extra_replicas: int | None = None  # None: up to max_replicas (no cap above the reactive count)
@@ -112,7 +116,7 @@ class PredictBenchSettings:
 
     @property
     def service(self) -> ServiceModel:
-        return ServiceModel(self.prefill_tokens_per_s, self.decode_tokens_per_s)
+        return ServiceModel(self.prefill_tokens_per_s, self.decode_tokens_per_s, self.speedups)
 
     def spec(self) -> PredictiveSpec:
         extra = self.max_replicas if self.max_extra_replicas is None else self.max_extra_replicas
@@ -188,11 +192,9 @@ def _settings_json(settings: PredictBenchSettings) -> dict[str, Any]:
         "prefill_tokens_per_s": settings.prefill_tokens_per_s,
         "prefill_source": settings.prefill_source,
         "decode_tokens_per_s": settings.decode_tokens_per_s,
-        "decode_source": "derived, not measured: the coldstart run's warm-up time less its prefills, per decoded "
-                         "token (predict_inputs.DERIVED_DECODE_TOKENS_PER_S)",
-        "requests_per_pod": REQUESTS_PER_POD,
-        "requests_per_pod_source": "the worker serialises generation behind one engine lock "
-                                   "(worker/warmpool_worker/builtin/completions.py): one request at a time per pod",
+        "decode_source": settings.decode_source,
+        "requests_per_pod": len(settings.speedups),
+        "batch_speedups": list(settings.speedups),
         "min_warm": settings.min_warm,
         "max_replicas": settings.max_replicas,
         "max_extra_replicas": settings.spec().max_extra_replicas,
@@ -252,9 +254,11 @@ def fixed_pool_size(trace: Trace, settings: PredictBenchSettings, sizing: str = 
     the traffic they have seen, within ``[min_warm, max_replicas]``:
 
     - ``peak`` (``none``): for the busiest minute: ⌈the most service seconds arriving in one clock minute
-      ÷ 60⌉ pods (the pods that minute keeps busy).  ``--fixed-replicas`` replaces it.
-    - ``mean`` (``none@mean``): for the average: ⌈total service seconds ÷ duration⌉.
+      ÷ 60 ÷ a full batch's speed-up⌉ pods (the pods that minute keeps busy, each serving a full batch;
+      a service second is a request's served alone).  ``--fixed-replicas`` replaces it.
+    - ``mean`` (``none@mean``): for the average: ⌈total service seconds ÷ duration ÷ the same speed-up⌉.
     """
+    per_pod = settings.service.full_batch_speedup
     if sizing == "peak" and settings.fixed_replicas is not None:
         wanted = settings.fixed_replicas
     elif trace.duration_s <= 0:
@@ -264,9 +268,10 @@ def fixed_pool_size(trace: Trace, settings: PredictBenchSettings, sizing: str = 
         for r in trace.requests:
             minute = int(r.t // 60)
             per_minute[minute] = per_minute.get(minute, 0.0) + settings.service.service_s(r)
-        wanted = math.ceil(max(per_minute.values()) / 60 - 1e-9)
+        wanted = math.ceil(max(per_minute.values()) / 60 / per_pod - 1e-9)
     elif sizing == "mean":
-        wanted = math.ceil(sum(settings.service.service_s(r) for r in trace.requests) / trace.duration_s - 1e-9)
+        wanted = math.ceil(sum(settings.service.service_s(r) for r in trace.requests) / trace.duration_s / per_pod
+                           - 1e-9)
     else:
         raise ValueError(f"fixed pool sizing must be 'peak' or 'mean', got {sizing!r}")
     return max(settings.min_warm, min(settings.max_replicas, wanted))

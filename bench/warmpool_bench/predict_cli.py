@@ -8,8 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from warmpool_bench.predict_inputs import DERIVED_DECODE_TOKENS_PER_S
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO_ROOT / ".." / "shared" / "data" / "azure-llm-trace-2023" / "code.csv"
 
@@ -54,8 +52,8 @@ def add_predict_parser(commands: Any, results: Path) -> None:
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
                    help="CSV with TIMESTAMP,ContextTokens,GeneratedTokens (default: the shared Azure code trace)")
     p.add_argument("--measured", type=Path, default=results,
-                   help="folder holding wake.json and coldstart.json, where the cold-start, wake and prefill "
-                        "timings are read from (default: the results folder)")
+                   help="folder holding wake.json, coldstart.json and serve.json, where the cold-start, wake, "
+                        "prefill and decode (batch) timings are read from (default: the results folder)")
     p.add_argument("--cold-start", type=_positive_float, default=None,
                    help="replace the measured new-pod cold start (median and lead time), seconds")
     p.add_argument("--wake", type=_positive_float, default=None,
@@ -64,9 +62,12 @@ def add_predict_parser(commands: Any, results: Path) -> None:
                    help="more cold starts to replay for comparison, comma-separated (default: none)")
     p.add_argument("--prefill-tokens-per-s", type=_positive_float, default=None,
                    help="replace the measured per-pod prefill speed (SmolLM2-135M's steady TTFT in coldstart.json)")
-    p.add_argument("--decode-tokens-per-s", type=_positive_float, default=DERIVED_DECODE_TOKENS_PER_S,
-                   help=f"per-pod decode speed (default {DERIVED_DECODE_TOKENS_PER_S:g}: derived from the coldstart "
-                        "run's warm-up time; no benchmark measures it directly)")
+    p.add_argument("--decode-tokens-per-s", type=_positive_float, default=None,
+                   help="replace the measured decode speed of a request served alone (serve.json's built-in "
+                        "engine at concurrency 1); the batch's measured speed-ups still apply")
+    p.add_argument("--requests-per-pod", type=_positive_int, default=None,
+                   help="serve at most this many requests at once per pod (default: the serve run's max batch; "
+                        "1 replays pods that serve one request at a time)")
     p.add_argument("--min-warm", type=_non_negative_int, default=1, help="pods kept warm by every policy")
     p.add_argument("--max-replicas", type=_positive_int, default=None,
                    help="most pods any policy may have (default 64 offline, 6 with --live)")
@@ -130,7 +131,7 @@ def run_predict_command(args: argparse.Namespace) -> int:
         print("warmpool bench predict: --quick goes with --live", file=sys.stderr)
         return 2
     from warmpool_bench.predict import run_predict, settings_from_measured
-    from warmpool_bench.predict_inputs import MeasuredInputError, Timing, load_measured
+    from warmpool_bench.predict_inputs import MeasuredInputError, Timing, load_measured, overridden_batch
     from warmpool_bench.predict_report import draw_chart, render_predict
     from warmpool_bench.predict_trace import TraceError, load_trace, repeat
     from warmpool_bench.results import write_results
@@ -152,8 +153,10 @@ def run_predict_command(args: argparse.Namespace) -> int:
         if args.prefill_tokens_per_s is not None:
             measured = replace(measured, prefill_tokens_per_s=args.prefill_tokens_per_s,
                                prefill_source="--prefill-tokens-per-s")
+        measured = replace(measured, batch=overridden_batch(measured.batch, args.decode_tokens_per_s,
+                                                            args.requests_per_pod))
         settings = settings_from_measured(
-            measured, args.extra_cold_starts, decode_tokens_per_s=args.decode_tokens_per_s,
+            measured, args.extra_cold_starts,
             min_warm=args.min_warm, max_replicas=args.max_replicas or 64, max_extra_replicas=args.max_extra_replicas,
             fixed_replicas=args.fixed_replicas, forecasters=forecasters, max_context=args.max_context,
             repeat=args.repeat)

@@ -11,11 +11,11 @@ files rather than copying numbers into code, and records where each came from.
   call until it returns with the engine awake (``wake_call_s``), median and p95.
 - **Prefill speed**: ``bench/results/coldstart.json``, model ``small``, ``warmpool_full``,
   cold cache, median steady TTFT of a ``request_tokens``-token prompt: tokens ÷ seconds.
-- **Decode speed** is not measured by any benchmark here; :data:`DERIVED_DECODE_TOKENS_PER_S`
-  is derived (its comment says how) and the report says so.
-- **Requests per pod at once**: 1.  The worker serialises generation behind one engine lock
-  (``worker/warmpool_worker/builtin/completions.py``: requests beyond it wait in its queue), so a pod
-  serves one request at a time; there is no batching to model.
+- **Decode speed and requests per pod at once**: ``bench/results/serve.json``, the built-in engine
+  (server ``warmpool``, continuous batching): a single request's steady decode speed (concurrency
+  1), and the aggregate steady speed at each concurrency measured (1, 2, 4, 8, 12, 16) over it: the
+  batch's speed-up, linear between the measured levels, for batch sizes 1 up to the run's
+  ``--max-batch-size`` (the requests a pod serves at once; more wait in its queue).
 """
 
 from __future__ import annotations
@@ -28,11 +28,8 @@ from typing import Any
 from warmpool_bench.stats import median, percentile
 
 MODEL = "small"
-#: From the coldstart run's warm-up (0.99 s for 32/128/512-token prefills + 3 x 4 decoded tokens):
-#: (0.99 s - 672 tokens ÷ prefill speed) ÷ 12 tokens = 36 ms per token.  Derived, not measured directly.
-DERIVED_DECODE_TOKENS_PER_S = 28.0
-#: The worker serves one request at a time (see the module docstring).
-REQUESTS_PER_POD = 1
+#: The serve benchmark's server whose batch the replay's pods have: the built-in engine.
+SERVE_SERVER = "warmpool"
 
 
 class MeasuredInputError(ValueError):
@@ -49,11 +46,21 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class BatchCurve:
+    """How a pod decodes: a request alone, and the batch's speed-up at each batch size 1..slots."""
+
+    decode_tokens_per_s: float
+    speedups: tuple[float, ...]
+    source: str
+
+
+@dataclass(frozen=True)
 class MeasuredInputs:
     cold_start: Timing
     wake: Timing
     prefill_tokens_per_s: float
     prefill_source: str
+    batch: BatchCurve
 
 
 def load_measured(results: Path) -> MeasuredInputs:
@@ -75,7 +82,48 @@ def load_measured(results: Path) -> MeasuredInputs:
         prefill_tokens_per_s=tokens / float(steady),
         prefill_source=f"{results.name}/coldstart.json: {MODEL} warmpool_full cold, {tokens} tokens ÷ median "
                        f"steady TTFT {float(steady):.3f} s",
+        batch=batch_curve(_read(results / "serve.json"), results / "serve.json"),
     )
+
+
+def batch_curve(serve: Any, path: Path) -> BatchCurve:
+    """The built-in engine's decode speed alone and its batch's speed-up per batch size, from serve.json."""
+    levels = _get(serve, path, "servers", SERVE_SERVER, "levels")
+    slots = _get(serve, path, "settings", "max_batch")
+    speeds: dict[int, float] = {}
+    for level in levels.values() if isinstance(levels, dict) else ():
+        concurrency, speed = level.get("concurrency"), level.get("steady_tok_s")
+        if isinstance(concurrency, int) and isinstance(speed, float | int) and speed > 0:
+            speeds[concurrency] = float(speed)
+    if 1 not in speeds or not (isinstance(slots, int) and slots >= 1):
+        raise MeasuredInputError(f"{path}: {SERVE_SERVER} needs a positive steady_tok_s at concurrency 1 and a "
+                                 f"max_batch (got levels {sorted(speeds)}, max_batch {slots!r})")
+    measured = sorted(speeds)
+    speedups = []
+    for size in range(1, slots + 1):
+        below = max(c for c in measured if c <= size)
+        above = min((c for c in measured if c >= size), default=below)  # past the last level: held, not extrapolated
+        share = 0.0 if above == below else (size - below) / (above - below)
+        speedups.append((speeds[below] + share * (speeds[above] - speeds[below])) / speeds[1])
+    speedups[0] = 1.0
+    return BatchCurve(speeds[1], tuple(speedups),
+                      f"{path.parent.name}/{path.name}: {SERVE_SERVER} steady decode alone, and its speed-up at "
+                      f"concurrency {', '.join(map(str, measured))} (linear between), batches up to {slots}")
+
+
+def overridden_batch(batch: BatchCurve, decode_tokens_per_s: float | None, slots: int | None) -> BatchCurve:
+    """``batch`` with a request's speed alone and the batch's size replaced where given (flags)."""
+    notes = []
+    if decode_tokens_per_s is not None:
+        batch = BatchCurve(decode_tokens_per_s, batch.speedups, batch.source)
+        notes.append("decode alone from --decode-tokens-per-s")
+    if slots is not None:
+        # Past the measured batch the speed-up is held, as between the last level and max_batch.
+        speedups = tuple(batch.speedups[min(size, len(batch.speedups)) - 1] for size in range(1, slots + 1))
+        batch = BatchCurve(batch.decode_tokens_per_s, speedups, batch.source)
+        notes.append(f"at most {slots} at once from --requests-per-pod")
+    return batch if not notes else BatchCurve(batch.decode_tokens_per_s, batch.speedups,
+                                              f"{batch.source}; {'; '.join(notes)}")
 
 
 def _timing(variants: Any, variant: str, field: str, path: Path, what: str) -> Timing:
@@ -95,8 +143,8 @@ def _read(path: Path) -> Any:
         return json.loads(path.read_text())
     except OSError as error:
         raise MeasuredInputError(f"{path}: cannot read the measured timings: {error.strerror or error} "
-                                 "(run `warmpool bench wake` / `warmpool bench coldstart`, or pass the timings "
-                                 "as flags)") from None
+                                 "(run `warmpool bench wake` / `warmpool bench coldstart` / `warmpool bench serve`, "
+                                 "or pass the timings as flags)") from None
     except json.JSONDecodeError as error:
         raise MeasuredInputError(f"{path}: not JSON: {error}") from None
 

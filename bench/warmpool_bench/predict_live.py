@@ -327,6 +327,8 @@ def offline_comparison(segment: Segment, live: dict[str, dict[str, Any]], s: Liv
     if not colds or not prefill or not decode:
         return {"error": "nothing measured live to replay with (no pod warmed or no request served)"}
     cold, lead = float(median(colds) or 0.0), float(percentile(colds, 95) or 0.0)
+    # One request at a time per simulated pod: the decode speed measured live is per stream, at whatever
+    # batch the real pods ran, so no batch speed-up is applied on top of it.
     service = ServiceModel(prefill, decode)
     trace = Trace(segment.source, 0.0, segment.requests)
     first_step = 1_000_000  # any step boundary: the seed ends right before it, the replay starts on it

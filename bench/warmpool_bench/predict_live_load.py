@@ -1,8 +1,8 @@
 """The live replay's load generator: streamed completions at the segment's arrival times, to the warm
 pods only (on the local node's bridge), spread over them the way a least-requests load balancer does.
 
-The offline model (:mod:`.predict_sim`) has pods that serve one request at a time (the worker generates
-behind one engine lock) and one FCFS queue for the pool.  Here each request is sent **at its arrival**
+The offline model (:mod:`.predict_sim`) has one FCFS queue for the pool, in front of pods that serve a
+batch each.  Here each request is sent **at its arrival**
 to the warm pod with the fewest of the generator's requests in flight (ties by name), and waits there,
 in the worker's own queue, if that pod is busy: the pods then count every arrival
 (``warmpool_requests_total``), which is what the HPA and the operator's history read.  (A first version

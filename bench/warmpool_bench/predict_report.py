@@ -83,21 +83,28 @@ def render_predict(result: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _speedups(speedups: list[float]) -> str:
+    shown = [size for size in (1, 2, 4, 8, 12, 16) if size <= len(speedups)]
+    return ", ".join(f"{speedups[size - 1]:.2f}x at {size}" for size in shown)
+
+
 def _settings_lines(s: Mapping[str, Any]) -> list[str]:
     hpa = s["hpa"]
     return [
-        f"- Service model: {s['requests_per_pod']} request at a time per pod ({s['requests_per_pod_source']}); "
-        f"prefill {fmt(s['prefill_tokens_per_s'], digits=0)} tokens/s ({s['prefill_source']}); decode "
-        f"{fmt(s['decode_tokens_per_s'], digits=0)} tokens/s ({s['decode_source']}); TTFT = queue wait + "
-        "prefill (see `predict_sim.py`).",
+        f"- Service model: up to {s['requests_per_pod']} requests at a time per pod (the built-in engine's "
+        f"continuous batch); prefill {fmt(s['prefill_tokens_per_s'], digits=0)} tokens/s ({s['prefill_source']}); "
+        f"decode {fmt(s['decode_tokens_per_s'], digits=0)} tokens/s for a request alone, and a batch's aggregate "
+        f"{_speedups(s.get('batch_speedups') or [1.0])} ({s['decode_source']}); TTFT = queue wait + prefill "
+        "(see `predict_sim.py`).",
         *(f"- Scenario *{u['label']}*: added capacity serves after {fmt(u['start_s'])} s (median), the "
           f"predictive policy plans {fmt(u['lead_s'])} s ahead (p95): {u['source']}." for u in s["scale_ups"]),
         f"- Pool: minWarm {s['min_warm']}, maxReplicas {s['max_replicas']}; every scaled policy starts with "
         "minWarm warm pods.  Capacity the policies use is measured from the simulated pods' throughput.",
         f"- none (no pre-warm, the baseline of the targets): a fixed pool of {s['fixed_replicas_used']} warm pods "
         "(no autoscaler, no forecast), sized for the trace's busiest minute: ⌈the most service seconds arriving "
-        "in one minute ÷ 60⌉" + (" (set by --fixed-replicas)" if s.get("fixed_replicas") is not None else "")
-        + f".  none@mean: the same, sized for the average load (⌈total service seconds ÷ duration⌉ = "
+        "in one minute ÷ 60 ÷ a full batch's speed-up⌉"
+        + (" (set by --fixed-replicas)" if s.get("fixed_replicas") is not None else "")
+        + f".  none@mean: the same, sized for the average load (⌈total service seconds ÷ duration ÷ the speed-up⌉ = "
         f"{s['fixed_replicas_mean']} pods).",
         f"- reactive (HPA): sync {fmt(hpa['sync_s'], digits=0)} s, rate over {fmt(hpa['window_s'], digits=0)} s "
         f"read {fmt(hpa['metrics_lag_s'], digits=0)} s late, tolerance {hpa['tolerance']}, scale-down "

@@ -3,21 +3,26 @@
 The queueing model (what "TTFT" means in ``warmpool bench predict``):
 
 - **Pods.** A pod asked for at time t serves from ``t + cold_start_s`` (warm: the worker's
-  Ready is warm, so a pod serving is a warm pod).  Each warm pod serves one request at a
-  time.  A request's service time is ``prompt / prefill_tokens_per_s + generated /
-  decode_tokens_per_s``; its time to first token is its wait plus its prefill.
-- **Queue.** One FCFS queue for the pool (a load balancer that sends each request to a free
-  pod, and holds it when none is): an arrival that finds a free warm pod starts at once
-  (a *warm hit*); otherwise it waits for the first pod to free up or to become warm (it
-  *found no warm capacity*).  So the pool is a G/G/c queue whose c changes over time.
+  Ready is warm, so a pod serving is a warm pod).  Each warm pod serves up to
+  :attr:`ServiceModel.slots` requests at once (the built-in engine's continuous batch).  A
+  request's service time is ``prompt / prefill_tokens_per_s + generated / decode speed``,
+  where its decode speed is a single request's ``decode_tokens_per_s`` times the batch's
+  measured speed-up at the pod's batch size when it starts (itself included) divided by that
+  size: fixed for the request once it starts (an approximation: the real engine's speed moves
+  as requests join and leave).  Its time to first token is its wait plus its prefill.
+- **Queue.** One FCFS queue for the pool (a load balancer that sends each request to the
+  least-loaded pod with a free slot, and holds it when none has one): an arrival that finds
+  a free slot on a warm pod starts at once (a *warm hit*); otherwise it waits for the first
+  slot to free up or a pod to become warm (it *found no warm capacity*).
 - **Scaling.** A controller (:mod:`.predict_policies`) sets the desired pod count.  More
   pods: new ones start their cold start now.  Fewer: pods still starting are cancelled
   first (newest first), then idle warm pods; a busy pod drains (finishes its request, then
   stops).  Pod-seconds count from the moment a pod is asked for to the moment it stops,
   cold start included, within the trace's span.
 - **Capacity the controllers see** is *measured*: requests completed per busy pod-second
-  over the last ``capacity_window_s`` (the workers' own throughput), unknown until the
-  first request completes.  Controllers never read the service model.
+  (a second in which the pod serves at least one request, as the worker's busy-seconds
+  counter counts them) over the last ``capacity_window_s``, unknown until the first request
+  completes.  Controllers never read the service model.
 
 Every time is simulated; nothing here reads a clock, so the same trace and settings give
 the same figures on any machine.
@@ -40,17 +45,34 @@ from warmpool_bench.predict_trace import TraceRequest
 @dataclass(frozen=True)
 class ServiceModel:
     prefill_tokens_per_s: float
+    #: a request served alone
     decode_tokens_per_s: float
+    #: aggregate decode speed at batch sizes 1, 2, ... ÷ a single request's (so speedups[0] == 1); its
+    #: length is the requests a pod serves at once.  (1.0,): one request at a time.
+    speedups: tuple[float, ...] = (1.0,)
 
     def __post_init__(self) -> None:
         if not (self.prefill_tokens_per_s > 0 and self.decode_tokens_per_s > 0):
             raise ValueError(f"token rates must be positive, got {self}")
+        if not self.speedups or self.speedups[0] != 1.0 or min(self.speedups) <= 0:
+            raise ValueError(f"batch speed-ups must start at 1.0 and be positive, got {self.speedups}")
+
+    @property
+    def slots(self) -> int:
+        return len(self.speedups)
 
     def prefill_s(self, request: TraceRequest) -> float:
         return request.prompt / self.prefill_tokens_per_s
 
-    def service_s(self, request: TraceRequest) -> float:
-        return self.prefill_s(request) + request.generated / self.decode_tokens_per_s
+    def service_s(self, request: TraceRequest, batch: int = 1) -> float:
+        """Seconds ``request`` takes when it starts with ``batch`` requests on its pod (itself included)."""
+        per_request = self.decode_tokens_per_s * self.speedups[batch - 1] / batch
+        return self.prefill_s(request) + request.generated / per_request
+
+    @property
+    def full_batch_speedup(self) -> float:
+        """A pod's decode work at a full batch, in requests served alone (a fixed pool's sizing)."""
+        return self.speedups[-1]
 
 
 @dataclass(frozen=True)
@@ -73,9 +95,25 @@ class Pod:
     initial: bool  # warm when the replay began
     stopped_at: float | None = None
     draining: bool = False
-    busy: bool = False
+    running: int = 0  # requests it serves now
     first_ttft_s: float | None = None
     served: int = 0
+    busy_s: float = 0.0  # seconds with a request running, since its last completion
+    changed_at: float = 0.0  # when ``running`` last changed
+
+    @property
+    def busy(self) -> bool:
+        return self.running > 0
+
+    def set_running(self, now: float, running: int) -> None:
+        if self.running:
+            self.busy_s += now - self.changed_at
+        self.running, self.changed_at = running, now
+
+    def take_busy_s(self) -> float:
+        """Busy seconds since the last call (one per completion: the capacity's denominator)."""
+        taken, self.busy_s = self.busy_s, 0.0
+        return taken
 
     @property
     def alive(self) -> bool:
@@ -129,7 +167,7 @@ class Simulation:
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _completions: deque[tuple[float, float]] = field(default_factory=deque)  # (done at, busy seconds)
     _alive: dict[int, Pod] = field(default_factory=dict)  # neither stopped nor draining, by index
-    _busy: int = 0  # pods serving a request (draining ones included)
+    _running: int = 0  # requests being served (on draining pods too)
 
     # --- what controllers read ----------------------------------------------------------
 
@@ -169,7 +207,7 @@ class Simulation:
             self._push(self.controller.tick_s, _Event.TICK, 0)
         while self._events:
             t, kind, _, payload = heapq.heappop(self._events)
-            if kind == _Event.TICK and t > end_s and not self.queue and not self._busy:
+            if kind == _Event.TICK and t > end_s and not self.queue and not self._running:
                 break  # nothing left to serve; ticks would only go on forever
             self.now = t
             self._handle(_Event(kind), payload)
@@ -195,10 +233,12 @@ class Simulation:
                 self._serve_next(pod)
         elif kind == _Event.DONE:
             pod = self.pods[payload]
-            pod.busy = False
-            self._busy -= 1
+            pod.set_running(self.now, pod.running - 1)
+            self._running -= 1
+            self._completions.append((self.now, pod.take_busy_s()))
             if pod.draining:
-                pod.stopped_at = self.now
+                if not pod.running:
+                    pod.stopped_at = self.now
                 return
             self._serve_next(pod)
         else:
@@ -207,28 +247,28 @@ class Simulation:
                 self._push(self.now + self.controller.tick_s, _Event.TICK, 0)
 
     def _arrive(self, index: int, request: TraceRequest) -> None:
-        free = [p for p in self._alive.values() if not p.busy and p.warm_at <= self.now]
+        slots = self.service.slots
+        free = [p for p in self._alive.values() if p.running < slots and p.warm_at <= self.now]
         if free and not self.queue:
-            self._start(min(free, key=lambda p: p.index), request, self.now, warm_hit=True)
+            self._start(min(free, key=lambda p: (p.running, p.index)), request, self.now, warm_hit=True)
         else:
             self.queue.append((index, request))
 
     def _serve_next(self, pod: Pod) -> None:
-        if self.queue:
+        while self.queue and pod.running < self.service.slots:
             _, request = self.queue.popleft()
             self._start(pod, request, request.t, warm_hit=False)
 
     def _start(self, pod: Pod, request: TraceRequest, arrival: float, warm_hit: bool) -> None:
         ttft = self.now - arrival + self.service.prefill_s(request)
         first = pod.served == 0 and not pod.initial
-        pod.busy, pod.served = True, pod.served + 1
-        self._busy += 1
+        pod.set_running(self.now, pod.running + 1)
+        pod.served += 1
+        self._running += 1
         if first:
             pod.first_ttft_s = ttft
         self.served.append(Served(arrival, self.now, ttft, warm_hit, first))
-        busy = self.service.service_s(request)
-        self._completions.append((self.now + busy, busy))
-        self._push(self.now + busy, _Event.DONE, pod.index)
+        self._push(self.now + self.service.service_s(request, pod.running), _Event.DONE, pod.index)
 
     def _apply(self, desired: int | None) -> None:
         if desired is None:

@@ -1,5 +1,5 @@
 """The replay's timings come from this machine's results files: the right figures are picked from
-hand-made wake.json / coldstart.json, and a missing file or figure is refused naming it."""
+hand-made wake.json / coldstart.json / serve.json, and a missing file or figure is refused naming it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from warmpool_bench.predict import settings_from_measured
-from warmpool_bench.predict_inputs import DERIVED_DECODE_TOKENS_PER_S, MeasuredInputError, load_measured
+from warmpool_bench.predict_inputs import MeasuredInputError, load_measured, overridden_batch
 
 pytestmark = pytest.mark.unit
 
@@ -22,6 +22,9 @@ def _write(folder: Path, readyz: list[float], wake: list[float], steady: float =
     cold = {"models": {"small": {"request_tokens": tokens, "variants": {
         "warmpool_full": {"cold": {"median": {"steady_ttft_s": steady}}}}}}}
     (folder / "coldstart.json").write_text(json.dumps(cold))
+    levels = {str(c): {"concurrency": c, "steady_tok_s": speed} for c, speed in ((1, 16.0), (2, 28.0), (4, 40.0))}
+    serve = {"settings": {"max_batch": 6}, "servers": {"warmpool": {"levels": levels}, "llama_cpp": {"levels": {}}}}
+    (folder / "serve.json").write_text(json.dumps(serve))
 
 
 def test_figures_are_read_from_the_results_files(tmp_path: Path) -> None:
@@ -35,7 +38,12 @@ def test_figures_are_read_from_the_results_files(tmp_path: Path) -> None:
     assert [(u.label, u.start_s, u.lead_s) for u in settings.scale_ups] == [
         ("new pod (measured)", 30.0, pytest.approx(39.0)), ("wake (measured)", 0.5, pytest.approx(0.59)),
         ("sensitivity", 60.0, 60.0)]
-    assert settings.decode_tokens_per_s == DERIVED_DECODE_TOKENS_PER_S
+    # Decode: alone at concurrency 1; the speed-up linear between measured levels, held past the last one.
+    assert settings.decode_tokens_per_s == 16.0
+    assert settings.speedups == pytest.approx((1.0, 1.75, 2.125, 2.5, 2.5, 2.5))
+    assert settings.service.slots == 6 and "serve.json" in settings.decode_source
+    one = overridden_batch(measured.batch, 20.0, 1)
+    assert one.decode_tokens_per_s == 20.0 and one.speedups == (1.0,) and "--requests-per-pod" in one.source
 
 
 def test_a_missing_file_or_figure_is_refused_naming_it(tmp_path: Path) -> None:
@@ -49,4 +57,12 @@ def test_a_missing_file_or_figure_is_refused_naming_it(tmp_path: Path) -> None:
         load_measured(tmp_path)
     (tmp_path / "coldstart.json").write_text("{}")
     with pytest.raises(MeasuredInputError, match=r"coldstart\.json: no models"):
+        load_measured(tmp_path)
+    _write(tmp_path, readyz=[30.0], wake=[0.5])
+    (tmp_path / "serve.json").unlink()
+    with pytest.raises(MeasuredInputError, match=r"serve\.json: cannot read.*bench serve"):
+        load_measured(tmp_path)
+    (tmp_path / "serve.json").write_text(json.dumps({"settings": {"max_batch": 4}, "servers": {"warmpool": {
+        "levels": {"2": {"concurrency": 2, "steady_tok_s": 30.0}}}}}))
+    with pytest.raises(MeasuredInputError, match="steady_tok_s at concurrency 1"):
         load_measured(tmp_path)

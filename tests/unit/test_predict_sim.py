@@ -50,6 +50,25 @@ def test_queueing_arithmetic_of_one_pod() -> None:
     assert sim.pod_seconds(3.0) == pytest.approx(3.0)
 
 
+def test_a_batching_pod_serves_several_at_once_each_at_its_share_of_the_batch_speed() -> None:
+    # Two slots, a batch of two decodes 1.6x one request alone: each of the two gets 0.8x, 8 tokens/s.
+    batching = ServiceModel(prefill_tokens_per_s=1000.0, decode_tokens_per_s=10.0, speedups=(1.0, 1.6))
+    requests = [_req(0.0), _req(0.0), _req(0.0)]
+    sim = Simulation(requests, batching, PoolConfig(1, 1, 10.0), FixedPool(1))
+    sim.run(end_s=5.0)
+    first, second, third = sim.served
+    assert first.warm_hit and second.warm_hit and not third.warm_hit  # two slots: the third waits
+    # The first started alone (1 s), the second with it (0.5 s + 5 tokens at 8 tokens/s = 1.125 s): the
+    # first slot frees at 1.0 s, and the third starts there beside the second.
+    assert third.start == pytest.approx(1.0) and third.ttft_s == pytest.approx(1.5)
+    assert sim.pods[0].served == 3
+    # Capacity: 3 requests per busy pod-second, the pod busy from 0 until the last ends at 2.125 s.
+    assert sim.measured_capacity_rps() == pytest.approx(3 / 2.125)
+    assert ONE_SECOND.slots == 1 and batching.slots == 2
+    with pytest.raises(ValueError, match=r"speed-ups must start at 1\.0"):
+        ServiceModel(1000.0, 10.0, speedups=(1.5, 2.0))
+
+
 def test_a_fixed_pool_never_scales_and_queues_what_it_cannot_serve() -> None:
     # Two warm pods, 1 s per request, four arrivals at t=0: two served at once, two wait for the
     # first pods to free up at t=1 (waited 1 s, then their 0.5 s prefill).  No pod ever starts or stops.
