@@ -120,6 +120,10 @@ class Sample:
     prompt_buckets: dict[float, float] = field(default_factory=dict)
     prompt_count: float | None = None
     busy_seconds: float | None = None
+    #: the capacity curve's counters, by batch-size bucket (its lower edge): engine-busy seconds
+    #: and requests finished at that batch size (empty: the worker does not batch or export them)
+    batch_seconds: dict[int, float] = field(default_factory=dict)
+    batch_finished: dict[int, float] = field(default_factory=dict)
     #: when the scrape was sent (monotonic; 0 when not from a scrape): a sample sent
     #: before a sleep or wake of the pod finished says nothing of its state after it
     sent_at: float = 0.0

@@ -83,7 +83,10 @@ def make_world(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path)
 
 
 def predictive(name: str, model: Path, *, learn: bool = False) -> dict[str, Any]:
-    obj = warmmodel(name, model, replicas=1, min_warm=1, max_replicas=3, worker_args=[STEADY_MEMORY])
+    # One request at a time per pod: its capacity curve is then one point, the figure the ramp is
+    # scaled by (a batching pod would measure a higher point during the ramp and rightly not grow).
+    obj = warmmodel(name, model, replicas=1, min_warm=1, max_replicas=3,
+                    worker_args=[STEADY_MEMORY, "--max-batch-size=1"])
     obj["spec"]["pool"]["predictive"] = {"enabled": True, "horizonSeconds": 10, "maxExtraReplicas": 2}
     obj["spec"]["warmup"]["learnBuckets"] = learn
     return obj

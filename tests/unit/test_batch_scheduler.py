@@ -337,3 +337,39 @@ def test_an_exclusive_user_goes_before_the_next_batch_step() -> None:
     runner.join(WAIT_S)
     other.join(WAIT_S)
     assert order == ["step 1", "exclusive", "step 2"]
+
+
+@dataclass
+class StepRecorder:
+    """The scheduler's observer: every step's (batch size, requests finished in it, seconds)."""
+
+    steps: list[tuple[int, int, float]] = field(default_factory=list)
+
+    def set_batch(self, running: int, waiting: int) -> None:
+        pass
+
+    def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None:
+        self.steps.append((batch, finished, seconds))
+
+
+def test_each_step_reports_its_batch_size_and_the_requests_it_finished(model_dir: Path) -> None:
+    """The capacity curve's raw points: a batch of 12 that shrinks one request at a time reports
+    each request's finish in a step of the size the batch had then."""
+    recorder = StepRecorder()
+    engine = load_engine(model_dir, chunk_tokens=16, kv_cache_bytes=DEFAULT_KV_CACHE_BYTES)
+    gate = EngineGate()
+    scheduler = BatchScheduler(gate, BatchSettings(16, 30.0), recorder)
+    scheduler.attach(engine)
+    try:
+        with gate:  # an exclusive holder: no step runs until all twelve wait, so they start together
+            requests = [_request(_prompt(5 + i, offset=i), 3 + 2 * i) for i in range(12)]
+            for collected in requests:
+                scheduler.submit(collected.job)
+        for collected in requests:
+            collected.wait()
+            assert collected.error is None, collected.error
+    finally:
+        scheduler.stop()
+    finishing = [(batch, finished) for batch, finished, _ in recorder.steps if finished]
+    assert finishing == [(size, 1) for size in range(12, 0, -1)]  # the shortest first, from a batch of 12
+    assert recorder.steps[0][0] == 12 and all(seconds >= 0 for _, _, seconds in recorder.steps)

@@ -13,6 +13,9 @@ from warmpool_worker.sidecar.engine_client import parse_metrics
 from tests.support.vllm_engine import VllmMetrics, buckets_1_2_5
 from warmpool.contract.files import TOKEN_LENGTH_EDGES
 from warmpool.contract.metrics import (
+    BATCH_SIZE_EDGES,
+    METRIC_ENGINE_BATCH_FINISHED,
+    METRIC_ENGINE_BATCH_SECONDS,
     METRIC_ENGINE_BUSY_SECONDS,
     METRIC_GENERATED_TOKENS,
     METRIC_REQUEST_GENERATED_TOKENS,
@@ -117,6 +120,7 @@ def test_the_sidecar_exports_the_engines_figures_under_warmpools_names_and_nothi
     assert samples[(METRIC_REQUEST_PROMPT_TOKENS + "_bucket", (("le", "1536.0"),))] == pytest.approx(0.536)
     assert samples[(METRIC_REQUEST_PROMPT_TOKENS + "_bucket", (("le", "+Inf"),))] == 1
     assert (METRIC_ENGINE_BUSY_SECONDS, ()) not in samples  # no external engine tells us that
+    assert not {name for name, _ in samples} & {METRIC_ENGINE_BATCH_SECONDS, METRIC_ENGINE_BATCH_FINISHED}
     metrics.set_engine_signals(EngineSignals())  # the engine stopped answering
     assert not SIGNAL_SERIES & _names(metrics.render().decode())
 
@@ -126,8 +130,10 @@ def test_the_builtin_worker_observes_tokens_per_request_at_the_contracts_edges()
     metrics.request_served(prompt_tokens=1469, generated_tokens=7)
     metrics.request_served(prompt_tokens=20, generated_tokens=0)
     # engine-busy time comes from the batch's steps, once per step whatever its size
-    metrics.engine_step(0.25, 7)
-    metrics.engine_step(-1.0, 0)  # a clock step never subtracts
+    metrics.engine_step(0.25, 7, batch=7, finished=2)
+    metrics.engine_step(-1.0, 0, batch=1, finished=0)  # a clock step never subtracts
+    metrics.engine_step(0.5, 5, batch=5, finished=0)
+    metrics.engine_step(0.125, 20, batch=200, finished=1)  # past the last edge: the last bucket
     samples = _samples(metrics.render().decode())
     prompt = METRIC_REQUEST_PROMPT_TOKENS
     les = [dict(labels)["le"] for name, labels in samples if name == prompt + "_bucket"]
@@ -137,7 +143,13 @@ def test_the_builtin_worker_observes_tokens_per_request_at_the_contracts_edges()
     assert samples[(prompt + "_bucket", (("le", "1536.0"),))] == 2
     assert samples[(prompt + "_sum", ())] == 1489
     assert samples[(METRIC_REQUEST_GENERATED_TOKENS + "_bucket", (("le", "16.0"),))] == 2
-    assert samples[(METRIC_ENGINE_BUSY_SECONDS, ())] == 0.25
+    assert samples[(METRIC_ENGINE_BUSY_SECONDS, ())] == 0.875
+    # the capacity curve's points: busy seconds and finished requests by batch-size bucket
+    assert samples[(METRIC_ENGINE_BATCH_SECONDS, (("batch", "4"),))] == 0.75
+    assert samples[(METRIC_ENGINE_BATCH_FINISHED, (("batch", "4"),))] == 2
+    assert samples[(METRIC_ENGINE_BATCH_SECONDS, (("batch", "1"),))] == 0
+    assert (METRIC_ENGINE_BATCH_FINISHED, (("batch", "1"),)) not in samples  # nothing finished there
+    assert samples[(METRIC_ENGINE_BATCH_FINISHED, (("batch", str(BATCH_SIZE_EDGES[-1])),))] == 1
 
 
 def test_token_edges_are_the_graph_friendly_sizes() -> None:

@@ -50,6 +50,14 @@ METRIC_REQUEST_GENERATED_TOKENS = "warmpool_request_generated_tokens"
 #: takes: rate(generated_tokens_total) is the throughput served, and rate(generated_tokens_total)
 #: / rate(engine_busy_seconds_total) the throughput while busy, a pod's measured capacity.
 METRIC_ENGINE_BUSY_SECONDS = "warmpool_engine_busy_seconds_total"
+#: The built-in engine's busy seconds and the requests that finished, by the size of the batch
+#: the step ran with (label LABEL_BATCH: the bucket of BATCH_SIZE_EDGES the size falls in, named
+#: by its lower edge).  Per label, finished ÷ seconds is what a pod serves per busy second at
+#: that batch size: its measured capacity curve (the operator sizes pools by the best point).
+METRIC_ENGINE_BATCH_SECONDS = "warmpool_engine_batch_seconds_total"  # label: batch
+METRIC_ENGINE_BATCH_FINISHED = "warmpool_engine_batch_finished_total"  # label: batch
+#: Lower edges of the batch-size buckets (a size at or above the last edge is in the last bucket).
+BATCH_SIZE_EDGES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 #: Requests refused before any work, by reason (queue_full).
 METRIC_REQUESTS_REJECTED = "warmpool_requests_rejected_total"  # label: reason
 #: Requests whose client went away before the completion was done.
@@ -141,6 +149,7 @@ LABEL_SCOPE = "scope"
 LABEL_TARGET = "target"  # warmpool_operator_write_failures_total: what the skipped write was for
 LABEL_NAMESPACE = "namespace"
 LABEL_WARMMODEL = "warmmodel"
+LABEL_BATCH = "batch"  # warmpool_engine_batch_*: the batch-size bucket
 LABEL_QUANTILE = "quantile"  # warmpool_operator_forecast_peak_requests_per_second: the forecast's quantile
 #: Values of LABEL_QUANTILE: the forecast's p50 and p90.
 FORECAST_QUANTILE_P50 = "0.5"
@@ -148,3 +157,10 @@ FORECAST_QUANTILE_P90 = "0.9"
 
 #: Cold-start phases in the order they happen (each a timestamp and a duration since start).
 PHASES = ("process_start", "weights_mapped", "first_layer_ready", "warmup_done", "ready")
+
+
+def batch_bucket(size: int) -> int:
+    """The BATCH_SIZE_EDGES bucket (its lower edge) a batch of ``size`` requests falls in."""
+    if size < 1:
+        raise ValueError(f"a batch holds at least one request, got {size}")
+    return max(edge for edge in BATCH_SIZE_EDGES if edge <= size)

@@ -37,6 +37,7 @@ from warmpool_worker.engine_signals import EngineSignals, EngineSignalsCollector
 from warmpool.contract.api import Tier
 from warmpool.contract.files import TOKEN_LENGTH_EDGES
 from warmpool.contract.metrics import (
+    LABEL_BATCH,
     LABEL_BUCKET,
     LABEL_DIGEST,
     LABEL_LAYER,
@@ -46,6 +47,8 @@ from warmpool.contract.metrics import (
     LABEL_SOURCE,
     LABEL_TIER,
     METRIC_DIRECTIVE_ACTIVE,
+    METRIC_ENGINE_BATCH_FINISHED,
+    METRIC_ENGINE_BATCH_SECONDS,
     METRIC_ENGINE_BUSY_SECONDS,
     METRIC_ENGINE_MEMORY_RATIO,
     METRIC_ENGINE_RESTARTS,
@@ -97,6 +100,7 @@ from warmpool.contract.metrics import (
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
     PHASES,
+    batch_bucket,
 )
 
 if TYPE_CHECKING:
@@ -263,6 +267,10 @@ class WorkerMetrics:
         self.engine_busy = Counter(
             METRIC_ENGINE_BUSY_SECONDS, "Seconds the engine spent generating for served requests", registry=r
         )
+        self.engine_batch_seconds = Counter(METRIC_ENGINE_BATCH_SECONDS, "Engine-busy seconds by the batch's size",
+                                            [LABEL_BATCH], registry=r)
+        self.engine_batch_finished = Counter(METRIC_ENGINE_BATCH_FINISHED, "Requests finished by the batch's size",
+                                             [LABEL_BATCH], registry=r)
         self.requests_running = Gauge(
             METRIC_REQUESTS_RUNNING, "Requests in the engine's running batch", registry=r
         )
@@ -379,10 +387,16 @@ class WorkerMetrics:
     def set_batch(self, running: int, waiting: int) -> None:
         self.requests_running.set(running)
 
-    def engine_step(self, seconds: float, tokens: int) -> None:
-        """One batch step: its wall time is engine-busy time, once, whatever the batch size."""
-        self.engine_busy.inc(max(0.0, seconds))
+    def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None:
+        """One batch step of ``batch`` requests: its wall time is engine-busy time, once, whatever
+        the batch size, and a point of the capacity curve at that size with the ``finished`` ones."""
+        busy = max(0.0, seconds)
+        self.engine_busy.inc(busy)
         self._token_times.add(tokens)
+        label = str(batch_bucket(max(1, batch)))
+        self.engine_batch_seconds.labels(label).inc(busy)
+        if finished > 0:
+            self.engine_batch_finished.labels(label).inc(finished)
 
     def set_kv_blocks(self, stats: KVBlockStats) -> None:
         self.kv_blocks_total.set(stats.total)
@@ -491,7 +505,8 @@ class SidecarMetrics(WorkerMetrics):
         self.engine_signals = EngineSignalsCollector()
         self._replace_series(self.engine_signals)
         # The built-in engine's batch figures: the sidecar has no such batch to report (absent, not 0).
-        for builtin_only in (self.requests_running, self.kv_blocks_total, self.kv_blocks_used,
+        for builtin_only in (self.engine_batch_seconds, self.engine_batch_finished, self.requests_running,
+                             self.kv_blocks_total, self.kv_blocks_used,
                              self.kv_blocks_reserved, self.kv_blocks_free, self.tokens_per_second):
             self.registry.unregister(builtin_only)
 

@@ -816,7 +816,8 @@ class ForecastStatus(ApiObject):
     recent_error: NonNegativeFloat | None = None
     """The used forecaster's recent mean quantile (pinball) loss, in requests per step."""
     capacity_per_pod: NonNegativeFloat | None = None
-    """Requests per second one pod serves while busy, measured from the workers' throughput."""
+    """Requests per second one pod serves while busy, measured from the workers' throughput: the
+    best point of their capacity curve (requests finished per busy second at one batch size)."""
     desired_replicas: Annotated[int, Field(ge=0)] | None = None
     """Pods the forecast asks for (after maxExtraReplicas and maxReplicas); unset: no action."""
     history_steps: Annotated[int, Field(ge=0)] | None = None

@@ -150,7 +150,7 @@ class ForecastRunner:
         """This pass's samples (uid -> (pod name, sample)); records the steps that closed."""
         closed = self.accumulator.observe(samples, self.clock())
         for step in closed:
-            self.capacity.add(step.served, step.busy_seconds)
+            self.capacity.add(step.served, step.busy_seconds, step.batch)
             self.last_problem, self.last_closed = step.problem, step
             if self.loaded:
                 self._record(step)

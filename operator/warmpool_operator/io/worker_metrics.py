@@ -22,12 +22,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from warmpool.contract.api import Tier
 from warmpool.contract.metrics import (
+    BATCH_SIZE_EDGES,
+    LABEL_BATCH,
     LABEL_BUCKET,
     LABEL_DIGEST,
     LABEL_LAYER,
     LABEL_LAYERS,
     LABEL_PHASE,
     LABEL_TIER,
+    METRIC_ENGINE_BATCH_FINISHED,
+    METRIC_ENGINE_BATCH_SECONDS,
     METRIC_ENGINE_BUSY_SECONDS,
     METRIC_LAYER_HEAT,
     METRIC_LAYERS_RESIDENT,
@@ -162,6 +166,11 @@ def _read(reading: _Reading, name: str, labels: Mapping[str, str], value: float,
         reading.sample.prompt_count = value
     elif name == METRIC_ENGINE_BUSY_SECONDS and _non_negative(value):
         reading.sample.busy_seconds = value
+    elif name in (METRIC_ENGINE_BATCH_SECONDS, METRIC_ENGINE_BATCH_FINISHED) and _non_negative(value):
+        edge = _batch_edge(labels.get(LABEL_BATCH, ""))
+        if edge is not None:
+            seconds = name == METRIC_ENGINE_BATCH_SECONDS
+            (reading.sample.batch_seconds if seconds else reading.sample.batch_finished)[edge] = value
     elif name == METRIC_WAKE_DURATION + "_bucket" and _non_negative(value):
         bound = _bucket_bound(labels.get("le", ""))
         if bound is not None:
@@ -170,6 +179,11 @@ def _read(reading: _Reading, name: str, labels: Mapping[str, str], value: float,
         reading.sample.digest = labels.get(LABEL_DIGEST) or None
         layers = _layer_index(labels.get(LABEL_LAYERS, ""))
         reading.sample.num_layers = layers if layers else None
+
+
+def _batch_edge(label: str) -> int | None:
+    """A batch-size bucket label, when it is one of the contract's edges (anything else is garbage)."""
+    return int(label) if label.isascii() and label.isdigit() and int(label) in BATCH_SIZE_EDGES else None
 
 
 def parse_metrics(text: str) -> Sample:

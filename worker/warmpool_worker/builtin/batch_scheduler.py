@@ -74,14 +74,14 @@ class BatchObserver(Protocol):
 
     def set_batch(self, running: int, waiting: int) -> None: ...
 
-    def engine_step(self, seconds: float, tokens: int) -> None: ...
+    def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None: ...
 
 
 class _Unobserved:
     def set_batch(self, running: int, waiting: int) -> None:
         pass
 
-    def engine_step(self, seconds: float, tokens: int) -> None:
+    def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None:
         pass
 
 
@@ -224,8 +224,9 @@ class BatchScheduler:
                     self.weights_check()
                 started = time.perf_counter()
                 outcomes = list(engine.step([job.sequence for job in running]))
-                tokens = sum(1 for outcome in outcomes if outcome.step is not None)
-                self.observer.engine_step(time.perf_counter() - started, tokens)
+                steps = [outcome.step for outcome in outcomes if outcome.step is not None]
+                self.observer.engine_step(time.perf_counter() - started, len(steps), len(running),
+                                          sum(1 for step in steps if step.finished))
         except Exception as error:  # a failed step ends every request in it
             log.error("a batch step failed, ending its %d request(s): %s", len(self._running), error)
             with self._cond:

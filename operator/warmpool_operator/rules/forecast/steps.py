@@ -17,16 +17,18 @@ history step, summed over the pool:
   never as zero; so is the step the accumulator started in (it saw only part of it).
 
 A sample is attributed to the step in which it is handed over.  :class:`CapacityMeter` keeps the
-served requests and busy seconds of the recent steps: served ÷ busy is what one pod serves per
-second while busy (the worker generates one request at a time under its engine lock), the
-measured per-pod capacity the decision divides by.
+served requests and busy seconds of the recent steps, in all and by the batch size the engine ran
+at (the worker's capacity-curve counters): finished ÷ busy seconds at one batch size is what one
+pod serves per busy second at that size, and the best point measured is the per-pod capacity the
+decision divides by.  A worker that exports no curve (an external engine) is measured in all:
+served ÷ busy.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -37,6 +39,9 @@ from warmpool_operator.rules.forecast.lengths import BIN_COUNT
 
 #: No engine serves this many completions per second per pod: a delta above it is garbage.
 MAX_REQUESTS_PER_POD_SECOND = 100_000.0
+#: The least work behind a capacity figure (all steps', or one batch size's): busy seconds, requests.
+MIN_BUSY_SECONDS = 0.5
+MIN_SERVED = 5.0
 #: The prompt histogram's bounds a worker exports (the contract's edges, then +Inf).
 PROMPT_BOUNDS: tuple[float, ...] = (*(float(e) for e in TOKEN_LENGTH_EDGES), math.inf)
 
@@ -49,10 +54,18 @@ class PodCounters:
     served: float | None  # the prompt histogram's count: requests served
     busy_seconds: float | None
     prompt_bins: tuple[float, ...] | None  # per-bin (not cumulative) counts, None when unusable
+    #: the capacity curve's counters: batch-size bucket -> (finished, busy seconds)
+    batch: Mapping[int, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, sample: Sample) -> PodCounters:
-        return cls(sample.requests_total, sample.prompt_count, sample.busy_seconds, prompt_bins(sample.prompt_buckets))
+        return cls(sample.requests_total, sample.prompt_count, sample.busy_seconds,
+                   prompt_bins(sample.prompt_buckets), batch_counters(sample))
+
+
+def batch_counters(sample: Sample) -> dict[int, tuple[float, float]]:
+    """The capacity curve's cumulative counters of one sample: bucket -> (finished, busy seconds)."""
+    return {edge: (sample.batch_finished.get(edge, 0.0), seconds) for edge, seconds in sample.batch_seconds.items()}
 
 
 def prompt_bins(buckets: Mapping[float, float]) -> tuple[float, ...] | None:
@@ -73,6 +86,20 @@ def counter_delta(previous: float | None, current: float | None) -> float | None
     return current - previous if current >= previous else current
 
 
+def batch_deltas(previous: Mapping[int, tuple[float, float]],
+                 current: Mapping[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
+    """How far each batch-size bucket's (finished, seconds) moved; a bucket new since the previous
+    sample counted from zero (a labelled counter appears when first incremented), a lower value is
+    a reset (counted from zero)."""
+    moved: dict[int, tuple[float, float]] = {}
+    for edge, (finished, seconds) in current.items():
+        was_finished, was_seconds = previous.get(edge, (0.0, 0.0))
+        delta = (counter_delta(was_finished, finished) or 0.0, counter_delta(was_seconds, seconds) or 0.0)
+        if delta != (0.0, 0.0):
+            moved[edge] = delta
+    return moved
+
+
 @dataclass(frozen=True)
 class ClosedStep:
     step: int
@@ -82,6 +109,8 @@ class ClosedStep:
     #: what was wrong with the pool's request metrics in the step (None: nothing; the partial first
     #: step is missing with no problem)
     problem: str | None
+    #: the capacity curve's points in the step: batch-size bucket -> (finished, busy seconds)
+    batch: Mapping[int, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +122,7 @@ class _Open:
     prompt_known: bool = False
     served: float = 0.0
     busy: float = 0.0
+    batch: dict[int, tuple[float, float]] = field(default_factory=dict)  # bucket -> (finished, seconds)
     problems: dict[str, str] = field(default_factory=dict)  # pod name -> what was wrong
     #: (when, requests, seconds since that pod's previous sample) per counted delta: the step's peak
     deltas: list[tuple[float, float, float]] = field(default_factory=list)
@@ -157,6 +187,9 @@ class StepAccumulator:
         if served is not None and busy is not None:
             step.served += served
             step.busy += busy
+        for edge, (finished, seconds) in batch_deltas(previous.batch, counters.batch).items():
+            had_finished, had_seconds = step.batch.get(edge, (0.0, 0.0))
+            step.batch[edge] = (had_finished + finished, had_seconds + seconds)
         if previous.prompt_bins is not None and counters.prompt_bins is not None:
             bins = [c - p for c, p in zip(counters.prompt_bins, previous.prompt_bins, strict=True)]
             if any(b < 0 for b in bins):  # a reset: the histogram counted from zero since
@@ -168,16 +201,16 @@ class StepAccumulator:
     def _close(self, step: _Open) -> ClosedStep:
         problems = "; ".join(f"{name}: {why}" for name, why in sorted(step.problems.items())) or None
         if step.step == self.started_step:  # missing, but no fault of the metrics: problem None
-            return ClosedStep(step.step, None, step.served, step.busy, None)
+            return ClosedStep(step.step, None, step.served, step.busy, None, step.batch)
         if step.counted_pods == 0:
             return ClosedStep(step.step, None, step.served, step.busy,
-                              problems or "no pod's request counter was read twice in the step")
+                              problems or "no pod's request counter was read twice in the step", step.batch)
         observation = StepObservation(
             requests=round(step.requests),
             prompt_lengths=tuple(round(c) for c in step.prompt) if step.prompt_known else (),
             peak_requests=self._peak(step),
         )
-        return ClosedStep(step.step, observation, step.served, step.busy, problems)
+        return ClosedStep(step.step, observation, step.served, step.busy, problems, step.batch)
 
     def _peak(self, step: _Open) -> int:
         """The step's busiest sub-step, scaled to the step (the figure the forecaster forecasts).
@@ -198,25 +231,55 @@ class StepAccumulator:
 
 @dataclass
 class CapacityMeter:
-    """Per-pod capacity (requests per second while busy) over the recent steps that served any."""
+    """Per-pod capacity (requests per second while busy) over the recent steps that served any.
+
+    With the workers' capacity curve, the best point measured with enough work behind it (the
+    throughput a pod was seen to sustain at some batch size); without one (or before any point has
+    enough work), served ÷ busy over all the window's steps.  A pool that never filled its pods'
+    batches only knows the points it ran at: it sizes on them, never on a guess above them.
+    """
 
     window: int = 30
-    min_busy_seconds: float = 0.5
-    min_served: float = 5.0
-    steps: deque[tuple[float, float]] = field(default_factory=deque)
+    min_busy_seconds: float = MIN_BUSY_SECONDS
+    min_served: float = MIN_SERVED
+    steps: deque[tuple[float, float, Mapping[int, tuple[float, float]]]] = field(default_factory=deque)
 
-    def add(self, served: float, busy_seconds: float) -> None:
+    def add(self, served: float, busy_seconds: float,
+            batch: Mapping[int, tuple[float, float]] | None = None) -> None:
         """One step's figures; an idle step (nothing served) is no news and leaves the window as it is."""
         if served <= 0 or busy_seconds <= 0:
             return
-        self.steps.append((served, busy_seconds))
+        self.steps.append((served, busy_seconds, dict(batch or {})))
         while len(self.steps) > self.window:
             self.steps.popleft()
 
+    def curve(self) -> dict[int, float]:
+        """Batch-size bucket -> requests per busy second there, for the points with enough work seen."""
+        return capacity_curve((batch for _, _, batch in self.steps), self.min_busy_seconds, self.min_served)
+
     def capacity_rps(self) -> float | None:
-        """Served ÷ busy over the window, once enough work was seen to mean something; else None."""
-        served = sum(s for s, _ in self.steps)
-        busy = sum(b for _, b in self.steps)
+        """The curve's best point, else served ÷ busy over the window, once enough work was seen to
+        mean something; else None."""
+        curve = self.curve()
+        if curve:
+            return max(curve.values())
+        served = sum(s for s, _, _ in self.steps)
+        busy = sum(b for _, b, _ in self.steps)
         if busy < self.min_busy_seconds or served < self.min_served:
             return None
         return served / busy
+
+
+def capacity_curve(points: Iterable[Mapping[int, tuple[float, float]]], min_busy_seconds: float = MIN_BUSY_SECONDS,
+                   min_served: float = MIN_SERVED) -> dict[int, float]:
+    """Batch-size bucket -> requests finished per busy second at that size, summed over ``points``
+    (each bucket -> (finished, busy seconds)); only buckets with at least ``min_busy_seconds`` and
+    ``min_served`` behind them (a few requests in a fraction of a second say nothing yet)."""
+    finished: dict[int, float] = {}
+    seconds: dict[int, float] = {}
+    for point in points:
+        for edge, (done, busy) in point.items():
+            finished[edge] = finished.get(edge, 0.0) + done
+            seconds[edge] = seconds.get(edge, 0.0) + busy
+    return {edge: finished[edge] / seconds[edge] for edge in sorted(seconds)
+            if seconds[edge] >= min_busy_seconds and finished[edge] >= min_served}
