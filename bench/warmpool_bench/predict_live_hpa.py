@@ -8,9 +8,11 @@ own :func:`~warmpool_operator.io.worker_metrics.parse_metrics`) and adds each po
 * the metric is the pool's request rate (``warmpool_requests_total``) over the last ``window_s``, counted
   from the replay's start (the first syncs see a shorter window: the priming requests before the replay
   are not load);
-* the target per pod is the *measured* capacity: served ÷ busy seconds of the workers' own counters
-  since the replay's start (the prompt histogram's count and ``warmpool_engine_busy_seconds_total``),
-  and nothing is decided until it is measured (no metric, an HPA does nothing);
+* the target per pod is the *measured* capacity, as the operator reads it: the best point of the
+  workers' capacity curve (requests finished per busy second at one batch size) since the replay's
+  start, else served ÷ busy seconds in all (the prompt histogram's count and
+  ``warmpool_engine_busy_seconds_total``), and nothing is decided until it is measured (no metric,
+  an HPA does nothing);
 * 10 % tolerance, scale-up at most ``max(2x, +4 pods)`` per sync, scale-down only to the highest
   recommendation of the last ``scale_down_stabilisation_s``, within ``[minWarm, maxReplicas]``;
 * the decision is written through the WarmModel's scale subresource (field manager
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmpool_operator.io.worker_metrics import parse_metrics
+from warmpool_operator.rules.forecast.steps import batch_counters, batch_deltas, capacity_curve
 
 from warmpool.contract.api import API_GROUP, API_VERSION, PLURAL
 from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_METRICS
@@ -67,6 +70,8 @@ class EmulatedHpa:
     errors: list[str] = field(default_factory=list)
     _last: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # pod -> (requests, served, busy)
     _totals: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    _last_batch: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)  # pod -> curve counters
+    _batch: dict[int, tuple[float, float]] = field(default_factory=dict)  # the curve's counts so far
     _samples: deque[tuple[float, float]] = field(default_factory=deque)  # (monotonic, pool requests so far)
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -77,6 +82,7 @@ class EmulatedHpa:
         self._samples.clear()
         self._samples.append((time.monotonic(), 0.0))
         self._totals = [0.0, 0.0, 0.0]
+        self._batch = {}
         self._thread = threading.Thread(target=self._run, name=f"hpa-{self.name}", daemon=True)
         self._thread.start()
 
@@ -110,9 +116,16 @@ class EmulatedHpa:
             now = (sample.requests_total, sample.prompt_count or 0.0, sample.busy_seconds or 0.0)
             before = self._last.get(life.name)
             self._last[life.name] = now
+            batch = batch_counters(sample)
+            batch_before = self._last_batch.get(life.name)
+            self._last_batch[life.name] = batch
             if before is not None:
                 for k in range(3):  # a lower value is a restarted worker: it counted from zero since
                     self._totals[k] += now[k] - before[k] if now[k] >= before[k] else now[k]
+            if batch_before is not None:
+                for edge, (finished, seconds) in batch_deltas(batch_before, batch).items():
+                    had_finished, had_seconds = self._batch.get(edge, (0.0, 0.0))
+                    self._batch[edge] = (had_finished + finished, had_seconds + seconds)
         self._samples.append((time.monotonic(), self._totals[0]))
 
     def _sync(self) -> None:
@@ -123,7 +136,9 @@ class EmulatedHpa:
         (t_old, old), (t_new, new) = self._samples[0], self._samples[-1]
         rate = (new - old) / (t_new - t_old) if t_new > t_old else None
         served, busy = self._totals[1], self._totals[2]
-        capacity = served / busy if served >= MIN_SERVED and busy >= MIN_BUSY_S else None
+        curve = capacity_curve([self._batch], MIN_BUSY_S, MIN_SERVED)
+        capacity = (max(curve.values()) if curve
+                    else served / busy if served >= MIN_SERVED and busy >= MIN_BUSY_S else None)
         current = self.replicas
         if rate is None or capacity is None:  # no metric yet: an HPA does nothing
             raw = current

@@ -19,10 +19,13 @@ The queueing model (what "TTFT" means in ``warmpool bench predict``):
   first (newest first), then idle warm pods; a busy pod drains (finishes its request, then
   stops).  Pod-seconds count from the moment a pod is asked for to the moment it stops,
   cold start included, within the trace's span.
-- **Capacity the controllers see** is *measured*: requests completed per busy pod-second
-  (a second in which the pod serves at least one request, as the worker's busy-seconds
-  counter counts them) over the last ``capacity_window_s``, unknown until the first request
-  completes.  Controllers never read the service model.
+- **Capacity the controllers see** is *measured*, as the operator measures it
+  (:func:`~warmpool_operator.rules.forecast.steps.capacity_curve`): per batch size, requests
+  completed per busy pod-second at that size (a second in which the pod serves at least one
+  request, as the worker's busy-seconds counters count them), and the best point with enough
+  work behind it, over the last ``capacity_window_s``; before any point has enough, completions
+  per busy pod-second in all; unknown until the first request completes.  Controllers never
+  read the service model.
 
 Every time is simulated; nothing here reads a clock, so the same trace and settings give
 the same figures on any machine.
@@ -39,6 +42,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
 
+from warmpool_operator.rules.forecast.steps import capacity_curve
+
+from warmpool.contract.metrics import batch_bucket
 from warmpool_bench.predict_trace import TraceRequest
 
 
@@ -98,22 +104,25 @@ class Pod:
     running: int = 0  # requests it serves now
     first_ttft_s: float | None = None
     served: int = 0
-    busy_s: float = 0.0  # seconds with a request running, since its last completion
     changed_at: float = 0.0  # when ``running`` last changed
+    step_bucket: int = 1  # the batch-size bucket of the last busy slice that took time
 
     @property
     def busy(self) -> bool:
         return self.running > 0
 
-    def set_running(self, now: float, running: int) -> None:
-        if self.running:
-            self.busy_s += now - self.changed_at
-        self.running, self.changed_at = running, now
+    def set_running(self, now: float, running: int) -> tuple[int, float] | None:
+        """The busy slice that ends now, as (batch-size bucket, seconds); None when it was idle.
 
-    def take_busy_s(self) -> float:
-        """Busy seconds since the last call (one per completion: the capacity's denominator)."""
-        taken, self.busy_s = self.busy_s, 0.0
-        return taken
+        Changes at one instant are one engine step: requests finishing together finish at the
+        batch size the step ran with, as the worker counts them (not at the sizes left between)."""
+        ended = None
+        if self.running:
+            if now > self.changed_at:
+                self.step_bucket = batch_bucket(self.running)
+            ended = (self.step_bucket, now - self.changed_at)
+        self.running, self.changed_at = running, now
+        return ended
 
     @property
     def alive(self) -> bool:
@@ -165,7 +174,8 @@ class Simulation:
     pod_timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, warm, asked)
     _events: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, kind, seq, payload)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
-    _completions: deque[tuple[float, float]] = field(default_factory=deque)  # (done at, busy seconds)
+    #: busy slices of every pod: (ended at, batch-size bucket, seconds, requests completed at its end)
+    _busy: deque[tuple[float, int, float, int]] = field(default_factory=deque)
     _alive: dict[int, Pod] = field(default_factory=dict)  # neither stopped nor draining, by index
     _running: int = 0  # requests being served (on draining pods too)
 
@@ -185,11 +195,16 @@ class Simulation:
         return sum(p.warm_at > self.now for p in self._alive.values())
 
     def measured_capacity_rps(self) -> float | None:
-        """Requests per busy pod-second over the recent window; None before any completion."""
-        while self._completions and self._completions[0][0] < self.now - self.pool.capacity_window_s:
-            self._completions.popleft()
-        busy = sum(b for _, b in self._completions)
-        return len(self._completions) / busy if busy > 0 else None
+        """The capacity curve's best point over the recent window, else requests per busy
+        pod-second in all; None before any completion."""
+        while self._busy and self._busy[0][0] < self.now - self.pool.capacity_window_s:
+            self._busy.popleft()
+        curve = capacity_curve({bucket: (float(done), seconds)} for _, bucket, seconds, done in self._busy)
+        if curve:
+            return max(curve.values())
+        busy = sum(seconds for _, _, seconds, _ in self._busy)
+        done = sum(done for _, _, _, done in self._busy)
+        return done / busy if busy > 0 and done else None
 
     def arrivals_between(self, start: float, end: float) -> int:
         return bisect.bisect_left(self.arrivals, end) - bisect.bisect_left(self.arrivals, start)
@@ -233,9 +248,8 @@ class Simulation:
                 self._serve_next(pod)
         elif kind == _Event.DONE:
             pod = self.pods[payload]
-            pod.set_running(self.now, pod.running - 1)
+            self._busy_slice(pod.set_running(self.now, pod.running - 1), completed=1)
             self._running -= 1
-            self._completions.append((self.now, pod.take_busy_s()))
             if pod.draining:
                 if not pod.running:
                     pod.stopped_at = self.now
@@ -262,13 +276,17 @@ class Simulation:
     def _start(self, pod: Pod, request: TraceRequest, arrival: float, warm_hit: bool) -> None:
         ttft = self.now - arrival + self.service.prefill_s(request)
         first = pod.served == 0 and not pod.initial
-        pod.set_running(self.now, pod.running + 1)
+        self._busy_slice(pod.set_running(self.now, pod.running + 1), completed=0)
         pod.served += 1
         self._running += 1
         if first:
             pod.first_ttft_s = ttft
         self.served.append(Served(arrival, self.now, ttft, warm_hit, first))
         self._push(self.now + self.service.service_s(request, pod.running), _Event.DONE, pod.index)
+
+    def _busy_slice(self, ended: tuple[int, float] | None, completed: int) -> None:
+        if ended is not None:
+            self._busy.append((self.now, *ended, completed))
 
     def _apply(self, desired: int | None) -> None:
         if desired is None:

@@ -69,6 +69,19 @@ def test_a_batching_pod_serves_several_at_once_each_at_its_share_of_the_batch_sp
         ServiceModel(1000.0, 10.0, speedups=(1.5, 2.0))
 
 
+def test_capacity_is_the_best_batch_size_measured_not_the_mean_over_quiet_and_busy_times() -> None:
+    # A batch of two decodes twice as fast as one request (each request 1 s at either size): six
+    # requests alone, then six pairs.  Alone a pod serves 1 per busy second, in pairs 2.
+    doubling = ServiceModel(prefill_tokens_per_s=1e9, decode_tokens_per_s=10.0, speedups=(1.0, 2.0))
+    alone = [TraceRequest(10.0 * k, 1, 10) for k in range(6)]
+    pairs = [TraceRequest(100.0 + 10.0 * k, 1, 10) for k in range(6) for _ in range(2)]
+    sim = Simulation([*alone, *pairs], doubling, PoolConfig(1, 1, 10.0), FixedPool(1))
+    sim.run(end_s=200.0)
+    assert len(sim.served) == 18
+    # 18 requests in 12 busy seconds would say 1.5; the pairs finish together, in a step of two
+    assert sim.measured_capacity_rps() == pytest.approx(2.0)
+
+
 def test_a_fixed_pool_never_scales_and_queues_what_it_cannot_serve() -> None:
     # Two warm pods, 1 s per request, four arrivals at t=0: two served at once, two wait for the
     # first pods to free up at t=1 (waited 1 s, then their 0.5 s prefill).  No pod ever starts or stops.
