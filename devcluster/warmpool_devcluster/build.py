@@ -8,12 +8,15 @@ in ``$KUBEBUILDER_ASSETS`` wins over building one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,26 +302,9 @@ def ensure_binaries(names: list[str] | None = None) -> dict[str, Path]:
     unknown = set(names or []) - {b.name for b in (*ALL_BINARIES, *OPTIONAL_BINARIES)}
     if unknown:
         raise BuildError(f"unknown binaries requested: {sorted(unknown)}")
-    missing = [b for b in wanted if find_binary(b) is None]
-    if missing:
-        started = time.monotonic()
-        work = cache_root() / "build"
-        log_path = cache_root() / "logs" / "build.log"
-        _log(f"building {', '.join(b.name for b in missing)} from the Go module proxy; log: {log_path}")
-        k8s = [b.name for b in missing if b.name in KUBERNETES_COMMANDS]
-        if any(b.name == "etcd" for b in missing):
-            _build_etcd(work / "etcd", log_path)
-        if k8s:
-            _build_kubernetes(k8s, work / "kubernetes", log_path)
-        if any(b.name == "jaeger" for b in missing):
-            _build_jaeger(work / "jaeger", log_path)
-        if any(b.name == "weed" for b in missing):
-            # Only the `weed` command: the S3 gateway, master, volume and filer are all in it.
-            _build_wrapped(SEAWEEDFS_MODULE, SEAWEEDFS_VERSION, "weed", "weed", work / "seaweedfs", log_path)
-        for binary in missing:
-            if binary.name in _GO_INSTALL_PACKAGES:
-                _go_install(binary, work / "go-install", log_path)
-        _log(f"built {len(missing)} binaries in {time.monotonic() - started:.0f}s")
+    if any(find_binary(b) is None for b in wanted):
+        with build_lock(cache_root() / "build" / "lock"):
+            _build_missing(wanted)
     found = {}
     for binary in wanted:
         path = find_binary(binary)
@@ -326,6 +312,48 @@ def ensure_binaries(names: list[str] | None = None) -> dict[str, Path]:
             raise BuildError(f"{binary.name} {binary.version} is still missing after the build")
         found[binary.name] = path
     return found
+
+
+@contextlib.contextmanager
+def build_lock(path: Path) -> Iterator[None]:
+    """One build at a time per cache: two at once (``make -j`` targets, a test beside a build)
+    share the build folders, and one would move or delete the other's outputs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for another build to finish (it holds {path})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_missing(wanted: list[Binary]) -> None:
+    """Build what is still missing: under the lock, since another build may have made some."""
+    missing = [b for b in wanted if find_binary(b) is None]
+    if not missing:
+        return
+    started = time.monotonic()
+    work = cache_root() / "build"
+    log_path = cache_root() / "logs" / "build.log"
+    _log(f"building {', '.join(b.name for b in missing)} from the Go module proxy; log: {log_path}")
+    k8s = [b.name for b in missing if b.name in KUBERNETES_COMMANDS]
+    if any(b.name == "etcd" for b in missing):
+        _build_etcd(work / "etcd", log_path)
+    if k8s:
+        _build_kubernetes(k8s, work / "kubernetes", log_path)
+    if any(b.name == "jaeger" for b in missing):
+        _build_jaeger(work / "jaeger", log_path)
+    if any(b.name == "weed" for b in missing):
+        # Only the `weed` command: the S3 gateway, master, volume and filer are all in it.
+        _build_wrapped(SEAWEEDFS_MODULE, SEAWEEDFS_VERSION, "weed", "weed", work / "seaweedfs", log_path)
+    for binary in missing:
+        if binary.name in _GO_INSTALL_PACKAGES:
+            _go_install(binary, work / "go-install", log_path)
+    _log(f"built {len(missing)} binaries in {time.monotonic() - started:.0f}s")
 
 
 def main(argv: list[str] | None = None) -> int:
