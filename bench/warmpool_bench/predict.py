@@ -43,7 +43,7 @@ from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, St
 from warmpool_operator.rules.forecast.lengths import histogram
 
 from warmpool_bench.coldstart import machine_info
-from warmpool_bench.predict_inputs import MeasuredInputs
+from warmpool_bench.predict_inputs import MeasuredInputs, PodMemory
 from warmpool_bench.predict_policies import FixedPool, HpaSettings, Predictive, Reactive
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
 from warmpool_bench.predict_trace import Trace
@@ -66,6 +66,8 @@ class ScaleUp:
     start_s: float
     lead_s: float
     source: str
+    #: added capacity is a sleeping pod woken: the pool holds, asleep, every pod it ever has awake
+    wakes: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.start_s <= self.lead_s:
@@ -79,14 +81,15 @@ def settings_from_measured(measured: MeasuredInputs, extra_cold_starts_s: Sequen
     scale_ups = (
         ScaleUp("new pod (measured)", measured.cold_start.median_s, measured.cold_start.p95_s,
                 measured.cold_start.source),
-        ScaleUp("wake (measured)", measured.wake.median_s, measured.wake.p95_s, measured.wake.source),
+        ScaleUp("wake (measured)", measured.wake.median_s, measured.wake.p95_s, measured.wake.source, wakes=True),
         *(ScaleUp("sensitivity", s, s, "not measured: a longer cold start for comparison")
           for s in extra_cold_starts_s),
     )
     fields: dict[str, Any] = {"prefill_tokens_per_s": measured.prefill_tokens_per_s,
                               "decode_tokens_per_s": measured.batch.decode_tokens_per_s,
                               "speedups": measured.batch.speedups, "decode_source": measured.batch.source,
-                              "scale_ups": scale_ups, "prefill_source": measured.prefill_source, **overrides}
+                              "scale_ups": scale_ups, "prefill_source": measured.prefill_source,
+                              "memory": measured.memory, **overrides}
     return PredictBenchSettings(**fields)
 
 
@@ -100,6 +103,9 @@ class PredictBenchSettings:
     scale_ups: tuple[ScaleUp, ...]  # one scenario each; the first is the primary (targets, chart)
     cold_start_s: float = 0.0  # the scenario being replayed (set from scale_ups by run_predict)
     lead_s: float = 0.0
+    wakes: bool = False
+    #: what a pod holds awake and asleep (memory-hours); None: not reported
+    memory: PodMemory | None = None
     prefill_source: str = "as set"
     #: the batch's speed-up per batch size (its length: the requests a pod serves at once)
     speedups: tuple[float, ...] = (1.0,)
@@ -136,7 +142,7 @@ def run_predict(trace: Trace, settings: PredictBenchSettings) -> tuple[dict[str,
         "scenarios": [],
     }
     for scale_up in settings.scale_ups:
-        scenario = replace(settings, cold_start_s=scale_up.start_s, lead_s=scale_up.lead_s)
+        scenario = replace(settings, cold_start_s=scale_up.start_s, lead_s=scale_up.lead_s, wakes=scale_up.wakes)
         result["scenarios"].append({**run_scenario(trace, scenario, scale_up.label), "lead_s": scale_up.lead_s,
                                     "source": scale_up.source})
     primary = result["scenarios"][0]
@@ -205,6 +211,7 @@ def _settings_json(settings: PredictBenchSettings) -> dict[str, Any]:
         "retrain_every_steps": settings.retrain_every_steps,
         "forecasters": list(settings.forecasters),
         "max_context": settings.max_context,
+        "memory": None if settings.memory is None else asdict(settings.memory),
     }
 
 
@@ -232,7 +239,7 @@ def run_policy(trace: Trace, settings: PredictBenchSettings, policy: str) -> dic
                                 trace.epoch_start, lead_s=settings.lead_s, name=policy)
         sim = Simulation(trace.requests, settings.service, pool, predictive)
     sim.run(end)
-    out: dict[str, Any] = {"figures": figures(sim, end), "timeline": sim.pod_timeline}
+    out: dict[str, Any] = {"figures": figures(sim, end, settings.wakes, settings.memory), "timeline": sim.pod_timeline}
     if predictive is not None:
         f = predictive.forecaster
         out["figures"].update({
@@ -277,7 +284,10 @@ def fixed_pool_size(trace: Trace, settings: PredictBenchSettings, sizing: str = 
     return max(settings.min_warm, min(settings.max_replicas, wanted))
 
 
-def figures(sim: Simulation, end_s: float) -> dict[str, Any]:
+def figures(sim: Simulation, end_s: float, wakes: bool = False, memory: PodMemory | None = None) -> dict[str, Any]:
+    """The replay's figures.  Pod-hours are what the pool holds: with ``wakes`` (added capacity is a
+    sleeping pod woken) every pod it ever has awake is held the whole span, asleep when not awake, as
+    a sleeping pod keeps its accelerator; awake pod-hours beside them."""
     served = sim.served
     ttfts = [s.ttft_s for s in served]
     first = [s.ttft_s for s in served if s.first_on_new_pod]
@@ -297,10 +307,20 @@ def figures(sim: Simulation, end_s: float) -> dict[str, Any]:
         "first_request_p95_s": percentile(after_lull, 95),
         "new_pod_first_count": len(first),
         "new_pod_first_p95_s": percentile(first, 95),
-        "pod_hours": sim.pod_seconds(end_s) / 3600,
+        **held_hours(sim, end_s, wakes, memory),
         "pods_started": sum(not p.initial for p in sim.pods),
         "max_pods": max((asked for _, _, asked in sim.pod_timeline), default=0),
     }
+
+
+def held_hours(sim: Simulation, end_s: float, wakes: bool, memory: PodMemory | None) -> dict[str, Any]:
+    """Pod-hours held (sleeping pods included), awake pod-hours, and the memory they hold in GiB-hours."""
+    awake = sim.pod_seconds(end_s) / 3600
+    most = max((asked for _, _, asked in sim.pod_timeline), default=0)
+    held = max(awake, most * end_s / 3600) if wakes else awake
+    gib_hours = (None if memory is None
+                 else (awake * memory.awake_bytes + (held - awake) * memory.asleep_bytes) / 2**30)
+    return {"pod_hours": held, "awake_pod_hours": awake, "memory_gib_hours": gib_hours}
 
 
 def run_scenario(trace: Trace, settings: PredictBenchSettings, label: str) -> dict[str, Any]:

@@ -9,6 +9,10 @@ files rather than copying numbers into code, and records where each came from.
   ``/readyz`` (``readyz_s``): median for the replayed pods, p95 for the operator's lead time.
 - **Wake** (a sleeping pod): the same file, variant ``wake_l1``: the ``POST /control/wake``
   call until it returns with the engine awake (``wake_call_s``), median and p95.
+- **What a pod holds**, awake and asleep: the same variant's summary, the worker's anonymous memory
+  plus the weight and other files it maps, measured awake and asleep at level 1 (on this CPU
+  machine sleep releases little: the weights stay mapped; on a GPU it releases the weights and
+  KV cache, not measured here).
 - **Prefill speed**: ``bench/results/coldstart.json``, model ``small``, ``warmpool_full``,
   cold cache, median steady TTFT of a ``request_tokens``-token prompt: tokens ÷ seconds.
 - **Decode speed and requests per pod at once**: ``bench/results/serve.json``, the built-in engine
@@ -55,12 +59,22 @@ class BatchCurve:
 
 
 @dataclass(frozen=True)
+class PodMemory:
+    """Bytes one worker pod holds awake and asleep (what a sleeping pod still costs)."""
+
+    awake_bytes: float
+    asleep_bytes: float
+    source: str
+
+
+@dataclass(frozen=True)
 class MeasuredInputs:
     cold_start: Timing
     wake: Timing
     prefill_tokens_per_s: float
     prefill_source: str
     batch: BatchCurve
+    memory: PodMemory | None = None
 
 
 def load_measured(results: Path) -> MeasuredInputs:
@@ -78,12 +92,30 @@ def load_measured(results: Path) -> MeasuredInputs:
         cold_start=_timing(variants, "new_pod", "readyz_s", results / "wake.json",
                            "new pod on the local cluster, scale patch -> warm /readyz"),
         wake=_timing(variants, "wake_l1", "wake_call_s", results / "wake.json",
-                     "sleeping pod, POST /control/wake (level 1) -> awake; a sleeping pod is not counted in pod-hours"),
+                     "sleeping pod, POST /control/wake (level 1) -> awake; a sleeping pod still counts in "
+                     "pod-hours: it holds its accelerator"),
         prefill_tokens_per_s=tokens / float(steady),
         prefill_source=f"{results.name}/coldstart.json: {MODEL} warmpool_full cold, {tokens} tokens ÷ median "
                        f"steady TTFT {float(steady):.3f} s",
         batch=batch_curve(_read(results / "serve.json"), results / "serve.json"),
+        memory=pod_memory(variants, results / "wake.json"),
     )
+
+
+def pod_memory(variants: Any, path: Path) -> PodMemory:
+    """What a worker holds awake and asleep at level 1, from wake.json's ``wake_l1`` summary."""
+    summary = _get(variants, path, "wake_l1", "summary")
+    parts = ("anon", "weights_file", "other_file")
+    held = {}
+    for state in ("awake", "asleep"):
+        values = [summary.get(f"{part}_{state}_bytes") for part in parts]
+        if not all(isinstance(v, float | int) and v >= 0 for v in values):
+            names = ", ".join(f"{part}_{state}_bytes" for part in parts)
+            raise MeasuredInputError(f"{path}: {MODEL}/wake_l1 summary lacks a non-negative {names}")
+        held[state] = float(sum(values))
+    return PodMemory(held["awake"], held["asleep"],
+                     f"{path.parent.name}/{path.name}: {MODEL} wake_l1 anonymous + mapped weight and other files, "
+                     "awake and asleep (level 1)")
 
 
 def batch_curve(serve: Any, path: Path) -> BatchCurve:

@@ -30,8 +30,11 @@ READING = (
     "had to queue; *warm-hit* = the rest (served at once by a warm pod).  *TTFT* = queue wait + prefill.  "
     "*First request* = the first request after a lull (no arrival in the 60 s before it; `n` = how many): "
     "what pre-warming is for, and defined the same for every policy (a fixed pool starts no pods).  *New "
-    "pod's first* = the first request each pod started during the replay served.  *Pod-hours* count every "
-    "pod from the moment it was asked for (cold start included) to its stop.",
+    "pod's first* = the first request each pod started during the replay served.  *Pod-hours held* count "
+    "every pod from the moment it was asked for (cold start included) to its stop, and in a wake scenario "
+    "the sleeping pods too: there every pod the policy ever has awake is held the whole replay, asleep when "
+    "not awake (a sleeping pod keeps its accelerator); *awake* counts only the pods awake.  *Memory GiB-h*: "
+    "the memory they hold, awake and asleep, as measured for one worker on this machine.",
 )
 
 
@@ -119,8 +122,9 @@ def _settings_lines(s: Mapping[str, Any]) -> list[str]:
 
 def policy_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     lines = ["| policy | no warm capacity | warm-hit | TTFT p50 s | TTFT p95 s | first request p95 s (n) "
-             "| new pod's first p95 s (n) | pod-hours | pods started | forecaster used (steps) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| new pod's first p95 s (n) | pod-hours held (awake) | memory GiB-h | pods started "
+             "| forecaster used (steps) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, p in policies.items():
         used = ", ".join(f"{k} {v}" for k, v in sorted(p.get("models_used", {}).items(), key=lambda kv: -kv[1]))
         lines.append(
@@ -128,6 +132,7 @@ def policy_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
             f"| {fmt_pct(p['warm_hit_rate'])} | {fmt(p['ttft_p50_s'])} | {fmt(p['ttft_p95_s'])} "
             f"| {fmt(p['first_request_p95_s'])} ({p['first_request_count']}) "
             f"| {fmt(p['new_pod_first_p95_s'])} ({p['new_pod_first_count']}) | {fmt(p['pod_hours'])} "
+            f"({fmt(p.get('awake_pod_hours'))}) | {fmt(p.get('memory_gib_hours'))} "
             f"| {p['pods_started']} | {used or '-'} |")
     return lines
 

@@ -276,3 +276,22 @@ def test_predictive_records_each_steps_busiest_10_s_and_sizes_the_floor_for_it()
     assert {f.predicted for f in peak.forecasts[3:]} == {3} and {f.floor for f in peak.forecasts[3:]} == {3}
     assert {f.predicted for f in count.forecasts[3:]} == {1}
     assert all(f.p90 == pytest.approx(3.0) for f in peak.forecasts[3:])  # req/s at the burst's rate
+
+
+def test_a_wake_pool_holds_every_pod_it_ever_woke_asleep_in_pod_hours_and_memory() -> None:
+    from warmpool_bench.predict import figures
+    from warmpool_bench.predict_inputs import PodMemory
+
+    # One pod warm throughout; a second asked for at 10 s, stopped (put to sleep) at 20 s, of a 100 s replay.
+    sim = Simulation([_req(0.0), _req(99.0)], ONE_SECOND, PoolConfig(1, 2, 0.5), Scripted({10.0: 2, 20.0: 1}))
+    sim.run(end_s=100.0)
+    memory = PodMemory(awake_bytes=2 * 2**30, asleep_bytes=0.5 * 2**30, source="test")
+    new_pods = figures(sim, 100.0, wakes=False, memory=memory)
+    assert new_pods["pod_hours"] == new_pods["awake_pod_hours"] == pytest.approx(110 / 3600)
+    assert new_pods["memory_gib_hours"] == pytest.approx(2 * 110 / 3600)
+    woken = figures(sim, 100.0, wakes=True, memory=memory)
+    # held: two pods for the whole replay (the second asleep but for its 10 s awake)
+    assert woken["pod_hours"] == pytest.approx(200 / 3600) and woken["awake_pod_hours"] == pytest.approx(110 / 3600)
+    assert woken["memory_gib_hours"] == pytest.approx((2 * 110 + 0.5 * 90) / 3600)
+    assert figures(sim, 100.0)["memory_gib_hours"] is None  # nothing measured: not reported
+
