@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from warmpool_bench.results import write_results
+from warmpool_bench.results import RunRecord, with_provenance, write_results
 
 DEFAULT_RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -147,6 +147,7 @@ def _add_tracing_imports_parser(commands: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.run = RunRecord()  # every result this command writes records its commit, load and wall time
     if args.command == "coldstart":
         return _coldstart(args)
     if args.command == "render":
@@ -181,7 +182,7 @@ def _render(path: Path) -> int:
                  "predict-live": render_live, "wake": render_wake,
                  "cache": render_cache, "tracing-imports": render_tracing_imports}
     renderer = renderers.get(result.get("benchmark", ""), render_scale)
-    path.with_suffix(".md").write_text(renderer(result))
+    path.with_suffix(".md").write_text(with_provenance(result, renderer(result)))
     print(path.with_suffix(".md").read_text())
     return 0
 
@@ -205,7 +206,7 @@ def _coldstart(args: argparse.Namespace) -> int:
     if args.work_dir is not None:
         settings.work_dir = args.work_dir
     result = run_coldstart(args.sizes, settings, cache_root())
-    json_path, md_path = write_results(result, args.out, args.name, render_coldstart(result))
+    json_path, md_path = write_results(result, args.out, args.name, render_coldstart(result), args.run)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     failed = [(m, v, s) for m, model in result["models"].items() for v, states in model["variants"].items()
@@ -226,7 +227,7 @@ def _scale(args: argparse.Namespace) -> int:
     result = run_scale(steps, timeout_s=args.timeout, scrape_interval=args.scrape_interval,
                        kubeconfig=args.kubeconfig)
     result["wall_s"] = time.time() - started
-    json_path, md_path = write_results(result, args.out, args.name, render_scale(result))
+    json_path, md_path = write_results(result, args.out, args.name, render_scale(result), args.run)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0 if not result.get("missing") else 1
@@ -251,8 +252,8 @@ def _wake(args: argparse.Namespace) -> int:
     if args.work_dir is not None:
         settings.work_dir = args.work_dir
     result = run_wake(args.sizes, settings, cache_root(),
-                      on_model=lambda so_far: write_results(so_far, args.out, args.name, render_wake(so_far)))
-    json_path, md_path = write_results(result, args.out, args.name, render_wake(result))
+                      on_model=lambda so_far: write_results(so_far, args.out, args.name, render_wake(so_far), args.run))
+    json_path, md_path = write_results(result, args.out, args.name, render_wake(result), args.run)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     failed = [(m, v) for m, model in result["models"].items() for v, data in model["variants"].items()
@@ -267,7 +268,7 @@ def _tracing_imports(args: argparse.Namespace) -> int:
     from warmpool_bench.tracing_imports import render_tracing_imports, run_tracing_imports
 
     result = run_tracing_imports(args.rounds)
-    json_path, md_path = write_results(result, args.out, args.name, render_tracing_imports(result))
+    json_path, md_path = write_results(result, args.out, args.name, render_tracing_imports(result), args.run)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 1 if any("error" in r for runs in result["runs"].values() for r in runs) else 0
@@ -278,7 +279,7 @@ def _cache(args: argparse.Namespace) -> int:
 
     result = run_cache(args.size, args.rounds, args.work_dir, first_layer_rounds=max(0, args.first_layer_rounds),
                        source_mib_s=max(0.0, args.source_mib_s))
-    json_path, md_path = write_results(result, args.out, args.name, render_cache(result))
+    json_path, md_path = write_results(result, args.out, args.name, render_cache(result), args.run)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0
@@ -315,7 +316,7 @@ def _serve(args: argparse.Namespace) -> int:
                              threads=args.threads, max_batch=args.max_batch_size, level_timeout_s=args.level_timeout,
                              work_dir=args.work_dir)
     result = run_serve(model, gguf, settings, log=lambda line: print(line, flush=True))
-    json_path, md_path = write_results(result, args.out, args.name, render_serve(result))
+    json_path, md_path = write_results(result, args.out, args.name, render_serve(result), args.run)
     plot_serve(result, args.out / f"{args.name}.png")
     print(md_path.read_text())
     print(f"wrote {json_path}, {md_path} and {args.out / (args.name + '.png')}")

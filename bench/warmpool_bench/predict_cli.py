@@ -167,7 +167,7 @@ def run_predict_command(args: argparse.Namespace) -> int:
     name = args.name or "predict"
     png_path = args.out / f"{name}.png"
     result["chart"] = png_path.name
-    json_path, md_path = write_results(result, args.out, name, render_predict(result))
+    json_path, md_path = write_results(result, args.out, name, render_predict(result), args.run)
     draw_chart(chart, png_path)
     print(md_path.read_text())
     print(f"wrote {json_path}, {md_path} and {png_path}")
@@ -222,7 +222,7 @@ def run_live_command(args: argparse.Namespace) -> int:
     name = args.name or "predict-live"
     png_path = args.out / f"{name}.png"
     result["chart"] = png_path.name
-    json_path, md_path = write_results(result, args.out, name, render_live(result))
+    json_path, md_path = write_results(result, args.out, name, render_live(result), args.run)
     draw_live_chart(chart, png_path)
     print(md_path.read_text())
     print(f"wrote {json_path}, {md_path} and {png_path}")
