@@ -123,6 +123,15 @@ def render_scale(result: Mapping[str, Any]) -> str:
     ]
     if result.get("missing"):
         out += ["", "**Not measured:** " + str(result["missing"])]
+    sweep = result.get("floor_sweep") or []
+    if sweep:
+        out += ["", "Floor: the N WarmModels and their children (Secret, ConfigMap, Service, PDB, Deployment, "
+                "rendered by the operator's builders) server-side applied by one process over one pooled client; "
+                "the operator's run creates its WarmModels the same way. Requests in flight tuned in this run "
+                f"(objects of {sweep[0].get('objects', 0) // 6} WarmModels each): "
+                + ", ".join(f"{p['concurrency']}: {fmt(p.get('per_s'))}/s" + (" (failed)" if "error" in p else "")
+                            for p in sweep)
+                + f"; chosen {result.get('settings', {}).get('concurrency', '-')}."]
     points = result.get("points", [])
     if points:
         out += [

@@ -7,9 +7,11 @@ endpoints are absent (a scrape is refused at once, and the pod is Unknown, never
 ``minWarm: 0`` makes a WarmModel Ready once reconciled, which is what is timed: the
 operator's own cost per object, not a worker's start.
 
-For each N (doubling, e.g. 50/100/200): a fresh namespace and a fresh operator process
-(`warmpool operator -n NS`, scraping only 127.0.0.0/8), apply N WarmModels in one
-`kubectl apply`, then poll until all are Ready (bounded in time).  Measured: apply -> all
+For each N (doubling, e.g. 50/100/200): first the floor (``scale_floor``: the same WarmModels and
+the children the operator would make, applied by one process over a pooled client at a
+concurrency tuned to the server in this run), then a fresh namespace and a fresh operator process
+(`warmpool operator -n NS`, scraping only 127.0.0.0/8), N WarmModels created by the same pooled
+client, then poll until all are Ready (bounded in time, progress every 10 s).  Measured: apply -> all
 Ready, reconcile latency p50/p95 and the timer pass (scrape cycle) p50/p95 from the
 operator's own histogram, operator CPU seconds (utime+stime from /proc) and RSS.
 
@@ -252,7 +254,10 @@ def _delete_all(cluster: Any, namespace: str, timeout_s: float) -> float | None:
     return None
 
 
-def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, work: Path) -> dict[str, Any]:
+def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, work: Path,
+            concurrency: int) -> dict[str, Any]:
+    from warmpool_bench.scale_floor import timed_apply
+
     namespace = f"bench-scale-{count}-{os.getpid()}"
     cluster.kubectl("create", "namespace", namespace)
     port = _free_port()
@@ -277,16 +282,18 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                 point["error"] = f"operator exited {operator.returncode}"
                 return point
             base = _proc_cpu_rss(operator.pid)
-            docs = "\n---\n".join(json.dumps(warmmodel_manifest(f"wm-{i:04d}", namespace)) for i in range(count))
+            manifests = [warmmodel_manifest(f"wm-{i:04d}", namespace) for i in range(count)]
             applied = time.monotonic()
-            failed = _apply(cluster, ["apply", "-f", "-"], docs, count)
-            point["apply_s"] = time.monotonic() - applied
-            if failed is not None:
-                point["error"] = failed
+            # The same pooled client and concurrency as the floor: the clock measures the operator.
+            created = timed_apply(cluster.kubeconfig, manifests, concurrency, f"N={count} WarmModels: ")
+            point["apply_s"] = created["s"]
+            if "error" in created:
+                point["error"] = created["error"]
                 return point
             ready = 0
             peak_rss = 0
             deadline = applied + timeout_s
+            said = time.monotonic()
             while time.monotonic() < deadline:
                 ready = _ready_count(cluster, namespace)
                 sample = _proc_cpu_rss(operator.pid)
@@ -295,6 +302,10 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                 if ready >= count:
                     point["all_ready_s"] = time.monotonic() - applied
                     break
+                if time.monotonic() - said >= 10:  # a long wait says how far it has got
+                    said = time.monotonic()
+                    print(f"[bench scale] N={count}: {ready}/{count} Ready after {said - applied:.0f} s",
+                          file=sys.stderr, flush=True)
                 time.sleep(1.0)
             point["ready_count"] = ready
             end = _idle_window(operator.pid, scrape_interval, point)
@@ -333,73 +344,41 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
     return point
 
 
-#: How long one `kubectl apply` of a step's objects may take before the step is recorded as failed.
-APPLY_TIMEOUT_S = 900.0
+def measure_floor(cluster: Any, count: int, concurrency: int) -> dict[str, Any]:
+    """The floor at N (``scale_floor``): the N WarmModels and their children applied in one process
+    over a pooled client, ``concurrency`` at once, no operator.  What this API server on this
+    machine takes at N; the operator's figure is compared with it."""
+    from warmpool_bench.scale_floor import floor_objects, timed_apply
 
-
-def _apply(cluster: Any, args: list[str], docs: str, count: int) -> str | None:
-    """Run one `kubectl apply` of a step's objects; None when it succeeded, else why not (the
-    step is recorded with that error and the run goes on to write what it measured)."""
-    try:
-        done = cluster.kubectl(*args, input=docs, timeout=APPLY_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return f"kubectl apply of the objects for N={count} did not return within {APPLY_TIMEOUT_S:.0f} s"
-    return None if done.returncode == 0 else f"kubectl apply failed: {done.stderr[-1000:]}"
-
-
-def floor_manifests(count: int, namespace: str) -> str:
-    """The children the operator would make for ``count`` bench WarmModels, rendered by its own
-    builders (one Secret, ConfigMap, Service, PDB and Deployment each), as one YAML stream."""
-    import secrets
-
-    from warmpool_operator.api.types import parse_spec
-    from warmpool_operator.model import Target
-    from warmpool_operator.rules import builders
-
-    docs: list[str] = []
-    for i in range(count):
-        manifest = warmmodel_manifest(f"wm-{i:04d}", namespace)
-        target = Target(name=manifest["metadata"]["name"], namespace=namespace,
-                                 spec=parse_spec(manifest["spec"]))
-        for child in (builders.build_control_secret(target, secrets.token_urlsafe(32)),
-                      builders.build_configmap(target), builders.build_service(target), builders.build_pdb(target),
-                      builders.build_deployment(target)):
-            docs.append(json.dumps(child))
-    return "\n---\n".join(docs)
-
-
-def _deployments_done(cluster: Any, namespace: str) -> int:
-    """Deployments whose controller has made their pod (status.replicas >= spec.replicas)."""
-    got = cluster.kubectl("get", "deployments", "-n", namespace, "-o", "json", check=False, timeout=120)
-    if got.returncode != 0:
-        return 0
-    return sum(1 for d in json.loads(got.stdout).get("items", [])
-               if int((d.get("status") or {}).get("replicas") or 0) >= int(d["spec"].get("replicas") or 0))
-
-
-def measure_floor(cluster: Any, count: int, timeout_s: float) -> dict[str, Any]:
-    """The floor: the same children applied straight with `kubectl apply --server-side` (no
-    operator), timed until every Deployment has made its pod.  What this control plane on this
-    machine can do at N; the operator's figure is compared with it."""
     namespace = f"bench-floor-{count}-{os.getpid()}"
     cluster.kubectl("create", "namespace", namespace)
-    point: dict[str, Any] = {"count": count}
     try:
-        docs = floor_manifests(count, namespace)
-        applied = time.monotonic()
-        failed = _apply(cluster, ["apply", "--server-side", "--field-manager=warmpool-floor", "-f", "-"], docs, count)
-        point["apply_s"] = time.monotonic() - applied
-        if failed is not None:
-            point["error"] = failed
-            return point
-        while time.monotonic() - applied < timeout_s:
-            if _deployments_done(cluster, namespace) >= count:
-                point["all_done_s"] = time.monotonic() - applied
-                break
-            time.sleep(1.0)
+        manifests = [warmmodel_manifest(f"wm-{i:04d}", namespace) for i in range(count)]
+        point = timed_apply(cluster.kubeconfig, floor_objects(manifests), concurrency, f"N={count} floor: ")
+        point["count"] = count
+        if "error" not in point:
+            point["all_done_s"] = point["s"]
+        return point
     finally:
         drain_namespace(cluster, namespace)
-    return point
+
+
+def tune_floor(cluster: Any) -> tuple[int, list[dict[str, Any]]]:
+    """The floor's requests in flight, tuned to this server in this run: each of CONCURRENCY_SWEEP
+    applies the objects of SWEEP_MODELS WarmModels into a fresh namespace; the fastest wins."""
+    from warmpool_bench.scale_floor import CONCURRENCY_SWEEP, SWEEP_MODELS, best_concurrency, floor_objects, timed_apply
+
+    sweep: list[dict[str, Any]] = []
+    for concurrency in CONCURRENCY_SWEEP:
+        namespace = f"bench-sweep-{concurrency}-{os.getpid()}"
+        cluster.kubectl("create", "namespace", namespace)
+        try:
+            manifests = [warmmodel_manifest(f"wm-{i:04d}", namespace) for i in range(SWEEP_MODELS)]
+            sweep.append(timed_apply(cluster.kubeconfig, floor_objects(manifests), concurrency))
+        finally:
+            drain_namespace(cluster, namespace)
+        print(f"[bench scale] floor sweep: {sweep[-1]}", file=sys.stderr, flush=True)
+    return best_concurrency(sweep), sweep
 
 
 def drain_namespace(cluster: Any, namespace: str) -> None:
@@ -462,11 +441,13 @@ def run_scale(steps: list[int], timeout_s: float, scrape_interval: float, kubeco
         cluster.kubectl("apply", "-f", str(crd))
         cluster.kubectl("wait", "--for=condition=Established", "crd/warmmodels.warmpool.dev", "--timeout=60s")
         cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(n) for n in bench_nodes()))
+        concurrency, result["floor_sweep"] = tune_floor(cluster)
+        result["settings"]["concurrency"] = concurrency
         for count in steps:
             print(f"[bench scale] N={count}", file=sys.stderr, flush=True)
-            floor = measure_floor(cluster, count, timeout_s)
+            floor = measure_floor(cluster, count, concurrency)
             print(f"[bench scale] N={count} floor: {floor}", file=sys.stderr, flush=True)
-            point = measure(cluster, count, timeout_s, scrape_interval, work)
+            point = measure(cluster, count, timeout_s, scrape_interval, work, concurrency)
             point["floor"] = floor
             if point.get("all_ready_s") and floor.get("all_done_s"):
                 point["ratio_to_floor"] = point["all_ready_s"] / floor["all_done_s"]
