@@ -327,3 +327,23 @@ def test_the_pass_reads_as_the_steps_it_names() -> None:
     doc = reconciling.__doc__ or ""
     steps = ["**observe**", "**tiers**", "**forecast**", "**sleep/wake**", "**scale**", "**status**"]
     assert [doc.index(step) for step in steps] == sorted(doc.index(step) for step in steps)
+
+
+async def test_a_pool_with_no_pod_to_scrape_asks_for_a_pass_every_few_rounds_one_with_pods_every_round(
+        world: World) -> None:
+    # The pass loop is not started here: whether a round asked for a pass is its wake-up flag.
+    await world.make()
+    await world.run()  # the children, no pods yet: nothing to scrape
+    asked = []
+    for _ in range(3 * reconciling.QUIET_ROUNDS_PER_PASS):
+        await world.rec.scrape_round()
+        asked.append(world.rec._wake.is_set())
+        world.rec._wake.clear()
+    passes = [i for i, wanted in enumerate(asked) if wanted]
+    assert len(passes) == 3 and passes[1] - passes[0] == passes[2] - passes[1] == reconciling.QUIET_ROUNDS_PER_PASS
+    await world.start_pods()
+    await world.run()  # the pods Running with an IP: scraped each round, and each round decides
+    for _ in range(3):
+        await world.rec.scrape_round()
+        assert world.rec._wake.is_set()
+        world.rec._wake.clear()
