@@ -229,12 +229,60 @@ def reconcile_figures(text: str) -> dict[str, Any]:
     return figures
 
 
+def _wait_ready(cluster: Any, namespace: str, count: int, pid: int, applied: float, deadline: float,
+                point: dict[str, Any]) -> tuple[int, int]:
+    """Poll until all ``count`` WarmModels are Ready or the deadline (``all_ready_s`` and
+    ``ready_count`` into ``point``), saying how far it has got every 10 s; (Ready, peak RSS)."""
+    ready = peak_rss = 0
+    said = time.monotonic()
+    while time.monotonic() < deadline:
+        ready = _ready_count(cluster, namespace)
+        sample = _proc_cpu_rss(pid)
+        if sample is not None:
+            peak_rss = max(peak_rss, sample[1])
+        if ready >= count:
+            point["all_ready_s"] = time.monotonic() - applied
+            break
+        if time.monotonic() - said >= 10:
+            said = time.monotonic()
+            print(f"[bench scale] N={count}: {ready}/{count} Ready after {said - applied:.0f} s",
+                  file=sys.stderr, flush=True)
+        time.sleep(1.0)
+    point["ready_count"] = ready
+    return ready, peak_rss
+
+
+def _deployments_done(cluster: Any, namespace: str) -> int:
+    """Deployments whose controller has made their pod (status.replicas >= spec.replicas)."""
+    got = cluster.kubectl("get", "deployments", "-n", namespace, "-o", "json", check=False, timeout=120)
+    if got.returncode != 0:
+        return 0
+    return sum(1 for d in json.loads(got.stdout).get("items", [])
+               if int((d.get("status") or {}).get("replicas") or 0) >= int(d["spec"].get("replicas") or 0))
+
+
+def _wait_settled(cluster: Any, namespace: str, count: int, deadline: float) -> float | None:
+    """Seconds after all Ready until the controllers have made every pod (None: not by the deadline).
+    The Deployment controller makes ReplicaSets and pods at its own client's rate (20 writes/s by
+    default) long after the operator is done, and each is a watch event the operator handles:
+    idle is measured once that has ended, or it measures the controller's tail."""
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        if _deployments_done(cluster, namespace) >= count:
+            return time.monotonic() - started
+        time.sleep(2.0)
+    return None
+
+
 def _idle_window(pid: int, scrape_interval: float, point: dict[str, Any]) -> tuple[float, int, int] | None:
-    """Idle at N: two scrape rounds at steady state, the operator's CPU over just that window (into
-    ``point``); the operator's CPU and memory reading at its end."""
+    """Idle at N: the operator's CPU over a window of steady state (into ``point``), as many scrape
+    rounds as a pool with nothing to scrape takes between passes (at least two); the operator's
+    CPU and memory reading at its end."""
+    from warmpool_operator.control.reconciler import QUIET_ROUNDS_PER_PASS
+
     idle_from = _proc_cpu_rss(pid)
     idle_started = time.monotonic()
-    time.sleep(min(2 * scrape_interval, 60))
+    time.sleep(min(max(2, QUIET_ROUNDS_PER_PASS) * scrape_interval, 120))
     end = _proc_cpu_rss(pid)
     if idle_from is not None and end is not None:
         point["idle_cpu_percent"] = 100 * (end[0] - idle_from[0]) / (time.monotonic() - idle_started)
@@ -290,24 +338,9 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
             if "error" in created:
                 point["error"] = created["error"]
                 return point
-            ready = 0
-            peak_rss = 0
             deadline = applied + timeout_s
-            said = time.monotonic()
-            while time.monotonic() < deadline:
-                ready = _ready_count(cluster, namespace)
-                sample = _proc_cpu_rss(operator.pid)
-                if sample is not None:
-                    peak_rss = max(peak_rss, sample[1])
-                if ready >= count:
-                    point["all_ready_s"] = time.monotonic() - applied
-                    break
-                if time.monotonic() - said >= 10:  # a long wait says how far it has got
-                    said = time.monotonic()
-                    print(f"[bench scale] N={count}: {ready}/{count} Ready after {said - applied:.0f} s",
-                          file=sys.stderr, flush=True)
-                time.sleep(1.0)
-            point["ready_count"] = ready
+            ready, peak_rss = _wait_ready(cluster, namespace, count, operator.pid, applied, deadline, point)
+            point["settled_s"] = _wait_settled(cluster, namespace, count, deadline)
             end = _idle_window(operator.pid, scrape_interval, point)
             # After the idle window: these events would not be idle.
             if ready >= count:
