@@ -53,7 +53,6 @@ from warmpool_nodecache.eviction_lock import gc_lock
 from warmpool_nodecache.file_lease import FileLease
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError, parse_manifest
-from warmpool_nodecache.materialise import materialise_file
 from warmpool_nodecache.order import BlockOrder
 from warmpool_nodecache.ordered_pool import OrderedPool
 from warmpool_nodecache.partial import PartialView, point_link, remove_views
@@ -130,12 +129,14 @@ def _check_sizes(manifest: Manifest, source: Source) -> None:
             )
 
 
-def _fetch_block(store: BlockStore, source: Source, ref: BlockRef, attempts: int, directory: Path) -> Path:
-    """Fetch, verify and stage one block (in a pool thread); BlockCorruptError after `attempts` bad copies."""
+def _fetch_block(store: BlockStore, source: Source, ref: BlockRef, attempts: int, directory: Path,
+                 view: PartialView) -> Path:
+    """Fetch, verify, stage one block and write it into the view (in a pool thread); BlockCorruptError
+    after `attempts` bad copies."""
     for attempt in range(1, attempts + 1):
         data = source.fetch_range(ref.path, ref.offset, ref.length)
         try:
-            return store.stage(ref.sha256, data, directory)
+            staged = store.stage(ref.sha256, data, directory)
         except BlockCorruptError:
             if attempt == attempts:
                 raise BlockCorruptError(
@@ -143,6 +144,9 @@ def _fetch_block(store: BlockStore, source: Source, ref: BlockRef, attempts: int
                     f"never matched the manifest's SHA-256 in {attempts} fetches; the manifest or the "
                     "source is wrong"
                 ) from None
+            continue
+        view.write(ref.sha256, data)  # verified: the same bytes, in the revision's files
+        return staged
     raise AssertionError("unreachable")
 
 
@@ -199,9 +203,9 @@ def _fill_holding_lease(
         staging = layout.staging / f"{manifest.digest_hex}.{lease.version}"
         blocks_dir = layout.staging / f"{manifest.digest_hex}.{lease.version}.blocks"
         blocks_dir.mkdir()
-        view = (PartialView(store, manifest, staging, layout.partial_link(manifest.digest_hex))
-                if options.partial_view else None)
-        batch = BlockCommits(store, options.sync_batch_blocks, on_commit=None if view is None else view.place)
+        view = PartialView(store, manifest, staging,
+                           layout.partial_link(manifest.digest_hex) if options.partial_view else None)
+        batch = BlockCommits(store, options.sync_batch_blocks, on_commit=view.place)
         last_renew = time.monotonic()
 
         def keep_lease() -> None:
@@ -217,23 +221,17 @@ def _fill_holding_lease(
             batch.submit()
 
         def fetch(ref: BlockRef) -> Path:
-            return _fetch_block(store, source, ref, options.block_attempts, blocks_dir)
+            return _fetch_block(store, source, ref, options.block_attempts, blocks_dir, view)
 
         try:
-            if view is not None:
-                view.create()
+            view.create()
             with OrderedPool(fetch, workers=options.fetch_workers) as pool:
                 for ref, path in pool.results(_missing(store, manifest, order), idle=idle):
                     batch.add(ref, path)
                     keep_lease()
-            batch.finish()  # the durability point: every block is on disk before any file is made of it
+            batch.finish()  # the durability point: every block is on disk, and listed, before publishing
             blocks_dir.rmdir()
-            if view is None:
-                staging.mkdir()
-                methods = tuple(materialise_file(store, f, manifest.block_size, staging / f.path)
-                                for f in manifest.files)
-            else:
-                methods = view.finish()
+            methods = view.finish()
             fsync_dir(staging)
             layout.revisions.mkdir(parents=True, exist_ok=True)
             if options.fence is not None:
@@ -242,8 +240,7 @@ def _fill_holding_lease(
         except BlockCorruptError as exc:
             with contextlib.suppress(OSError):
                 batch.finish(commit_staged=False)  # the commits under way end, so all it stored is known
-            if view is not None:
-                view.failed(exc)  # before the view goes: a worker waiting on it learns why
+            view.failed(exc)  # before the view goes: a worker waiting on it learns why
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(blocks_dir, ignore_errors=True)
             _roll_back(layout, store, manifest, batch.stored)
@@ -253,16 +250,14 @@ def _fill_holding_lease(
             # committed, so a later fill resumes from them; a failing commit loses only those.
             with contextlib.suppress(OSError):
                 batch.finish()
-            if view is not None:
-                view.failed(exc)
+            view.failed(exc)
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(blocks_dir, ignore_errors=True)
             raise
         finally:
             batch.close()
-        if view is not None:
-            with contextlib.suppress(OSError):  # published already: the record is for waiting readers
-                view.published(final)
+        with contextlib.suppress(OSError):  # published already: the record is for waiting readers
+            view.published(final)
     record_use(layout, manifest.digest_hex)
     return FillResult(manifest.digest, final, len(batch.stored), batch.bytes, True, methods)
 

@@ -1,12 +1,22 @@
-"""A revision's partial view while it fills: its files in the staging directory, blocks written in as they land.
+"""A revision's view while it fills: its files in the staging directory, blocks written in as they land.
 
-A fill with ``FillOptions.partial_view`` lays the revision out in its staging directory before
-fetching: every file of several blocks pre-sized (sparse: ``ftruncate``), an empty file empty.
-Each block, once verified and committed to the store (``BlockCommits`` calls ``place`` in its
-commit thread, after the commit's fsyncs and renames), is written into every place the revision
-uses it -- cloned (FICLONERANGE) where the filesystem shares extents, else copied in the kernel;
-a file of one block is a hard link to it, made when it lands (the name appears whole) -- and
-then the progress record (``warmpool.fill_progress``, beside the view) is replaced listing it.
+Every fill lays the revision out in its staging directory before fetching: every file of several
+blocks pre-sized (sparse: ``ftruncate``), an empty file empty.  Each block's bytes get into every
+place the revision uses them in one of two ways.  Where the filesystem shares extents
+(FICLONERANGE: XFS with reflink, btrfs), the block is cloned from the store once committed (no
+bytes written twice).  Elsewhere (ext4, tmpfs, overlayfs) the fetch thread that verified the
+block also writes it into the view (``write``: ``pwrite`` of the bytes it holds, beside the
+staged block file, in parallel with the other fetches), which costs the same page-cache copy a
+copy from the store would, but overlapped with the network instead of a pass at the end; a
+block the store already held is copied from it in the kernel.  A file of one block is a hard
+link to it, made once it is committed (the name appears whole).  After each commit
+(``BlockCommits`` calls ``place`` in its commit thread, after the commit's fsyncs and renames),
+the view's files the batch wrote to are fdatasynced there too, so the end of the fill has little
+left to flush; ``finish`` fsyncs them all again before the fill publishes.
+
+With ``FillOptions.partial_view`` the view is also offered to a worker while it fills: after
+each ``place`` the progress record (``warmpool.fill_progress``, beside the view) is replaced
+listing the blocks committed so far (a block written early is listed only once committed).
 Blocks the store already held (a resumed fill, blocks shared with another revision) are placed
 before the first fetch.  So a reader that waits for the record to list a byte range reads only
 verified bytes, and the files it opened stay the files that are published: ``finish`` fsyncs
@@ -16,7 +26,8 @@ the view is removed, so a waiting worker ends with the fill's error instead of w
 
 ``<root>/partial/<digest hex>`` is a symbolic link to the current view (and to the published
 revision once published), a fixed name a worker can be pointed at before the fill's lease
-version is known; it goes when the fill fails.
+version is known; it goes when the fill fails.  Without ``partial_view`` there is no record and
+no link: the directory is only the fill's staging until it is published.
 """
 
 from __future__ import annotations
@@ -44,6 +55,19 @@ from warmpool_nodecache.manifest import Manifest
 from warmpool_nodecache.materialise import clone_range, copy_range
 
 
+def clones_here(directory: Path) -> bool:
+    """Whether files in `directory` can share extents (FICLONERANGE of one page between two probes)."""
+    src, dst = directory / ".clone-probe-src", directory / ".clone-probe-dst"
+    try:
+        src.write_bytes(b"\0" * 4096)
+        with src.open("rb") as a, dst.open("wb") as b:
+            return clone_range(a.fileno(), b.fileno(), 4096, 0)
+    finally:
+        for probe in (src, dst):
+            with contextlib.suppress(FileNotFoundError):
+                probe.unlink()
+
+
 def point_link(link: Path, target: Path) -> None:
     """Make `link` a symbolic link to `target` (relative), replacing any old one atomically."""
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -55,12 +79,19 @@ def point_link(link: Path, target: Path) -> None:
 
 
 class PartialView:
-    """The view of one fill (one lease version); see the module docstring for its life."""
+    """The view of one fill (one lease version); see the module docstring for its life.
 
-    def __init__(self, store: BlockStore, manifest: Manifest, directory: Path, link: Path) -> None:
+    `link` None: a fill without ``partial_view`` (no progress record, no link)."""
+
+    def __init__(self, store: BlockStore, manifest: Manifest, directory: Path, link: Path | None) -> None:
         self.store, self.manifest, self.directory, self.link = store, manifest, directory, link
         self.record = progress_path(directory)
         self._lock = threading.Lock()
+        #: (file, block index) the fetch threads wrote (``write``), so ``place`` only lists them
+        self._written: set[tuple[str, int]] = set()
+        self._written_lock = threading.Lock()
+        self._fds: dict[str, int] = {}  # multi-block files, open for writing until ``finish``
+        self._clones = False
         self._present: dict[str, set[int]] = {f.path: set() for f in manifest.files}
         #: sha256 -> every (file, block index) of the revision that holds it
         self._places: dict[str, list[tuple[str, int]]] = {}
@@ -75,35 +106,57 @@ class PartialView:
         """The record first, then the directory with every file laid out, then what the store holds."""
         self._write(STATE_FILLING)
         self.directory.mkdir()
+        self._clones = clones_here(self.directory)
         for f in self.manifest.files:
             dest = self.directory / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             if len(f.blocks) == 1:
                 continue  # a hard link to its block, made when the block is in the store
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.ftruncate(fd, f.size)
-            finally:
-                os.close(fd)
-            self.methods[f.path] = "empty" if not f.blocks else "reflink"
+            self._fds[f.path] = fd
+            os.ftruncate(fd, f.size)
+            self.methods[f.path] = "empty" if not f.blocks else ("reflink" if self._clones else "write")
         held = [sha for sha in self._places if self.store.has(sha)]
         self.place(held)
-        point_link(self.link, self.directory)
+        if self.link is not None:
+            point_link(self.link, self.directory)
+
+    def write(self, sha: str, data: bytes) -> None:
+        """In a fetch thread, `data` verified as block `sha`: written into every multi-block file
+        place that uses it, unless the filesystem clones (then ``place`` clones it once committed)."""
+        if self._clones:
+            return
+        for path, index in self._places.get(sha, ()):
+            fd = self._fds.get(path)
+            if fd is not None:
+                view = memoryview(data)
+                offset = index * self.manifest.block_size
+                while view:  # pwrite may write less than asked (a signal, a full page cache)
+                    done = os.pwrite(fd, view, offset)
+                    view, offset = view[done:], offset + done
+                with self._written_lock:
+                    self._written.add((path, index))
 
     def place(self, shas: Iterable[str]) -> None:
         """Write these committed blocks into every place the revision uses them; then list them."""
         with self._lock:
-            placed = False
+            touched: set[str] = set()
             for sha in dict.fromkeys(shas):
                 for path, index in self._places.get(sha, ()):
                     if index not in self._present[path]:
                         self._put(sha, path, index)
                         self._present[path].add(index)
-                        placed = True
-            if placed:
+                        touched.add(path)
+            for path in touched & self._fds.keys():
+                # Flushed here, in the commit thread beside the fetches, not all at the end.
+                os.fdatasync(self._fds[path])
+            if touched:
                 self._write(STATE_FILLING)
 
     def _put(self, sha: str, path: str, index: int) -> None:
+        with self._written_lock:
+            if (path, index) in self._written:
+                return  # its fetch thread wrote it (before the block was committed)
         block = self.store.layout.block(sha)
         dest = self.directory / path
         offset = index * self.manifest.block_size
@@ -142,6 +195,11 @@ class PartialView:
 
     def finish(self) -> tuple[str, ...]:
         """Every block placed: fsync and seal the files (read-only); how each was made, in manifest order."""
+        # A block another revision's fill stored after ``create`` looked, which this fill then
+        # skipped as held: copied from the store now.
+        self.place(sha for sha, places in self._places.items()
+                   if any(i not in self._present[p] for p, i in places) and self.store.has(sha))
+        self.close()
         with self._lock:
             absent = {p: self._blocks[p] - len(s) for p, s in self._present.items() if len(s) != self._blocks[p]}
             if absent:
@@ -161,8 +219,17 @@ class PartialView:
                 fsync_dir(directory)
             return tuple(self.methods.get(f.path, "empty") for f in self.manifest.files)
 
+    def close(self) -> None:
+        """The files' descriptors closed (``finish`` does it; a failed fill calls it itself)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
     def published(self, final: Path) -> None:
         """After the rename: the record says so, and the fixed link names the published revision."""
+        if self.link is None:
+            return
         with self._lock:
             self._write(STATE_PUBLISHED)
         point_link(self.link, final)
@@ -170,6 +237,9 @@ class PartialView:
     def failed(self, error: BaseException) -> None:
         """Before the view is removed: a waiting reader learns why, and the link goes -- unless it
         names another view by now (a holder that took the lease over re-points it)."""
+        self.close()
+        if self.link is None:
+            return
         with contextlib.suppress(OSError):
             if os.readlink(self.link) == os.path.relpath(self.directory, self.link.parent):
                 self.link.unlink()
@@ -177,6 +247,8 @@ class PartialView:
             self._write(STATE_FAILED, f"{type(error).__name__}: {error}")
 
     def _write(self, state: str, error: str | None = None) -> None:
+        if self.link is None:
+            return  # no worker reads a fill's staging without a partial view
         bs = self.manifest.block_size
         files = {p: FileProgress(self._sizes[p], merge_intervals((i, i + 1) for i in present))
                  for p, present in self._present.items()}
