@@ -105,7 +105,7 @@ def _add_wake_parser(commands: Any) -> None:
 
 
 def _add_cache_parser(commands: Any) -> None:
-    cache = commands.add_parser("cache", help="node cache fill from a local SeaweedFS against a raw read")
+    cache = commands.add_parser("cache", help="node cache fill from a local SeaweedFS against boto3 download_file")
     cache.add_argument("--size", default="synthetic", help="model: synthetic (~1 GB random Llama), small, tiny")
     cache.add_argument("--rounds", type=_positive, default=3, help="alternating raw-read / fill rounds")
     cache.add_argument("--first-layer-rounds", type=int, default=2,
