@@ -1,13 +1,16 @@
 """`warmpool bench cache`: the node cache's fill from a real S3 store (SeaweedFS on loopback),
-side by side with a plain read of the same bytes from the same store.
+side by side with a plain download of the same objects from the same store to the same disk.
 
 One run, one store, one model (the ~1 GB synthetic Llama by default):
 
 1. the model is pushed once as revision r1 (``warmpool model push``'s code), and a copy with
    10 % of its weight blocks changed (one float's lowest byte in each) as r2;
-2. ``rounds`` times, alternating so that load drift hits both alike: a **raw read** (boto3
-   whole-object GETs of r1's files, bytes discarded) and a **fill** of r1 into an empty cache
-   (ranged GETs of every block, SHA-256 verified, stored, materialised, published);
+2. ``rounds`` times, one after the other so that load drift hits all alike: a **raw read** (boto3
+   whole-object GETs of r1's files, bytes discarded), the fill's own ranged GETs (bytes
+   discarded), a **download** (boto3's ``download_file`` of r1's objects to files beside the
+   caches: its managed transfer, several ranged GETs at once, no fsync) and a **fill** of r1
+   into an empty cache (ranged GETs of every block, SHA-256 verified, stored, written into the
+   revision's files, all fsynced, published);
 3. r2 filled into a cache that holds r1: bytes transferred / bytes of a full fill;
 4. r1 filled again on that node: bytes downloaded (a node that holds the revision).
 
@@ -15,9 +18,10 @@ One run, one store, one model (the ~1 GB synthetic Llama by default):
    partial fill with the worker started at once, ``first_layer_rounds`` alternating rounds
    (``cache_first_layer.py``).
 
-Targets, judged as met or missed, never tuned to: fill throughput >= 80 %
-of the raw read's; the 10 % revision <= 15 % of a full fill's bytes; a held revision 0 bytes;
-first layer with the partial fill <= 0.3x the full fill's (medians).
+Targets, judged as met or missed, never tuned to: fill throughput >= 80 % of the download's
+(medians; the fill makes every byte durable before it publishes, the download fsyncs nothing);
+the 10 % revision <= 15 % of a full fill's bytes; a held revision 0 bytes; first layer with the
+partial fill <= 0.3x the full fill's (medians).  The raw read and the ranged GETs are context.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 
 from warmpool_nodecache.manifest import DEFAULT_BLOCK_SIZE
 
-TARGET_FILL_VS_RAW = 0.80
+TARGET_FILL_VS_DOWNLOAD = 0.80
 TARGET_DELTA_BYTES = 0.15
 CHANGED_FRACTION = 0.10
 
@@ -214,17 +218,19 @@ def run_cache(size: str, rounds: int, work_dir: Path | None = None,
                                       first_layer_rounds, source_mib_s) if first_layer_rounds else None
         raw_mib_s = statistics.median(r["mib_s"] for r in raw)
         fill_mib_s = statistics.median(f["mib_s"] for f in fills)
+        download_mib_s = statistics.median(c["download_mib_s"] for c in context)
+        vs_download = fill_mib_s / download_mib_s
         full_fill_bytes = fills[-1]["bytes"]
         result.update(
             raw=raw, fills=fills, context=context, raw_mib_s=raw_mib_s, fill_mib_s=fill_mib_s,
-            fill_vs_raw=fill_mib_s / raw_mib_s,
+            download_mib_s=download_mib_s, fill_vs_raw=fill_mib_s / raw_mib_s, fill_vs_download=vs_download,
             delta={"changed_blocks": changed, "bytes": delta.bytes, "requests": delta.requests, "seconds": delta_s,
                    "ratio": delta.bytes / full_fill_bytes},
             held={"bytes": held.bytes, "requests": held.requests, "filled_here": held_result.filled_here,
                   "manifest_bytes": len(manifest.to_text())},
             targets={
-                "fill_vs_raw": {"target": f">= {TARGET_FILL_VS_RAW:.0%}",
-                                "value": fill_mib_s / raw_mib_s, "met": fill_mib_s / raw_mib_s >= TARGET_FILL_VS_RAW},
+                "fill_vs_download": {"target": f">= {TARGET_FILL_VS_DOWNLOAD:.0%}", "value": vs_download,
+                                     "met": vs_download >= TARGET_FILL_VS_DOWNLOAD},
                 "delta_bytes": {"target": f"<= {TARGET_DELTA_BYTES:.0%}", "value": delta.bytes / full_fill_bytes,
                                 "met": delta.bytes / full_fill_bytes <= TARGET_DELTA_BYTES},
                 "held_bytes": {"target": "0", "value": held.bytes, "met": held.bytes == 0},
@@ -255,9 +261,7 @@ def render_cache(result: dict[str, Any]) -> str:
         "",
         "| target | measured | goal | verdict |",
         "|---|---|---|---|",
-        f"| fill throughput / raw read | {t['fill_vs_raw']['value']:.0%} ({result['fill_mib_s']:.0f} vs "
-        f"{result['raw_mib_s']:.0f} MiB/s, medians) | {t['fill_vs_raw']['target']} | "
-        f"{_verdict(t['fill_vs_raw']['met'])} |",
+        _throughput_row(result),
         f"| 10 % changed revision: bytes / full fill | {t['delta_bytes']['value']:.1%} "
         f"({result['delta']['changed_blocks']} changed blocks, {result['delta']['bytes']} bytes) | "
         f"{t['delta_bytes']['target']} | {_verdict(t['delta_bytes']['met'])} |",
@@ -266,17 +270,19 @@ def render_cache(result: dict[str, Any]) -> str:
         f"{_verdict(t['held_bytes']['met'])} |",
         _first_layer_row(result),
         "",
-        "Per round (context columns are not judged: the fill's own ranged GETs with the bytes discarded, "
-        "and boto3's download_file of the same objects to local files):",
+        "Per round, in the order run (boto3's download_file of the same objects to files on the same disk, "
+        "no fsync, is what the fill is judged against; the context columns are not judged: whole-object "
+        "GETs and the fill's own ranged GETs, one at a time, bytes discarded):",
         "",
-        "| round | raw read MiB/s | fill MiB/s | fill requests | context: ranged GETs MiB/s | "
-        "context: download to disk MiB/s |",
-        "|---|---|---|---|---|---|",
+        "| round | download to disk MiB/s | fill MiB/s | fill / download | fill requests | "
+        "context: raw read MiB/s | context: ranged GETs MiB/s |",
+        "|---|---|---|---|---|---|---|",
     ]
     context = result.get("context") or [{}] * len(result["raw"])
     for i, (raw, fill, ctx) in enumerate(zip(result["raw"], result["fills"], context, strict=True), 1):
-        lines.append(f"| {i} | {raw['mib_s']:.0f} | {fill['mib_s']:.0f} | {fill['requests']} | "
-                     f"{ctx.get('ranged_mib_s', float('nan')):.0f} | {ctx.get('download_mib_s', float('nan')):.0f} |")
+        down = ctx.get("download_mib_s", float("nan"))
+        lines.append(f"| {i} | {down:.0f} | {fill['mib_s']:.0f} | {fill['mib_s'] / down:.0%} | {fill['requests']} | "
+                     f"{raw['mib_s']:.0f} | {ctx.get('ranged_mib_s', float('nan')):.0f} |")
     first = result.get("first_layer")
     if first:
         lines += [
@@ -296,6 +302,18 @@ def render_cache(result: dict[str, Any]) -> str:
                 lines.append(f"| {i} | {variant} | {run['first_layer_s']:.2f} | {run['ready_s']:.2f} | "
                              f"{run['first_completion_s']:.2f} | {run['fill_s']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def _throughput_row(result: dict[str, Any]) -> str:
+    t = result["targets"]
+    if "fill_vs_download" not in t:  # a result from before the fill was judged against the download
+        return (f"| fill throughput / raw read | {t['fill_vs_raw']['value']:.0%} ({result['fill_mib_s']:.0f} vs "
+                f"{result['raw_mib_s']:.0f} MiB/s, medians) | {t['fill_vs_raw']['target']} | "
+                f"{_verdict(t['fill_vs_raw']['met'])} |")
+    target = t["fill_vs_download"]
+    return (f"| fill throughput / boto3 download_file to disk | {target['value']:.0%} ({result['fill_mib_s']:.0f} vs "
+            f"{result['download_mib_s']:.0f} MiB/s, medians; raw read {result['raw_mib_s']:.0f}) | "
+            f"{target['target']} | {_verdict(target['met'])} |")
 
 
 def _first_layer_row(result: dict[str, Any]) -> str:
