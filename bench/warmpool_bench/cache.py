@@ -26,6 +26,7 @@ partial fill <= 0.3x the full fill's (medians).  The raw read and the ranged GET
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import struct
@@ -101,6 +102,13 @@ def changed_copy(model: Path, dest: Path, fraction: float, block_size: int = DEF
     return len(chosen)
 
 
+def _settle() -> None:
+    """Untimed, before each timed step: the disk's writeback of what the step before left (the
+    download's files, a removed cache: with ext4's ``discard`` the freed extents are trimmed at the
+    next journal commit) is done now, so no step pays for another's."""
+    os.sync()
+
+
 def _raw_read(client: Any, bucket: str, keys: list[str]) -> tuple[int, float]:
     started = time.perf_counter()
     total = 0
@@ -151,14 +159,17 @@ def _measure_rounds(rounds: int, client: Any, bucket: str, keys: list[str], mani
     fills: list[dict[str, Any]] = []
     context: list[dict[str, float]] = []  # not judged: where the fill's time goes
     for round_ in range(rounds):
+        _settle()
         read_bytes, read_s = _raw_read(client, bucket, keys)
         raw.append({"bytes": read_bytes, "seconds": read_s, "mib_s": read_bytes / read_s / 2**20})
         ranged_bytes, ranged_s = _ranged_read(S3Source(config("bench/r1"), client=client), manifest)
         context.append({"ranged_mib_s": ranged_bytes / ranged_s / 2**20})
+        _settle()
         down_bytes, down_s = _download(client, bucket, keys, work / "download")
         context[-1]["download_mib_s"] = down_bytes / down_s / 2**20
         root = work / f"cache-{round_}"
         shutil.rmtree(root, ignore_errors=True)
+        _settle()
         source = CountingSource(S3Source(config("bench/r1"), client=client))
         _, fill_s = _fill(source, root)
         fills.append({"bytes": source.bytes, "requests": source.requests, "seconds": fill_s,
