@@ -26,7 +26,15 @@ import aiohttp
 import kopf
 from kopf._core.engines import posting
 from warmpool_operator.io.kube import Kube
-from warmpool_operator.io.watch_cache import MANAGED, Cache, model_key, slim
+from warmpool_operator.io.watch_cache import (
+    MANAGED,
+    POD_SPEC_READ,
+    REPLICASET_SPEC_READ,
+    Cache,
+    model_key,
+    slim,
+    slim_worker,
+)
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.io.worker_metrics import parse_metrics
 from warmpool_operator.model import Obj, Sample
@@ -126,12 +134,15 @@ class ControlCluster(abc.ABC):
             for obj in managed:
                 if obj.get("kind") == kind:
                     index[(obj["metadata"]["namespace"], obj["metadata"]["name"])] = [slim(obj)]
-        for kind, model_index in (("ReplicaSet", self.replicasets), ("Pod", self.pods)):
+        # Trimmed as the operator's own indexes trim them (app/handlers.py), so the passes are tested
+        # on what they will hold.
+        for kind, model_index, spec_read in (("ReplicaSet", self.replicasets, REPLICASET_SPEC_READ),
+                                             ("Pod", self.pods, POD_SPEC_READ)):
             model_index.clear()
             for obj in managed:
                 key = model_key(obj["metadata"]["namespace"], obj["metadata"].get("labels") or {})
                 if obj.get("kind") == kind and key is not None:
-                    model_index.setdefault(key, []).append(slim(obj))
+                    model_index.setdefault(key, []).append(slim_worker(obj, spec_read))
 
     async def warmmodel(self, name: str, spec: Mapping[str, Any]) -> Obj:
         return await self.kube.put(PLURAL, {

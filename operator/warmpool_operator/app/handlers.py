@@ -35,7 +35,16 @@ from warmpool_operator.control.registry import Registry
 from warmpool_operator.io import control_key, metrics
 from warmpool_operator.io.kube import Kube
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
-from warmpool_operator.io.watch_cache import MANAGED, Cache, model_key, slim, warmmodel_owner
+from warmpool_operator.io.watch_cache import (
+    MANAGED,
+    POD_SPEC_READ,
+    REPLICASET_SPEC_READ,
+    Cache,
+    model_key,
+    slim,
+    slim_worker,
+    warmmodel_owner,
+)
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.settings import OperatorConfig
 
@@ -74,9 +83,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.reconnect_backoff = 1.0
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
-    # Events: ours (tier transitions, errors) and kopf's own at INFO and above.
+    # Events: ours (tier transitions, pre-warm, sleep, errors: kopf.event, any type) and kopf's own
+    # warnings and errors (a handler failed, retried).  Not kopf's INFO ("Handler ... succeeded",
+    # "Creation is processed"): two writes per WarmModel per change that say what status already
+    # does, 2,000 Events for 1,000 WarmModels made at once.
     settings.posting.enabled = True
-    settings.posting.level = logging.INFO
+    settings.posting.level = logging.WARNING
     settings.posting.reporting_component = MANAGED_BY
     # Queueing ("batching" of events per object): bursts are handled once, idle object
     # workers go away, and a stuck watch-stream error backs off instead of spinning.
@@ -115,7 +127,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.startup(retries=5, backoff=2.0, timeout=60)
 async def connect(memo: kopf.Memo, **_: Any) -> None:
     config: OperatorConfig = memo.config
-    kube = await Kube.connect()
+    kube = await Kube.connect(config.api_concurrency)
     try:
         key = await control_key.load_or_create(kube, config.control_key_namespace, config.control_key_secret)
     except control_key.ControlKeyError as error:
@@ -188,13 +200,13 @@ def wp_pdbs(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) 
 @kopf.index("apps", "v1", "replicasets", labels=MANAGED)
 def wp_replicasets(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     key = model_key(namespace, labels)
-    return None if key is None else {key: slim(body)}
+    return None if key is None else {key: slim_worker(body, REPLICASET_SPEC_READ)}
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED)
 def wp_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     key = model_key(namespace, labels)
-    return None if key is None else {key: slim(body)}
+    return None if key is None else {key: slim_worker(body, POD_SPEC_READ)}
 
 
 # --------------------------------------------------------------------------- events

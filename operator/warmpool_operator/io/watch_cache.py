@@ -32,6 +32,24 @@ def slim(body: Mapping[str, Any]) -> Obj:
     return out
 
 
+#: What a pass reads of a worker pod's spec (rules/ownership.py, control/observe.py); the rest of it
+#: (containers, volumes, probes: most of a pod's size) is not kept.
+POD_SPEC_READ = ("nodeName", "hostNetwork")
+#: What a pass reads of a ReplicaSet's spec: its replica count, never its pod template.
+REPLICASET_SPEC_READ = ("replicas",)
+
+
+def slim_worker(body: Mapping[str, Any], spec_read: tuple[str, ...]) -> Obj:
+    """A worker pod or ReplicaSet as the cache keeps it: ``slim``, with only the spec fields the
+    passes read (``spec_read``).  At 1,000 WarmModels the pod templates held twice over (pods and
+    ReplicaSets) were most of the operator's memory.  Nothing writes these copies back: pods are
+    patched."""
+    out = slim(body)
+    spec = out.get("spec") or {}
+    out["spec"] = {key: spec[key] for key in spec_read if key in spec}
+    return out
+
+
 def model_key(namespace: str | None, labels: Mapping[str, str]) -> tuple[str, str] | None:
     """(namespace, WarmModel name) of a pod or ReplicaSet by its model label; None without one."""
     model = labels.get(LABEL_MODEL)
