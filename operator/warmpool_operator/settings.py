@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from warmpool.contract.api import DEFAULT_DIRECTIVE_TTL_SECONDS, MAX_DIRECTIVE_TTL_SECONDS
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
+from warmpool.kube import DEFAULT_MAX_IN_FLIGHT
 from warmpool_operator.model import DEFAULT_WORKER_IMAGE
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS
 
@@ -29,6 +30,8 @@ class OperatorConfig:
     #: Seconds a scrape of one pod may take (connect + read), and pods scraped at once.
     scrape_timeout: float = 3.0
     scrape_concurrency: int = 16
+    #: API requests the operator's client has in flight at once (warmpool/kube.py); watches apart.
+    api_concurrency: int = DEFAULT_MAX_IN_FLIGHT
     #: Only pod IPs inside these networks are dialled (empty: any).  Tests pass 127.0.0.0/8
     #: so that nothing but loopback is ever contacted.
     scrape_networks: tuple[IPNetwork, ...] = ()

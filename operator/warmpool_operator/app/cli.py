@@ -57,6 +57,8 @@ def _scrape_flags(parser: argparse.ArgumentParser) -> None:
                         help="seconds one pod's scrape may take")
     parser.add_argument("--scrape-concurrency", type=int, default=DEFAULTS.scrape_concurrency,
                         help="pods scraped at once per WarmModel")
+    parser.add_argument("--api-concurrency", type=int, default=DEFAULTS.api_concurrency,
+                        help="API server requests in flight at once (watches apart); the rest wait their turn")
     parser.add_argument(
         "--scrape-network",
         action="append",
@@ -178,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     """The operator's settings from its flags; :class:`BadFlags` when they cannot work."""
-    if min(args.scrape_interval, args.scrape_timeout, args.scrape_concurrency, args.permanent_retry_interval) <= 0:
+    if min(args.scrape_interval, args.scrape_timeout, args.scrape_concurrency, args.permanent_retry_interval,
+           args.api_concurrency) <= 0:
         raise BadFlags("intervals, timeouts and concurrency must be positive")
     if min(args.watch_server_timeout, args.watch_inactivity_timeout, args.resync_interval) <= 0:
         raise BadFlags("--watch-server-timeout, --watch-inactivity-timeout and --resync-interval must be positive")
@@ -198,6 +201,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         scrape_interval=args.scrape_interval,
         scrape_timeout=args.scrape_timeout,
         scrape_concurrency=args.scrape_concurrency,
+        api_concurrency=args.api_concurrency,
         scrape_networks=networks,
         heat_write_interval=args.heat_write_interval,
         permanent_retry_interval=args.permanent_retry_interval,

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmpool.contract.api import API_GROUP, API_VERSION, PLURAL
-from warmpool.kube import APPLY_PATCH, JSON_PATCH, MERGE_PATCH, KubeClient, KubeError, client_from_environment
+from warmpool.kube import (
+    APPLY_PATCH,
+    DEFAULT_MAX_IN_FLIGHT,
+    JSON_PATCH,
+    MERGE_PATCH,
+    KubeClient,
+    KubeError,
+    client_from_environment,
+)
 from warmpool_operator.model import Obj
 
 #: The field manager of every write the operator makes (server-side apply and plain writes alike).
@@ -63,9 +71,9 @@ class Kube(KubeClient):
     """JSON access to the API server; one per operator process."""
 
     @classmethod
-    async def connect(cls) -> Kube:
+    async def connect(cls, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Kube:
         """In-cluster config when in a pod, else the kubeconfig ($KUBECONFIG honoured)."""
-        return cls(await client_from_environment())
+        return cls(await client_from_environment(), max_in_flight)
 
     async def get(self, kind: Kind, namespace: str, name: str) -> Obj | None:
         try:
