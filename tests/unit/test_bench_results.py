@@ -4,21 +4,21 @@ result taken on a busy machine says so in its first line."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from warmpool_bench import results
 from warmpool_bench.results import RunRecord, current_commit, with_provenance, write_results
 
 pytestmark = pytest.mark.unit
 
 
 def _run(start: float, end: float, monkeypatch: pytest.MonkeyPatch) -> RunRecord:
-    monkeypatch.setattr(results.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(results.os, "getloadavg", lambda: (start, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (start, 0.0, 0.0))
     run = RunRecord(commit="abc123")
-    monkeypatch.setattr(results.os, "getloadavg", lambda: (end, 0.0, 0.0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (end, 0.0, 0.0))
     return run
 
 
