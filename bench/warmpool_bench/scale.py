@@ -446,8 +446,8 @@ def targets(point: dict[str, Any], growth_table: dict[str, dict[str, float | Non
         "reconcile p95 (all passes)": _target(point.get("reconcile_p95_s"), 1.0, " s"),
         "reconcile p95 (first pass of each object)": _target(point.get("reconcile_handler_p95_s"), 1.0, " s"),
         "status lag after a pod Ready event, p95": _target(point.get("status_lag_p95_s"), 1.0, " s"),
-        "operator RSS, peak": _target(None if rss is None else rss / 1e6, 300, " MB"),
-        "operator idle CPU (% of one core)": _target(point.get("idle_cpu_percent"), 20, " %"),
+        "operator RSS, peak": _target(None if rss is None else rss / 1e6, 200, " MB"),
+        "operator idle CPU (% of one core)": _target(point.get("idle_cpu_percent"), 10, " %"),
         f"delete all {n}": _target(point.get("all_deleted_s"), 60, " s"),
         "growth per doubling of N (worst of time, CPU, RSS, delete)": _target(max(doublings, default=None), 2.0, "x"),
     }

@@ -134,7 +134,7 @@ def test_render_scale_table_and_missing_note() -> None:
 
 def test_scale_targets_judge_the_largest_n_against_the_issue() -> None:
     point = {"count": 1000, "ratio_to_floor": 1.2, "reconcile_p95_s": 1.6, "reconcile_handler_p95_s": None,
-             "status_lag_p95_s": 0.4, "operator_rss_peak_bytes": 250e6, "idle_cpu_percent": 25.0,
+             "status_lag_p95_s": 0.4, "operator_rss_peak_bytes": 190e6, "idle_cpu_percent": 12.0,
              "all_deleted_s": 30.0}
     got = targets(point, {"all_ready_s": {"250->500": 1.9, "500->1000": 2.4}, "operator_cpu_s": {"250->500": 1.5}})
     verdicts = {name: t["met"] for name, t in got.items()}
@@ -148,7 +148,7 @@ def test_scale_targets_judge_the_largest_n_against_the_issue() -> None:
         "delete all 1000": True,
         "growth per doubling of N (worst of time, CPU, RSS, delete)": False,  # 2.4 > linear
     }
-    assert got["operator RSS, peak"]["value"] == 250.0
+    assert got["operator RSS, peak"]["value"] == 190.0
     text = render_scale({"started_at": "x", "machine": {"cpus": 2, "loadavg": [1.0]}, "points": [point],
                          "targets": got})
     assert "| status lag after a pod Ready event, p95 | 0.400 | <= 1 s | met |" in text
