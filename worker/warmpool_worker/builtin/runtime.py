@@ -47,7 +47,7 @@ from warmpool_worker.config import ServeConfig
 from warmpool_worker.control import ControlEndpoint
 from warmpool_worker.cpu_threads import choose_threads
 from warmpool_worker.defaults import READINESS_CHECK_PROMPT
-from warmpool_worker.device import resolve_device
+from warmpool_worker.device import import_torch, resolve_device
 from warmpool_worker.engine_api import (
     BatchingEngine,
     Engine,
@@ -60,6 +60,7 @@ from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import cancel_tasks, start_site, stop_on_signals
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
+from warmpool_worker.tokenizer_file import TokenizerRead
 from warmpool_worker.tracing import ColdStartRecorder, TraceSink
 from warmpool_worker.warmup import (
     PromptsError,
@@ -168,6 +169,9 @@ class WorkerRuntime:
         """Blocking: map, load in heat order, warm per tier, ready.  Raises on load failure."""
         config = self.config
         self.prompts = load_prompts(config.warmup.prompts_file)
+        # The tokenizer parses (GIL released) on the other core while torch imports. Not from a
+        # partial view: its tokenizer.json may still be filling, and load_engine waits for it first.
+        tokenizer = TokenizerRead(config.model) if config.partial_cache is None else None
         set_torch_threads(config.threads, config.cgroup_root)
         from warmpool_worker.builtin.engine import load_engine  # torch and the engine: after the thread sizing
 
@@ -175,7 +179,8 @@ class WorkerRuntime:
         if self.recorder is not None:
             self.recorder.imports_done(time.time())
         engine: Engine = load_engine(config.model, self.device, config.dtype, config.model_name,
-                                     partial_cache=config.partial_cache, kv_cache_bytes=config.limits.kv_cache_bytes,
+                                     partial_cache=config.partial_cache, tokenizer=tokenizer,
+                                     kv_cache_bytes=config.limits.kv_cache_bytes,
                                      chunk_tokens=config.limits.prefill_chunk_tokens)
         mapped_at = time.time()
         self.metrics.mark_phase("weights_mapped", mapped_at)
@@ -351,10 +356,10 @@ def set_torch_threads(requested: int | None, cgroup_root: Path) -> int:
     Logged with torch's own reading back, so the log shows what torch will actually use.
     """
     choice = choose_threads(requested, cgroup_root)
-    import torch  # the engine needs it next anyway; the sizing must come before its first op
+    torch = import_torch()  # the engine needs it next anyway; the sizing must come before its first op
 
     torch.set_num_threads(choice.threads)
-    actual = torch.get_num_threads()
+    actual = int(torch.get_num_threads())
     log.info("torch intra-op threads: %d (from %s)", actual, choice.source)
     return actual
 

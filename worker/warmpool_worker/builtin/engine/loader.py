@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from warmpool_worker.builtin.engine.llama import LlamaEngine
-from warmpool_worker.checkpoint import DIGEST_SAMPLE_BYTES, TOKENIZER_FILE, LlamaConfig, open_checkpoint
+from warmpool_worker.checkpoint import DIGEST_SAMPLE_BYTES, LlamaConfig, open_checkpoint
 from warmpool_worker.engine_api import ModelLoadError
+from warmpool_worker.tokenizer_file import TokenizerRead, read_tokenizer
 
 if TYPE_CHECKING:
     from warmpool_worker.partial_cache import PartialCacheConfig
@@ -44,11 +45,13 @@ def resolve_dtype(name: str | None, config: LlamaConfig, device: torch.device) -
 
 def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = None,
                 model_name: str | None = None, partial_cache: PartialCacheConfig | None = None,
-                **options: Any) -> LlamaEngine:
+                tokenizer: TokenizerRead | None = None, **options: Any) -> LlamaEngine:
     """Validate and map a checkpoint, read its tokenizer; no weight is read yet (fast).
 
     `partial_cache`: the directory may be a node cache's partial view; what opening reads is
     waited for first, and each tensor's bytes before they are touched (``partial_cache.py``).
+    `tokenizer`: the tokenizer's read already begun (the worker starts it before importing
+    torch); without it tokenizer.json is read here, after the checkpoint is validated.
     `options` go to LlamaEngine (heat_half_life_s, clock, graph_max_len).
     """
     model_dir = Path(model_dir)
@@ -69,14 +72,6 @@ def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = None,
         fill.wait_openable(DIGEST_SAMPLE_BYTES)
         model_name = model_name or model_dir.name  # the view's own name carries the fill's lease version
     checkpoint = open_checkpoint(model_dir, fill)
-    tokenizer_path = model_dir / TOKENIZER_FILE
-    if not tokenizer_path.is_file():
-        raise ModelLoadError(f"{tokenizer_path}: file is missing (the engine reads tokenizer.json)")
-    from tokenizers import Tokenizer  # on the load path only
-
-    try:
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    except Exception as error:  # tokenizers raises a bare Exception on bad files
-        raise ModelLoadError(f"{tokenizer_path}: cannot parse tokenizer: {error}") from None
-    return LlamaEngine(checkpoint, tokenizer, device=device,
+    parsed = read_tokenizer(model_dir) if tokenizer is None else tokenizer.result()
+    return LlamaEngine(checkpoint, parsed, device=device,
                        dtype=resolve_dtype(dtype, checkpoint.config, dev), model_name=model_name, **options)
