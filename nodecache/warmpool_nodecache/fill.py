@@ -42,7 +42,7 @@ Costs, measured (the 0.98 GB synthetic model from loopback SeaweedFS, 2 vCPUs, e
 reflink): per byte the fill receives, hashes, writes twice (the block store and the revision's
 files) and fsyncs both, where boto3's ``download_file`` receives and writes once, unsynced; on 2
 cores beside the store the fill is CPU-bound (about 3.3-3.7 s of its own CPU per GB against 1.4 s
-for the download), at 45-55 % of the download's throughput.
+for the download), well short of the download's throughput (``bench/results/cache.md``).
 """
 
 from __future__ import annotations
