@@ -169,7 +169,8 @@ def render_scale(result: Mapping[str, Any]) -> str:
             out.append(f"| {key} | " + " | ".join(fmt(v) for v in steps.values()) + " |")
     targets = result.get("targets")
     if targets:
-        out += ["", "Targets at the largest N:", "", "| target | figure | limit | |", "|---|---:|---:|---|"]
+        out += ["", f"Targets at N={result.get('targets_n', 'the largest')}:", "", "| target | figure | limit | |",
+                "|---|---:|---:|---|"]
         for name, t in targets.items():
             verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "missed")
             out.append(f"| {name} | {fmt(t['value'], digits=3)} | {t['target']} | {verdict} |")

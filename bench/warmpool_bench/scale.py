@@ -44,6 +44,8 @@ HOST = "127.0.0.1"
 LAG_SAMPLE = 40
 LAG_SPACING_S = 0.5
 LAG_WAIT_S = 30.0
+#: The N the scale targets are set at (#27: 1,000 WarmModels).
+TARGET_N = 1000
 
 
 def warmmodel_manifest(name: str, namespace: str) -> dict[str, Any]:
@@ -509,8 +511,11 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     failed += [f"N={p['count']} floor: {p['floor']['error']}" for p in points if "error" in (p.get("floor") or {})]
     if failed:
         result["missing"] = "; ".join(failed)
-    # Judged at the largest N that was measured to the end (a failed step has no figures).
-    biggest = max((p for p in points if "error" not in p), key=lambda p: p["count"], default=None)
-    if biggest is not None:
-        result["targets"] = targets(biggest, result["growth"])
+    # Judged at the N (1,000) when it was measured to the end, else at the largest N that
+    # was (a failed step has no figures); larger Ns are there for the growth.
+    measured = [p for p in points if "error" not in p]
+    judged = next((p for p in measured if p["count"] == TARGET_N), None) or max(
+        measured, key=lambda p: p["count"], default=None)
+    if judged is not None:
+        result["targets"], result["targets_n"] = targets(judged, result["growth"]), judged["count"]
     return result
