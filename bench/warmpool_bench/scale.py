@@ -44,7 +44,7 @@ HOST = "127.0.0.1"
 LAG_SAMPLE = 40
 LAG_SPACING_S = 0.5
 LAG_WAIT_S = 30.0
-#: The N the scale targets are set at (#27: 1,000 WarmModels).
+#: The N the scale targets are set at (1,000 WarmModels).
 TARGET_N = 1000
 
 
