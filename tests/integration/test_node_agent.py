@@ -173,14 +173,15 @@ def test_agent_killed_mid_fill_resumes_and_the_pod_waits_for_the_publish(
     world.wait_ready("resumed", warm=1, timeout=240)
     # The new agent fetched none of what the killed one had stored, and the rest once: the fill keeps
     # several blocks in flight, and the killed agent's requests may still be counted after its death.
-    blocks = len({(r.path, r.offset) for r in manifest.block_refs()})
     missing = len(manifest.unique_blocks() - kept)
     ranges = dict(server.state.ranges)
     assert [r for r in manifest.block_refs() if r.sha256 in kept
             and ranges.get((r.path, r.offset), 0) != ranges_before.get((r.path, r.offset), 0)] == [], ranges
     after = server.state.block_requests() - fetched_before
     assert missing <= after <= missing + FillOptions().fetch_workers, ranges
-    assert fetched_before < blocks and missing > 0
+    # The kill left blocks to fetch.  (Not that some were never asked for: six fetch workers keep up
+    # to twelve blocks in flight, all of this model's ten, so every request may be out when it comes.)
+    assert missing > 0
     assert_files_identical(cache / "revisions" / manifest.digest_hex, server.state.directory)
     lease = next(item for item in world.get("leases")["items"]
                  if item["metadata"]["name"].startswith(FILL_LEASE_PREFIX))
