@@ -30,7 +30,7 @@ def test_table_marks_unreached_phases_absent_not_zero(tmp_path: Path) -> None:
     line = PodTimeline(pod="p-1", phases=parse_phase_metric(_metrics()), first_ttft_s=0.2, steady_ttft_s=0.1)
     table = phase_table([line])
     row = table.splitlines()[2].split()
-    assert row[:6] == ["p-1", "2.50s", "3.00s", "-", "-", "200ms"]
+    assert row[:8] == ["p-1", "-", "2.50s", "3.00s", "-", "-", "-", "200ms"]
     assert row[-1] == "2.00"  # first ÷ steady
     png = render_waterfall([line], tmp_path / "t.png", "test")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -156,7 +156,10 @@ FORECAST_QUANTILE_P50 = "0.5"
 FORECAST_QUANTILE_P90 = "0.9"
 
 #: Cold-start phases in the order they happen (each a timestamp and a duration since start).
-PHASES = ("process_start", "weights_mapped", "first_layer_ready", "warmup_done", "ready")
+#: imports_done: the engine's imports (torch) finished; weights_loaded: the tier's resident layers
+#: are loaded (the built-in worker marks both; the sidecar has neither, so they are absent there).
+PHASES = ("process_start", "imports_done", "weights_mapped", "first_layer_ready", "weights_loaded", "warmup_done",
+          "ready")
 
 
 def batch_bucket(size: int) -> int:

@@ -7,9 +7,10 @@ truth throughout):
    ``cuda`` skips it) -- the memory probe is chosen per device;
 1. bind the HTTP server, so ``/livez`` and ``/metrics`` answer before any weight is touched;
 2. start the local tier guard and take one memory reading (the warm-up depth depends on it);
-3. size torch's thread pool to the pod's CPU, then map the weights (``load_engine``: headers
-   validated, nothing read yet) -> ``weights_mapped``;
-4. load layers in heat order per the tier's plan, logging each -> ``first_layer_ready``;
+3. size torch's thread pool to the pod's CPU, import torch and the engine -> ``imports_done``,
+   then map the weights (``load_engine``: headers validated, nothing read yet) -> ``weights_mapped``;
+4. load layers in heat order per the tier's plan, logging each -> ``first_layer_ready``, then
+   ``weights_loaded`` once the plan's layers are all resident;
 5. warm up per the tier (prefill + short decode per bucket) -> ``warmup_done``; when the tier
    ran no prefill (paused), a one-token check prefill instead: a model whose logits are
    NaN/Inf never turns Ready, whatever the tier (the check passes every layer, so it loads
@@ -176,8 +177,10 @@ class WorkerRuntime:
         from warmpool_worker.builtin.engine import load_engine  # torch and the engine: after the thread sizing
 
         started = time.monotonic()
+        imported_at = time.time()
+        self.metrics.mark_phase("imports_done", imported_at)
         if self.recorder is not None:
-            self.recorder.imports_done(time.time())
+            self.recorder.imports_done(imported_at)
         engine: Engine = load_engine(config.model, self.device, config.dtype, config.model_name,
                                      partial_cache=config.partial_cache, tokenizer=tokenizer,
                                      kv_cache_bytes=config.limits.kv_cache_bytes,
@@ -214,6 +217,7 @@ class WorkerRuntime:
                 if time.monotonic() > deadline:
                     break
                 continue
+            self.metrics.mark_phase("weights_loaded")  # the first plan's layers; a re-plan's do not count
             self.status.stage = STAGE_WARMING
             if self.run_plan(engine, plan, deadline):
                 self.status.warmup_tier = plan.tier
