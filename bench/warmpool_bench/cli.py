@@ -1,4 +1,4 @@
-"""`warmpool bench coldstart | scale | predict | wake | cache | tracing-imports | serve`: run a benchmark.
+"""`warmpool bench coldstart | scale | predict | wake | podstart | cache | tracing-imports | serve`: run a benchmark.
 
 Each writes JSON + Markdown under bench/results/.
 """
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_coldstart_parser(commands)
     _add_render_and_scale_parsers(commands)
     _add_wake_parser(commands)
+    _add_podstart_parser(commands)
     _add_cache_parser(commands)
     from warmpool_bench.predict_cli import add_predict_parser
 
@@ -104,6 +105,23 @@ def _add_wake_parser(commands: Any) -> None:
     wake.add_argument("--name", default="wake", help="results file stem")
 
 
+def _add_podstart_parser(commands: Any) -> None:
+    pods = commands.add_parser("podstart", help="a new pod on the real node, step by step, beside a plain process")
+    pods.add_argument("--sizes", type=_csv, default=["small"],
+                      help="models: small (SmolLM2-135M), synthetic (~1 GB random Llama), tiny (tests)")
+    pods.add_argument("--rounds", type=_positive, default=5, help="rounds; each starts a pod and a process")
+    pods.add_argument("--dtype", default="bfloat16", help="compute dtype")
+    pods.add_argument("--buckets", default="32,128,512", help="warm-up prompt lengths")
+    pods.add_argument("--request-tokens", type=_positive, default=128, help="prompt length of the timed requests")
+    pods.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per start")
+    pods.add_argument("--threads", type=int, default=1, help="torch threads for every worker (0: torch's default)")
+    pods.add_argument("--cluster", default=None,
+                      help="a running local real-node cluster to use, by name (default: start one of the run's own)")
+    pods.add_argument("--work-dir", type=Path, default=None, help="bench artefacts (logs)")
+    pods.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    pods.add_argument("--name", default="podstart", help="results file stem")
+
+
 def _add_cache_parser(commands: Any) -> None:
     cache = commands.add_parser("cache", help="node cache fill from a local SeaweedFS against boto3 download_file")
     cache.add_argument("--size", default="synthetic", help="model: synthetic (~1 GB random Llama), small, tiny")
@@ -158,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_predict_command(args)
     if args.command == "wake":
         return _wake(args)
+    if args.command == "podstart":
+        return _podstart(args)
     if args.command == "tracing-imports":
         return _tracing_imports(args)
     if args.command == "cache":
@@ -169,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _render(path: Path) -> int:
     from warmpool_bench.cache import render_cache
+    from warmpool_bench.podstart_report import render_podstart
     from warmpool_bench.predict_live_report import render_live
     from warmpool_bench.predict_report import render_predict
     from warmpool_bench.report import render_coldstart, render_scale
@@ -179,7 +200,7 @@ def _render(path: Path) -> int:
     from warmpool_bench.tracing_imports import render_tracing_imports
 
     renderers = {"coldstart": render_coldstart, "serve": render_serve, "predict": render_predict,
-                 "predict-live": render_live, "wake": render_wake,
+                 "predict-live": render_live, "wake": render_wake, "podstart": render_podstart,
                  "cache": render_cache, "tracing-imports": render_tracing_imports}
     renderer = renderers.get(result.get("benchmark", ""), render_scale)
     path.with_suffix(".md").write_text(with_provenance(result, renderer(result)))
@@ -254,6 +275,31 @@ def _wake(args: argparse.Namespace) -> int:
     result = run_wake(args.sizes, settings, cache_root(),
                       on_model=lambda so_far: write_results(so_far, args.out, args.name, render_wake(so_far), args.run))
     json_path, md_path = write_results(result, args.out, args.name, render_wake(result), args.run)
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    failed = [(m, v) for m, model in result["models"].items() for v, data in model["variants"].items()
+              if any("error" in r for r in data["runs"])]
+    if failed:
+        print(f"some runs failed: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _podstart(args: argparse.Namespace) -> int:
+    from warmpool_dev.paths import cache_root
+    from warmpool_worker.warmup import parse_buckets
+
+    from warmpool_bench.podstart import run_podstart
+    from warmpool_bench.podstart_report import render_podstart
+    from warmpool_bench.wake_settings import WakeSettings
+
+    settings = WakeSettings(rounds=args.rounds, dtype=args.dtype, buckets=parse_buckets(args.buckets),
+                            request_tokens=args.request_tokens, timeout_s=args.timeout,
+                            threads=args.threads or None, cluster=args.cluster)
+    if args.work_dir is not None:
+        settings.work_dir = args.work_dir
+    result = run_podstart(args.sizes, settings, cache_root())
+    json_path, md_path = write_results(result, args.out, args.name, render_podstart(result), args.run)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     failed = [(m, v) for m, model in result["models"].items() for v, data in model["variants"].items()

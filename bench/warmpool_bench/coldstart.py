@@ -283,7 +283,7 @@ def _http(url: str, body: object | None = None, timeout: float = 600.0) -> tuple
         return int(error.code), error.read()
 
 
-def _phase_timestamps(metrics_text: str) -> dict[str, float]:
+def phase_timestamps(metrics_text: str) -> dict[str, float]:
     from warmpool_dev.timeline import parse_phase_metric
 
     from warmpool.contract.metrics import METRIC_PHASE_TIMESTAMP
@@ -381,7 +381,7 @@ def _drive_worker(proc: subprocess.Popen[bytes], base: str, t0: float, settings:
     first_at = time.time()
     steady = [one() for _ in range(settings.steady)]
     _, metrics_payload = _http(base + "/metrics", timeout=30)
-    phases = _phase_timestamps(metrics_payload.decode())
+    phases = phase_timestamps(metrics_payload.decode())
     peak = _vm_hwm_bytes(proc.pid)
     load_s, forced = parse_load_seconds(log_path.read_text(errors="replace"))
     mapped = phases.get("weights_mapped")
@@ -402,6 +402,8 @@ def _drive_worker(proc: subprocess.Popen[bytes], base: str, t0: float, settings:
         "tier": ready_body.get("tier"),
         "kv_loaded": warm.get("kv_loaded"),
         "kv_saved": warm.get("kv_saved"),
+        "spawned_at": t0,
+        "phases": phases,  # Unix time of each cold-start phase the worker reached
     }
     run["first_over_steady"] = ratio(run["first_ttft_s"], run["steady_ttft_s"])
     return run

@@ -48,6 +48,7 @@ from warmpool_bench.coldstart import (
     worker_command,
 )
 from warmpool_bench.pagecache import make_warm, resident_fraction
+from warmpool_bench.pod_start import process_steps
 from warmpool_bench.stats import median, ratio
 from warmpool_bench.wake_figures import (
     MemoryBreakdown,
@@ -207,6 +208,7 @@ def fresh_process(model: BenchModel, settings: WakeSettings, prompt: list[int]) 
     run = run_worker("warmpool_full", model, settings.coldstart(), prompt, log_name="fresh-process.log")
     if "error" not in run:
         run["decision_to_first_token_s"] = run["first_token_s"]
+        run["steps"] = process_steps(run["spawned_at"], run["phases"])
     return run
 
 

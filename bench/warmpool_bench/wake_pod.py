@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmpool.contract.api import API_GROUP, API_GROUP_VERSION, API_VERSION, PLURAL
-from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_READYZ
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_METRICS, PATH_READYZ
 from warmpool.contract.pods import LABEL_MODEL
 from warmpool_bench.bench_cluster import BenchCluster
-from warmpool_bench.coldstart import BenchModel
+from warmpool_bench.coldstart import BenchModel, phase_timestamps
 from warmpool_bench.dialable import check_dialable
+from warmpool_bench.pod_start import PodWatch, RuntimeEvents, pod_instants, steps
 from warmpool_bench.stats import median, ratio
 
 if TYPE_CHECKING:
@@ -144,6 +145,8 @@ class NewPods:
         self._wait_no_pods(name)
         run: dict[str, Any] = {}
         body = {"prompt": prompt, "max_tokens": 1, "temperature": 0}
+        watch, events = self._start_watchers(name)
+        decision = time.time()
         t0 = time.perf_counter()
         self._scale(name, 1)
         run["scale_call_s"] = time.perf_counter() - t0
@@ -180,6 +183,7 @@ class NewPods:
                     run["kubelet_ready_s"] = time.perf_counter() - t0
                     break
                 time.sleep(POD_POLL_S)
+            self._breakdown(run, decision, watch, events, base)
             steady = []
             for _ in range(self.settings.steady):
                 started = time.perf_counter()
@@ -189,8 +193,41 @@ class NewPods:
             run["first_over_steady"] = ratio(run["first_ttft_s"], run["steady_ttft_s"])
             return run
         finally:
+            watch.stop()
+            if events is not None:
+                events.stop()
             self._scale(name, 0)
             self._wait_no_pods(name)
+
+    def _start_watchers(self, name: str) -> tuple[PodWatch, RuntimeEvents | None]:
+        """The pod watch, and the node's containerd events where the cluster is our own real node."""
+        watch = PodWatch(self.core, self.namespace, f"{LABEL_MODEL}={name}", self.settings.timeout_s)
+        watch.start()
+        node = self.bench.cluster.node
+        events = None
+        if node is not None:
+            from warmpool_devcluster import node_containerd
+
+            events = RuntimeEvents(node_containerd.CTR, node_containerd.socket_path(node.state))
+            events.start()
+        return watch, events
+
+    def _breakdown(self, run: dict[str, Any], decision: float, watch: PodWatch, events: RuntimeEvents | None,
+                   base: str) -> None:
+        """The run's instants and steps (`pod_start`), once the pod is Ready."""
+        deadline = time.monotonic() + 5  # the watch may trail the poll that saw Ready by an event
+        while (seen := watch.first()) is None or seen.ready is None or seen.container_id is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        status, text = _http(base + PATH_METRICS, timeout=10)
+        phases = phase_timestamps(text.decode(errors="replace")) if status == 200 else {}
+        if seen is None:
+            run["breakdown_error"] = "the watch saw no pod"
+            return
+        instants = pod_instants(decision, seen, events.stop() if events is not None else None, phases)
+        run["instants"] = instants
+        run["steps"] = steps(instants)
 
     def _wait_no_pods(self, name: str) -> None:
         deadline = time.monotonic() + SETTLE_TIMEOUT_S

@@ -65,6 +65,12 @@ def test_wake_tiny_one_round(cluster: ClusterHandle, tmp_path: Path) -> None:
     pod = runs["new_pod"]
     assert 0 < pod["pod_created_s"] <= pod["pod_ip_s"] <= pod["readyz_s"] < pod["decision_to_first_token_s"]
     assert pod["kubelet_ready_s"] > 0 and pod["first_ttft_s"] > 0
+    # the pod's start, step by step: every instant found, in order, adding up to decision -> pod Ready
+    assert all(value is not None for value in pod["instants"].values()), pod["instants"]
+    assert all(seconds >= 0 for seconds in pod["steps"].values()), pod["steps"]
+    whole = pod["instants"]["pod_ready"] - pod["instants"]["decision"]
+    assert sum(pod["steps"].values()) == pytest.approx(whole, abs=1e-6)
+    assert set(fresh["steps"]) == {"imports", "weights", "warmup"} and all(v > 0 for v in fresh["steps"].values())
     for name, target in model["targets"].items():
         if "p95" in name:
             assert target["met"] is None and target["value"] > 0, name  # judged for SmolLM2 only
