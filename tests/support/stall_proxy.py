@@ -107,7 +107,9 @@ class StallProxy:
                     self._closed.wait(1.0)
                     continue
                 readable, _, _ = select.select([src], [], [], 0.2)
-                if not readable:
+                if not readable or link.frozen.is_set():
+                    # Frozen while select waited: what arrived since is stalled too, else a quick
+                    # client's first bytes after the freeze (a watch event) would slip through.
                     continue
                 data = src.recv(65536)
                 if not data:
