@@ -38,7 +38,7 @@ def test_every_name_is_defined_once_across_the_topics() -> None:
     names = [name for source in SOURCES.values() for name in _defined_names(ast.parse(source))]
     twice = [name for name, count in Counter(names).items() if count > 1]
     assert twice == [], f"defined more than once in warmpool/contract/: {twice}"
-    assert set(SOURCES) == {"__init__", "api", "pods", "http", "metrics", "files", "nodecache", "telemetry"}
+    assert set(SOURCES) == {"__init__", "api", "pods", "http", "metrics", "files", "nodecache", "telemetry", "zero"}
     assert _defined_names(ast.parse(SOURCES["__init__"])) == []  # no re-exports, no names of its own
 
 

@@ -14,7 +14,8 @@ vLLM metric names the sidecar reads in warmpool_worker.engine_signals, and so on
 * ``metrics``: metric names (worker, sidecar, external engines, operator) and label names;
 * ``files``: ConfigMap keys, file formats, token length bins, mount paths in worker pods;
 * ``telemetry``: OpenTelemetry's variables, service, span and attribute names, log formats;
-* ``nodecache``: what the node agent, the operator and worker pods agree on about the node cache.
+* ``nodecache``: what the node agent, the operator and worker pods agree on about the node cache;
+* ``zero``: scale to zero: the activator's held-requests annotation, port and the Service's EndpointSlices.
 
 Import a name from its topic (``from warmpool.contract.http import PATH_READYZ``); this package
 re-exports nothing.

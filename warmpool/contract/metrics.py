@@ -136,6 +136,16 @@ METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD = "warmpool_operator_forecast_capacity
 METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS = "warmpool_operator_forecast_desired_replicas"
 
 # Label names of the metrics above.
+# The activator's (scale to zero), per WarmModel (labels namespace, warmmodel).
+METRIC_ACTIVATOR_HELD = "warmpool_activator_held_requests"  # gauge: requests held now
+METRIC_ACTIVATOR_HOLD_SECONDS = "warmpool_activator_hold_seconds"  # histogram: arrival -> forwarded or refused
+METRIC_ACTIVATOR_REQUESTS = "warmpool_activator_requests_total"  # counter, label outcome
+#: Seconds from a request's arrival at a pool at zero to the first byte of its answer (first token when streamed).
+METRIC_ACTIVATOR_FIRST_BYTE_SECONDS = "warmpool_activator_zero_to_first_byte_seconds"  # histogram
+METRIC_OPERATOR_AT_ZERO = "warmpool_operator_at_zero"  # gauge, labels namespace, warmmodel: 1 while the pool is at zero
+LABEL_OUTCOME = "outcome"  # warmpool_activator_requests_total: forwarded, rejected_full, timed_out, client_gone, error
+OUTCOMES = ("forwarded", "rejected_full", "timed_out", "client_gone", "error", "misdirected")
+
 LABEL_PHASE = "phase"
 LABEL_TIER = "tier"
 LABEL_BUCKET = "bucket"

@@ -71,6 +71,12 @@ DEFAULT_ENGINE_PORT = 8000  # vLLM's and SGLang's usual port; TGI users set 80 o
 #: pods prediction adds above the reactive count.
 DEFAULT_PREDICTIVE_HORIZON_SECONDS = 300
 DEFAULT_PREDICTIVE_MAX_EXTRA_REPLICAS = 4
+#: Defaults of spec.pool.scaleToZero: how long the activator holds a request for a pool at zero,
+#: and how many it holds at once (then 429).  120 s covers a cold start of a mid-sized model from
+#: a warm node cache; a first start onto a bare node can take longer (the runbook says so).
+DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS = 120
+DEFAULT_ZERO_MAX_HELD_REQUESTS = 100
+MAX_ZERO_HELD_REQUESTS = 10000
 
 
 # --- Reusable constrained types ------------------------------------------------------------
@@ -400,6 +406,19 @@ class PredictiveSpec(ApiObject):
     """Most pods prediction adds above what replicas (or the autoscaler) asks for."""
 
 
+class ScaleToZeroSpec(ApiObject):
+    """Run no pod at all while the pool has no traffic: the WarmModel's Service then routes to the
+    activator, which holds each request, asks the operator for a pod (a sleeping one is woken
+    first, else one is started) and forwards the request to the first pod that turns warm."""
+
+    after_idle_seconds: Annotated[int, Field(ge=1, le=MAX_SLEEP_AFTER_IDLE_SECONDS)]
+    """The pool goes to zero (sleeping pods released too) after this long with no request."""
+    hold_timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS
+    """How long the activator holds a request before answering 503 (naming what it waited for)."""
+    max_held_requests: Annotated[int, Field(ge=1, le=MAX_ZERO_HELD_REQUESTS)] = DEFAULT_ZERO_MAX_HELD_REQUESTS
+    """Requests one activator replica holds for the pool at once; one more is answered 429 with Retry-After."""
+
+
 class PoolSpec(ApiObject):
     """How many worker pods, and how many of them must be verified warm."""
 
@@ -414,8 +433,26 @@ class PoolSpec(ApiObject):
     """Sleep and wake of idle pods; unset: pods never sleep (and sleeping ones are woken)."""
     predictive: PredictiveSpec | None = None
     """Demand prediction (pre-warm ahead of a burst); unset: reactive only."""
+    scale_to_zero: ScaleToZeroSpec | None = None
+    """Scale to zero when idle, and back on the first request; unset: replicas and minWarm always run.
+    With it, replicas and minWarm are the pool's size while it has traffic."""
 
     cel_rules = (
+        Rule(
+            cel="!has(self.scaleToZero) || !has(self.sleep) || self.sleep.minAwake == 0",
+            message="spec.pool.sleep.minAwake must be 0 with spec.pool.scaleToZero (a pool at zero has no pod awake)",
+            check=lambda p: p.scale_to_zero is None or p.sleep is None or p.sleep.min_awake == 0,
+            field_path=".sleep.minAwake",
+        ),
+        Rule(
+            cel="!has(self.scaleToZero) || !has(self.sleep) || !has(self.sleep.afterIdleSeconds) "
+            "|| self.sleep.afterIdleSeconds < self.scaleToZero.afterIdleSeconds",
+            message="spec.pool.sleep.afterIdleSeconds must be below spec.pool.scaleToZero.afterIdleSeconds "
+            "(otherwise the pool goes to zero before any pod sleeps)",
+            check=lambda p: p.scale_to_zero is None or p.sleep is None or p.sleep.after_idle_seconds is None
+            or p.sleep.after_idle_seconds < p.scale_to_zero.after_idle_seconds,
+            field_path=".sleep.afterIdleSeconds",
+        ),
         Rule(
             cel="!has(self.sleep) || self.sleep.minAwake <= self.maxReplicas",
             message="spec.pool.sleep.minAwake must not exceed spec.pool.maxReplicas",
@@ -876,6 +913,8 @@ class WarmModelStatus(ApiObject):
     """Worker pods whose engine is awake (what the Service routes to)."""
     sleeping_replicas: Annotated[int, Field(ge=0)] | None = None
     """Worker pods whose engine sleeps (spec.pool.sleep): Ready, woken when needed."""
+    held: Annotated[int, Field(ge=0)] | None = None
+    """Requests the activator replicas hold for the pool while no pod is awake and warm (spec.pool.scaleToZero)."""
     wake: WakeFigures | None = None
     """Wake durations from the workers' metrics (spec.pool.sleep)."""
     selector: Annotated[str, Field(max_length=1024)] | None = None

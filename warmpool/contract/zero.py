@@ -1,0 +1,49 @@
+"""Scale to zero: what the activator and the operator agree on.  The activator holds requests of a
+pool that has no awake warm pod and says so in one annotation per activator replica on the
+WarmModel; the operator reads them, wakes or starts a pod, and switches the Service's
+EndpointSlices from the activator's addresses to the pods'.
+
+Part of the contract: names both sides must agree on, each defined once (see warmpool/contract/__init__.py)."""
+
+from __future__ import annotations
+
+#: app.kubernetes.io/component of the activator's pods and Service.
+COMPONENT_ACTIVATOR = "activator"
+#: The activator's data port (the OpenAI-compatible traffic of pools at zero).
+DEFAULT_ACTIVATOR_PORT = 8012
+
+#: On a WarmModel: ``held.warmpool.dev/<activator pod>`` = "<requests held> <unix time written>".
+#: One key per activator replica, so two replicas never overwrite each other's count; a replica
+#: removes its key once it holds nothing for the pool.
+HELD_ANNOTATION_PREFIX = "held.warmpool.dev/"
+
+#: A scale-to-zero pool's Service has no selector; these EndpointSlices carry its addresses: the
+#: awake warm pods', else the activator's.  kube-proxy reads them by the service-name label, and
+#: the EndpointSlice controller leaves slices another manager labels as its own.
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+LABEL_ENDPOINTSLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+ENDPOINTSLICE_MANAGER = "operator.warmpool.dev"
+PODS_SLICE_SUFFIX = "-pods"
+ACTIVATOR_SLICE_SUFFIX = "-activator"
+
+#: The OpenAI-style error types of the activator's refusals.
+ERROR_HOLD_FULL = "warmpool_hold_full"
+ERROR_HOLD_TIMEOUT = "warmpool_hold_timeout"
+
+
+def held_annotation(pod: str) -> str:
+    return f"{HELD_ANNOTATION_PREFIX}{pod}"
+
+
+def held_value(count: int, wall: float) -> str:
+    return f"{count} {int(wall)}"
+
+
+def parse_held(value: object) -> tuple[int, float] | None:
+    """(requests held, unix time written) of one annotation value; None if it is not one."""
+    if not isinstance(value, str):
+        return None
+    parts = value.split()
+    if len(parts) != 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    return int(parts[0]), float(parts[1])
