@@ -126,7 +126,7 @@ def _metadata(target: Target, name: str) -> Obj:
     return {"name": name, "namespace": target.namespace, "labels": common_labels(target.name)}
 
 
-def _stamp(obj: Obj) -> Obj:
+def stamp(obj: Obj) -> Obj:
     """Put the hash of the object's desired content into its own annotations."""
     body = {k: v for k, v in obj.items() if k != "metadata"}
     body["labels"] = obj["metadata"].get("labels", {})
@@ -182,21 +182,21 @@ def build_control_secret(target: Target, token: str) -> Obj:
 
 
 def build_service(target: Target) -> Obj:
+    """The pool's Service.  A scale-to-zero pool's has no selector: the operator writes its
+    EndpointSlices itself (the awake warm pods', else the activator's: rules/zero.py), and the
+    port is then the pods' number (an EndpointSlice's port is a number, and both kinds of
+    endpoint are reached by the Service port's name)."""
     port = target.spec.pod.port
-    return _stamp(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": _metadata(target, service_name(target.name)),
-            "spec": {
-                "selector": service_selector(target.name),
-                "ports": [{"name": WORKER_PORT_NAME, "port": port, "targetPort": WORKER_PORT_NAME,
-                       "protocol": "TCP"}],
-                # Warm pods only: unready (cold) pods never get traffic.
-                "publishNotReadyAddresses": False,
-            },
-        }
-    )
+    spec: Obj = {
+        "ports": [{"name": WORKER_PORT_NAME, "port": port, "protocol": "TCP",
+                   "targetPort": port if target.spec.pool.scale_to_zero else WORKER_PORT_NAME}],
+        # Warm pods only: unready (cold) pods never get traffic.
+        "publishNotReadyAddresses": False,
+    }
+    if target.spec.pool.scale_to_zero is None:
+        spec["selector"] = service_selector(target.name)
+    return stamp({"apiVersion": "v1", "kind": "Service", "metadata": _metadata(target, service_name(target.name)),
+                   "spec": spec})
 
 
 def build_pdb(target: Target) -> Obj:
@@ -207,7 +207,7 @@ def build_pdb(target: Target) -> Obj:
     """
     pool = target.spec.pool
     budget: Obj = {"minAvailable": pool.min_warm} if pool.min_warm > 0 else {"maxUnavailable": 1}
-    return _stamp(
+    return stamp(
         {
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
@@ -549,7 +549,7 @@ def build_deployment(target: Target, replicas: int | None = None) -> Obj:
     :func:`desired_replicas` of the spec.
     """
     count = desired_replicas(target.spec) if replicas is None else replicas
-    return _stamp(
+    return stamp(
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",

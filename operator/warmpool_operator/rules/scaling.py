@@ -30,11 +30,15 @@ class PodWarmth(Protocol):
     def warming(self) -> bool: ...
 
 
-def desired_replicas(spec: WarmModelSpec, extra: int = 0) -> int:
+def desired_replicas(spec: WarmModelSpec, extra: int = 0, at_zero: bool = False) -> int:
     """Pods to run: the asked-for replicas, at least minWarm, plus ``extra`` pods for ones that
-    are Ready but not verified warm; never above maxReplicas."""
+    are Ready but not verified warm; never above maxReplicas.  A scale-to-zero pool runs none while
+    at zero, and at least one otherwise (it is out of zero because a request wants a pod)."""
     pool = spec.pool
-    return max(0, min(pool.max_replicas, max(pool.replicas, pool.min_warm) + max(0, extra)))
+    if pool.scale_to_zero is not None and at_zero:
+        return 0
+    floor = 1 if pool.scale_to_zero is not None else 0
+    return max(floor, min(pool.max_replicas, max(pool.replicas, pool.min_warm) + max(0, extra)))
 
 
 def extra_from_live(spec: WarmModelSpec, live_replicas: int) -> int:
@@ -82,11 +86,11 @@ def predictive_decision(spec: WarmModelSpec, forecast_p90: float | None, step_s:
     ))
 
 
-def with_prediction(spec: WarmModelSpec, extra: int, predicted: int | None) -> int:
+def with_prediction(spec: WarmModelSpec, extra: int, predicted: int | None, at_zero: bool = False) -> int:
     """The Deployment's replicas: :func:`desired_replicas`, raised to ``predicted`` (the decision's
     count: the pods, or an autoscaler's floor) within maxReplicas.  None (no predictive action,
-    or prediction off): exactly the reactive count."""
-    base = desired_replicas(spec, extra)
+    or prediction off): exactly the reactive count.  At zero, a forecast burst raises the pool too."""
+    base = desired_replicas(spec, extra, at_zero)
     if predicted is None:
         return base
     return max(base, min(spec.pool.max_replicas, predicted))

@@ -31,6 +31,7 @@ from warmpool_operator.api.types import (
 )
 from warmpool_operator.rules.builders import selector_string
 from warmpool_operator.rules.observation import ColdStarts, PodObservation, wake_figures
+from warmpool_operator.rules.zero import REASON_SCALED_TO_ZERO, REASON_STARTING_ON_DEMAND, ZeroState
 
 # Reasons (CamelCase, one word each).
 REASON_MIN_WARM_REACHED = "MinWarmReached"
@@ -102,9 +103,18 @@ def _degraded_conditions(cond: _Stamp, why: Degradation) -> list[Condition]:
     ]
 
 
-def _ready_condition(cond: _Stamp, min_warm: int, pods: Sequence[PodObservation]) -> Condition:
+def _ready_condition(cond: _Stamp, min_warm: int, pods: Sequence[PodObservation],
+                     zero: ZeroState | None = None) -> Condition:
     warm = sum(p.warm for p in pods)
     ready = sum(p.ready for p in pods)
+    if zero is not None and warm == 0:
+        if zero.held:
+            return cond(CONDITION_READY, "False", REASON_STARTING_ON_DEMAND,
+                        f"{zero.held} request(s) held by the activator while a pod wakes or starts")
+        if zero.at_zero:
+            return cond(CONDITION_READY, "True", REASON_SCALED_TO_ZERO,
+                        "at zero, will start on demand: the activator holds the next request and a pod "
+                        "is woken or started for it")
     if min_warm == 0:
         return cond(CONDITION_READY, "True", REASON_NO_WARM_MINIMUM, f"minWarm is 0; {warm} pods warm")
     if warm >= min_warm:
@@ -187,6 +197,7 @@ def compute_status(
     forecast: ForecastStatus | None = None,
     learned_buckets: LearnedBucketsStatus | None = None,
     extra_conditions: Sequence[tuple[str, str, str, str]] = (),
+    zero: ZeroState | None = None,
 ) -> dict[str, Any]:
     """The status subresource's body.  ``extra_conditions``: (type, status, reason, message) of
     conditions beyond the four, written only when their feature is on."""
@@ -197,7 +208,7 @@ def compute_status(
                                                                         "the spec could not be parsed"))
     else:
         conditions = [
-            _ready_condition(cond, spec.pool.min_warm, live),
+            _ready_condition(cond, spec.pool.min_warm, live, zero),
             _progressing_condition(cond, live, deployment),
             cond(CONDITION_DEGRADED, "False", REASON_AS_EXPECTED, "spec reconciled"),
             _gated_condition(cond, live),
@@ -215,6 +226,7 @@ def compute_status(
         cold_start=cold_starts.figures(),
         awake_replicas=sum(p.ready and not p.asleep for p in live),
         sleeping_replicas=sum(p.asleep for p in live),
+        held=None if zero is None else zero.held,
         wake=wake_figures(live),
         selector=selector_string(name),
         forecast=forecast,

@@ -1,0 +1,176 @@
+"""The scale-to-zero rules (rules/zero.py): held counts, the at-zero decision, the Service's two
+EndpointSlices, the replicas and the Ready condition at zero, and the spec rules around it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from warmpool_operator.api import types as api
+from warmpool_operator.model import Target
+from warmpool_operator.rules import scaling, zero
+from warmpool_operator.rules import status as st
+from warmpool_operator.rules.builders import build_service
+from warmpool_operator.rules.observation import ColdStarts
+
+from warmpool.contract.zero import (
+    ENDPOINTSLICE_MANAGER,
+    LABEL_ENDPOINTSLICE_MANAGED_BY,
+    LABEL_SERVICE_NAME,
+    held_annotation,
+    held_value,
+    parse_held,
+)
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000.0
+
+
+def _spec(**pool: Any) -> api.WarmModelSpec:
+    zero_policy = {"afterIdleSeconds": 600, "holdTimeoutSeconds": 60, "maxHeldRequests": 5}
+    return api.parse_spec({"model": {"hostPath": {"path": "/models/m"}},
+                           "pool": {"replicas": 0, "minWarm": 0, "scaleToZero": zero_policy, **pool}})
+
+
+def _policy() -> api.ScaleToZeroSpec:
+    policy = _spec().pool.scale_to_zero
+    assert policy is not None
+    return policy
+
+
+def test_held_counts_sum_the_live_replicas_and_leave_out_stale_garbage_and_foreign_keys() -> None:
+    annotations = {
+        held_annotation("activator-a"): held_value(3, NOW - 5),
+        held_annotation("activator-b"): held_value(2, NOW),
+        # Not rewritten for longer than the hold timeout plus the grace: its replica died.
+        held_annotation("activator-dead"): held_value(7, NOW - 60 - zero.STALE_GRACE_SECONDS - 1),
+        held_annotation("activator-idle"): held_value(0, NOW),
+        held_annotation("activator-garbage"): "many",
+        "example.com/held": "9 1800000000",
+    }
+    assert zero.held_requests(annotations, _policy(), NOW) == zero.Held(requests=5, replicas=2)
+    assert zero.held_requests({}, _policy(), NOW) == zero.Held()
+
+
+@pytest.mark.parametrize("value", ["", "3", "3 x", "-1 5", "1.5 5", "1 2 3", None, 7])
+def test_a_malformed_held_value_is_none(value: object) -> None:
+    assert parse_held(value) is None
+
+
+def test_held_values_round_trip() -> None:
+    assert parse_held(held_value(4, NOW + 0.9)) == (4, NOW)
+
+
+def _inputs(**overrides: Any) -> zero.ZeroInputs:
+    values: dict[str, Any] = {"held": 0, "live_pods": 1, "settled_pods": 1, "idle_seconds": 0.0, "was_at_zero": False}
+    return zero.ZeroInputs(**{**values, **overrides})
+
+
+def test_a_held_request_brings_the_pool_back_and_says_why() -> None:
+    made = zero.decide(_policy(), _inputs(held=2, was_at_zero=True, live_pods=0, settled_pods=0))
+    assert not made.at_zero and made.change is not None and "2 request(s) held" in made.change
+    # Already out of zero: no change to announce.
+    assert zero.decide(_policy(), _inputs(held=2)) == zero.ZeroDecision(False)
+
+
+def test_the_pool_goes_to_zero_only_when_idle_long_enough_and_every_pod_settled() -> None:
+    policy = _policy()
+    assert zero.decide(policy, _inputs(idle_seconds=599)) == zero.ZeroDecision(False)
+    assert zero.decide(policy, _inputs(idle_seconds=None)) == zero.ZeroDecision(False)
+    # A pod still starting (for a request just answered) keeps the pool up.
+    assert zero.decide(policy, _inputs(idle_seconds=900, live_pods=2, settled_pods=1)) == zero.ZeroDecision(False)
+    made = zero.decide(policy, _inputs(idle_seconds=600))
+    assert made.at_zero and made.change == "no request for 600s (afterIdleSeconds 600)"
+    # At zero with nothing held: it stays, and there is nothing new to say.
+    assert zero.decide(policy, _inputs(was_at_zero=True, live_pods=0, settled_pods=0)) == zero.ZeroDecision(True)
+
+
+PODS = [zero.Endpoint("10.1.0.9", "m-b", "ns", "uid-b"), zero.Endpoint("10.1.0.7", "m-a", "ns", "uid-a")]
+ACTIVATORS = [zero.Endpoint("10.1.0.2", "activator-0", "warmpool", "uid-x")]
+
+
+def test_the_slices_list_the_pods_when_there_are_any_and_the_activator_otherwise() -> None:
+    target = Target("m", "ns", _spec())
+    pods_slice, activator_slice = zero.build_slices(target, PODS, ACTIVATORS, 8012)
+    assert [e["addresses"] for e in pods_slice["endpoints"]] == [["10.1.0.7"], ["10.1.0.9"]]
+    assert pods_slice["endpoints"][0]["targetRef"] == {"kind": "Pod", "namespace": "ns", "name": "m-a", "uid": "uid-a"}
+    assert pods_slice["ports"][0]["port"] == target.spec.pod.port
+    assert activator_slice["endpoints"] == []
+    for made in (pods_slice, activator_slice):
+        labels = made["metadata"]["labels"]
+        assert labels[LABEL_SERVICE_NAME] == "m" and labels[LABEL_ENDPOINTSLICE_MANAGED_BY] == ENDPOINTSLICE_MANAGER
+    assert (pods_slice["metadata"]["name"], activator_slice["metadata"]["name"]) == zero.slice_names("m")
+
+    pods_slice, activator_slice = zero.build_slices(target, [], ACTIVATORS, 8012)
+    assert pods_slice["endpoints"] == []
+    assert [e["addresses"] for e in activator_slice["endpoints"]] == [["10.1.0.2"]]
+    # The activator's port, under the port name the Service's targetPort resolves.
+    assert activator_slice["ports"][0]["port"] == 8012
+    assert activator_slice["ports"][0]["name"] == pods_slice["ports"][0]["name"]
+
+
+def test_a_scale_to_zero_service_has_no_selector_and_targets_the_port_by_number() -> None:
+    target = Target("m", "ns", _spec())
+    service = build_service(target)
+    assert "selector" not in service["spec"]
+    assert service["spec"]["ports"][0]["targetPort"] == target.spec.pod.port
+    plain = build_service(Target("m", "ns", api.parse_spec({"model": {"hostPath": {"path": "/models/m"}}})))
+    assert plain["spec"]["selector"]
+
+
+def test_the_activators_ready_addresses_are_read_from_its_own_slices() -> None:
+    slices = [{"ports": [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8012}],
+               "endpoints": [{"addresses": ["10.1.0.3"], "conditions": {"ready": True},
+                              "targetRef": {"name": "a-1", "namespace": "warmpool", "uid": "u1"}},
+                             {"addresses": ["10.1.0.4"], "conditions": {"ready": False}}]}]
+    found, port = zero.ready_endpoints(slices)
+    assert found == [zero.Endpoint("10.1.0.3", "a-1", "warmpool", "u1")] and port == 8012
+    assert zero.ready_endpoints([]) == ([], None)
+
+
+def test_replicas_are_zero_at_zero_and_at_least_one_otherwise() -> None:
+    spec = _spec()
+    assert scaling.desired_replicas(spec, at_zero=True) == 0
+    assert scaling.desired_replicas(spec) == 1  # out of zero because a request wants a pod
+    assert scaling.desired_replicas(_spec(replicas=3, maxReplicas=4)) == 3
+    # A forecast burst raises a pool at zero too.
+    assert scaling.with_prediction(spec, 0, 2, at_zero=True) == 2
+    assert scaling.with_prediction(spec, 0, None, at_zero=True) == 0
+
+
+def _ready(zero_state: zero.ZeroState) -> tuple[dict[str, Any], dict[str, Any]]:
+    out = st.compute_status(name="m", spec=_spec(), generation=1, pods=[], deployment=None, cold_starts=ColdStarts(),
+                            previous=None, now="2026-01-01T00:00:00Z", zero=zero_state)
+    return {c["type"]: c for c in out["conditions"]}["Ready"], out
+
+
+def test_ready_says_at_zero_will_start_on_demand_and_status_shows_the_held_requests() -> None:
+    ready, out = _ready(zero.ZeroState(at_zero=True, held=0))
+    assert (ready["status"], ready["reason"]) == ("True", zero.REASON_SCALED_TO_ZERO)
+    assert "will start on demand" in ready["message"] and out["held"] == 0
+    ready, out = _ready(zero.ZeroState(at_zero=False, held=3))
+    assert (ready["status"], ready["reason"]) == ("False", zero.REASON_STARTING_ON_DEMAND)
+    assert "3 request(s) held" in ready["message"] and out["held"] == 3
+
+
+@pytest.mark.parametrize(("sleep", "error"), [
+    ({"minAwake": 1}, "spec.pool.sleep.minAwake must be 0 with spec.pool.scaleToZero"),
+    ({"minAwake": 0, "afterIdleSeconds": 600},
+     "spec.pool.sleep.afterIdleSeconds must be below spec.pool.scaleToZero.afterIdleSeconds"),
+])
+def test_combinations_that_cannot_work_are_refused_by_name(sleep: dict[str, Any], error: str) -> None:
+    with pytest.raises(api.InvalidWarmModel) as caught:
+        _spec(sleep=sleep)
+    assert any(error in message for message in caught.value.errors), caught.value.errors
+    assert _spec(sleep={"minAwake": 0, "afterIdleSeconds": 300}).pool.sleep is not None
+
+
+def test_scale_to_zero_bounds_are_checked() -> None:
+    with pytest.raises(api.InvalidWarmModel) as caught:
+        api.parse_spec({"model": {"hostPath": {"path": "/models/m"}},
+                        "pool": {"scaleToZero": {"afterIdleSeconds": 0, "maxHeldRequests": 0}}})
+    assert {e.split(":")[0] for e in caught.value.errors} >= {
+        "spec.pool.scaleToZero.afterIdleSeconds", "spec.pool.scaleToZero.maxHeldRequests"}
+    with pytest.raises(api.InvalidWarmModel, match="afterIdleSeconds"):
+        api.parse_spec({"model": {"hostPath": {"path": "/models/m"}}, "pool": {"scaleToZero": {}}})
