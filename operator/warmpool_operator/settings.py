@@ -65,6 +65,10 @@ class OperatorConfig:
     #: The Secret holding the key the workers' control tokens derive from (io/control_key.py).
     control_key_namespace: str = "default"
     control_key_secret: str = "warmpool-control-key"
+    #: The activator's Service (namespace, name), whose EndpointSlices give the addresses the
+    #: Services of scale-to-zero pools at zero route to; None: no activator (such pools then have
+    #: no endpoint while at zero, and the operator warns).
+    activator_service: tuple[str, str] | None = None
     #: Seconds before a pass that failed for a passing reason (a conflict, an API hiccup) is retried.
     retry_delay: float = 3.0
 

@@ -26,7 +26,8 @@ KINDS: dict[str, tuple[k.Kind, str]] = {
     "deployments": (k.DEPLOYMENTS, "Deployment"), "replicasets": (k.REPLICASETS, "ReplicaSet"),
     "services": (k.SERVICES, "Service"), "configmaps": (k.CONFIGMAPS, "ConfigMap"),
     "secrets": (k.SECRETS, "Secret"), "pods": (k.PODS, "Pod"),
-    "poddisruptionbudgets": (k.PDBS, "PodDisruptionBudget"), PLURAL: (k.WARMMODELS, KIND),
+    "poddisruptionbudgets": (k.PDBS, "PodDisruptionBudget"), "endpointslices": (k.ENDPOINTSLICES, "EndpointSlice"),
+    PLURAL: (k.WARMMODELS, KIND),
 }
 #: who the test's own edits are by: someone else, by hand
 EDITOR = "test-editor"

@@ -56,7 +56,7 @@ PATH = re.compile(r"^(?P<prefix>/api/v1|/apis/[^/]+/[^/]+)/namespaces/(?P<ns>[^/
                   r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
 #: The child kinds the operator watches, by the plural of their API path.
 CHILD_KINDS = {"Deployment": "deployments", "Service": "services", "ConfigMap": "configmaps",
-               "PodDisruptionBudget": "poddisruptionbudgets"}
+               "PodDisruptionBudget": "poddisruptionbudgets", "EndpointSlice": "endpointslices"}
 
 
 @dataclass

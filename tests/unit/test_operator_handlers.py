@@ -38,7 +38,7 @@ class Operator:
         c = self.cluster
         return {"wp_deployments": c.children["Deployment"], "wp_services": c.children["Service"],
                 "wp_configmaps": c.children["ConfigMap"], "wp_pdbs": c.children["PodDisruptionBudget"],
-                "wp_replicasets": c.replicasets, "wp_pods": c.pods}
+                "wp_endpointslices": c.children["EndpointSlice"], "wp_replicasets": c.replicasets, "wp_pods": c.pods}
 
     async def created(self, spec: dict[str, Any]) -> tuple[Obj, Reconciler]:
         """A WarmModel as the watch lists it, its reconciler, and its first pass over."""

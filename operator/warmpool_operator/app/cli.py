@@ -89,6 +89,13 @@ def _pool_flags(parser: argparse.ArgumentParser) -> None:
         help="the worker image of pods whose WarmModel names none in spec.pod.image (the chart passes "
         f"its workerImage value; default: {DEFAULTS.worker_image})",
     )
+    parser.add_argument(
+        "--activator-service",
+        default=None,
+        metavar="NAMESPACE/NAME",
+        help="the activator's Service (the chart's <release>-activator): scale-to-zero pools at zero route "
+        "to its pods' addresses; unset: no activator, and such pools have no endpoint while at zero",
+    )
     parser.add_argument("--heat-write-interval", type=float, default=DEFAULTS.heat_write_interval,
                         help="least seconds between heat-map writes")
     parser.add_argument(
@@ -197,7 +204,14 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         )
     except BadHostPathPrefix as error:
         raise BadFlags(f"bad {error}") from None
+    activator: tuple[str, str] | None = None
+    if args.activator_service is not None:
+        namespace, _, name = str(args.activator_service).partition("/")
+        if not namespace or not name or "/" in name:
+            raise BadFlags(f"--activator-service must be NAMESPACE/NAME, got {args.activator_service!r}")
+        activator = (namespace, name)
     return OperatorConfig(
+        activator_service=activator,
         scrape_interval=args.scrape_interval,
         scrape_timeout=args.scrape_timeout,
         scrape_concurrency=args.scrape_concurrency,

@@ -6,8 +6,10 @@
 * indexes: watch-fed caches of our children, ReplicaSets and worker pods (label-filtered);
   not Secrets: list/watch on Secrets would let the operator read every Secret of a namespace,
   so the control Secret is read by name once per WarmModel and its token kept in memory;
-* events: a WarmModel's spec or status changing, a child or worker pod changing or going,
-  each pokes the reconciler of that WarmModel only (control/reconciler.py debounces the pokes);
+* events: a WarmModel's spec, status or held-requests annotations (the activator's) changing, a
+  child or worker pod changing or going, each pokes the reconciler of that WarmModel only
+  (control/reconciler.py debounces the pokes); the activator's EndpointSlices changing pokes
+  every scale-to-zero pool;
   a watch seen listing again asks for a resync (control/resync.py: what it deleted meanwhile got
   no event);
 * create / resume / spec update: a handler that waits for the pass, so kopf reports it.
@@ -29,7 +31,8 @@ from typing import Any
 import kopf
 
 from warmpool.contract.api import API_GROUP, API_VERSION, OPERATOR_FINALIZER, PLURAL
-from warmpool.contract.pods import MANAGED_BY
+from warmpool.contract.pods import LABEL_COMPONENT, MANAGED_BY
+from warmpool.contract.zero import COMPONENT_ACTIVATOR, HELD_ANNOTATION_PREFIX, LABEL_SERVICE_NAME
 from warmpool_operator.control.reconciler import Permanent, Temporary
 from warmpool_operator.control.registry import Registry
 from warmpool_operator.io import control_key, metrics
@@ -166,6 +169,7 @@ def _cache(registry: Registry, kwargs: Mapping[str, Any]) -> Cache:
         "Service": kwargs["wp_services"],
         "ConfigMap": kwargs["wp_configmaps"],
         "PodDisruptionBudget": kwargs["wp_pdbs"],
+        "EndpointSlice": kwargs["wp_endpointslices"],
     }
     return Cache(children=children, replicasets=kwargs["wp_replicasets"], pods=kwargs["wp_pods"], gone=registry.gone)
 
@@ -197,6 +201,11 @@ def wp_pdbs(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) 
     return _by_name(namespace, name, body)
 
 
+@kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)
+def wp_endpointslices(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return _by_name(namespace, name, body)
+
+
 @kopf.index("apps", "v1", "replicasets", labels=MANAGED)
 def wp_replicasets(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     key = model_key(namespace, labels)
@@ -212,6 +221,12 @@ def wp_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: An
 # --------------------------------------------------------------------------- events
 
 
+def held_annotations(body: Mapping[str, Any]) -> dict[str, str]:
+    """The activator replicas' held-requests annotations of a WarmModel."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return {k: str(v) for k, v in annotations.items() if k.startswith(HELD_ANNOTATION_PREFIX)}
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def warmmodel_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A new generation, or a status we did not write (someone else's is corrected, never believed)."""
@@ -222,9 +237,11 @@ async def warmmodel_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, 
         await registry.forget(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
         return
     before = registry.get(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
-    seen = (before.body.get("metadata", {}).get("generation"), before.body.get("status")) if before else None
+    seen = (before.body.get("metadata", {}).get("generation"), before.body.get("status"),
+            held_annotations(before.body)) if before else None
     rec = registry.ensure(body, _cache(registry, kwargs))
-    if seen != (meta.get("generation"), body.get("status")):
+    # The activator's held-requests annotations are news too: a request waits for this pass.
+    if seen != (meta.get("generation"), body.get("status"), held_annotations(body)):
         rec.poke()
 
 
@@ -232,6 +249,7 @@ async def warmmodel_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, 
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("", "v1", "configmaps", labels=MANAGED)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
+@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)
 async def child_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child deleted or edited: its WarmModel's pass restores it.  The echo of our own write
     (the version we settled on) and a Deployment's unchanged status wake nothing."""
@@ -261,6 +279,19 @@ async def worker_changed(
         return
     if rec.saw_pod(type, body):
         rec.poke()
+
+
+@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={LABEL_COMPONENT: COMPONENT_ACTIVATOR})
+async def activator_changed(type: str | None, body: kopf.Body, namespace: str | None, labels: kopf.Labels,
+                            memo: kopf.Memo, **_: Any) -> None:
+    """The activator's addresses (its Service's EndpointSlices) changed: every scale-to-zero pool
+    at zero lists them in its Service, so each gets a pass."""
+    registry = _registry(memo)
+    wanted = registry.config.activator_service
+    if wanted is None or (namespace, labels.get(LABEL_SERVICE_NAME)) != wanted:
+        return
+    if registry.activators.update(type, body):
+        registry.poke_scale_to_zero()
 
 
 # --------------------------------------------------------------------------- handlers kopf reports

@@ -13,9 +13,12 @@ each step a function of what came before:
 1. **observe** the pods of our Deployment and their samples, scraping what is stale (observe.py);
 2. **tiers** decided on new samples, sent, announced and annotated (tiers.py);
 3. **forecast**: this pass's samples into the demand history, the pods it asks for (forecasting.py);
-4. **sleep/wake** by the rules, with this pass's forecast (sleep_actions.py);
-5. **scale**: the Deployment's replicas, written at most once per pass (scale.py, children.py);
-6. **status**, after what the pool learned (learning.py), written only when it changed.
+4. **sleep/wake** by the rules, with this pass's forecast and the requests the activator holds
+   (sleep_actions.py);
+5. **zero** (spec.pool.scaleToZero): at zero or not, and the Service's EndpointSlices: the awake
+   warm pods, else the activator (zero.py);
+6. **scale**: the Deployment's replicas, written at most once per pass (scale.py, children.py);
+7. **status**, after what the pool learned (learning.py), written only when it changed.
 
 What a restart would forget is read back from the live objects: the extra pods from the
 Deployment's replicas, each pod's last tier from its annotation.
@@ -39,6 +42,7 @@ from warmpool.contract.telemetry import ATTR_WARMMODEL, ATTR_WARMMODEL_UID, SPAN
 from warmpool.kube import KubeError
 from warmpool_operator.api.types import InvalidWarmModel, WarmModelSpec, parse_spec
 from warmpool_operator.control import children, learning, observe, scale, sleep_actions, tiers
+from warmpool_operator.control import zero as zero_step
 from warmpool_operator.control.forecasting import PoolForecast, Predicted
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.control.status_patch import write_status
@@ -49,6 +53,7 @@ from warmpool_operator.rules import builders, heat, host_paths
 from warmpool_operator.rules import status as st
 from warmpool_operator.rules.object_store_pods import reported_paths, resolved_revision
 from warmpool_operator.rules.observation import ColdStarts, PodObservation, pod_fingerprint
+from warmpool_operator.rules.zero import Endpoint, ZeroState
 
 log = logging.getLogger("warmpool.operator")
 
@@ -108,6 +113,7 @@ class PoolMemory:
     sleep: sleep_actions.SleepState = field(default_factory=sleep_actions.SleepState)
     scale: scale.ScaleMemory = field(default_factory=scale.ScaleMemory)
     heat: heat.HeatState = field(default_factory=heat.HeatState)
+    zero: zero_step.ZeroMemory = field(default_factory=zero_step.ZeroMemory)
 
 
 @dataclass
@@ -118,6 +124,9 @@ class Outcome:
     predicted: Predicted = field(default_factory=Predicted)
     deployment: Obj | None = None
     conflicts: list[children.ChildConflict] = field(default_factory=list)
+    #: scale to zero: the pods the Service may route to, and this pass's decision (None: not such a pool)
+    endpoints: list[Endpoint] = field(default_factory=list)
+    zero: ZeroState | None = None
 
 
 class Reconciler:
@@ -314,13 +323,22 @@ class Reconciler:
         scale.restore(memory.scale, target.spec, live, shared.monotonic())
         if live is not None and not outcome.conflicts:
             await self._pods(target, str(live["metadata"]["uid"]), outcome)
-        replicas = scale.replicas(memory.scale, target.spec, outcome.predicted, self.body, shared.monotonic())
-        try:
-            with shared.tracing.span(SPAN_APPLY):
+        if target.spec.pool.scale_to_zero is not None:
+            outcome.zero = zero_step.decide(memory.zero, target, self.body, live, outcome.observations,
+                                            memory.sleep.last_active(), shared.monotonic(), shared.wall())
+        at_zero = outcome.zero is not None and outcome.zero.at_zero
+        replicas = scale.replicas(memory.scale, target.spec, outcome.predicted, self.body, shared.monotonic(), at_zero)
+        with shared.tracing.span(SPAN_APPLY):
+            if outcome.zero is not None:  # pods leave the Service before the Deployment lets them go
+                outcome.conflicts += await zero_step.route(kube, self.cache, target, self.body, memory.children.settled,
+                                                           outcome.endpoints if replicas else [], shared.activators)
+            else:
+                await zero_step.unroute(kube, self.cache, target)
+            try:
                 outcome.deployment = await children.ensure(
                     kube, self.cache, builders.build_deployment(target, replicas), self.body, memory.children.settled)
-        except children.ChildConflict as conflict:
-            outcome.conflicts.append(conflict)
+            except children.ChildConflict as conflict:
+                outcome.conflicts.append(conflict)
         return outcome
 
     async def _pods(self, target: Target, deployment_uid: str, outcome: Outcome) -> None:
@@ -343,8 +361,11 @@ class Reconciler:
         await tiers.annotate(shared.kube, target, pool, outcome.observations)
         outcome.predicted = self.forecast.step(spec, self.body, outcome.observations,
                                                memory.cold.figures().p95_seconds)
+        outcome.endpoints = zero_step.pod_endpoints(target, pool.refs, pool.pods, pool.readiness)
+        # Requests the activator holds want an awake pod: a sleeping one wakes before any is started.
+        awake_wanted = max(outcome.predicted.awake_wanted, zero_step.wake_wanted(target, self.body, shared.wall()))
         await sleep_actions.act(self._sleep_context(target), memory.sleep, shared.board, pool.refs, pool.pods,
-                                pool.samples, decisions, pool.readiness, awake_wanted=outcome.predicted.awake_wanted)
+                                pool.samples, decisions, pool.readiness, awake_wanted=awake_wanted)
         scale.react(memory.scale, spec, outcome.observations, self.key)
 
     def _sleep_context(self, target: Target) -> sleep_actions.Context:
@@ -405,5 +426,5 @@ class Reconciler:
             name=self.key[1], spec=spec, generation=generation, pods=outcome.observations,
             deployment=outcome.deployment, cold_starts=self.memory.cold, previous=self.body.get("status"), now=now,
             degraded=degraded, forecast=outcome.predicted.forecast, learned_buckets=outcome.predicted.learned,
-            extra_conditions=outcome.predicted.conditions,
+            extra_conditions=outcome.predicted.conditions, zero=outcome.zero,
         )

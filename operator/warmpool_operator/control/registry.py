@@ -19,6 +19,7 @@ from warmpool_operator.control import resync
 from warmpool_operator.control.reconciler import Reconciler
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.control.sleep_actions import PressureBoard
+from warmpool_operator.control.zero import ActivatorBoard
 from warmpool_operator.io.kube import Kube
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing
@@ -56,13 +57,15 @@ class Registry:
     resyncing: asyncio.Task[None] | None = None
     #: the key of the workers' control tokens (io/control_key.py); random unless given
     control_key: bytes = field(default_factory=lambda: secrets.token_bytes(KEY_BYTES))
+    #: the activator's addresses (scale to zero), from the watch of its Service's EndpointSlices
+    activators: ActivatorBoard = field(default_factory=ActivatorBoard)
     #: what every reconciler gets (made from the fields above)
     shared: Shared = field(init=False)
 
     def __post_init__(self) -> None:
         self.shared = Shared(kube=self.kube, workers=self.workers, scheduler=self.scheduler, config=self.config,
                              tracing=self.tracing, board=self.board, forecasting=self.forecasting,
-                             control_key=self.control_key)
+                             control_key=self.control_key, activators=self.activators)
 
     def start_scheduler(self) -> None:
         if self.scheduling is None:
@@ -121,6 +124,12 @@ class Registry:
             await self.forget(str(meta["namespace"]), str(meta["name"]), str(meta["uid"]))
         # A hidden object the index no longer holds needs hiding no more.
         self.gone.intersection_update(cache.stored_uids())
+
+    def poke_scale_to_zero(self) -> None:
+        """A pass for every pool with spec.pool.scaleToZero (the activator's addresses changed)."""
+        for rec in list(self.by_key.values()):
+            if ((rec.body.get("spec") or {}).get("pool") or {}).get("scaleToZero") is not None:
+                rec.poke()
 
     def rounds(self) -> Iterator[Callable[[], Awaitable[None]]]:
         return (rec.scrape_round for rec in list(self.by_key.values()))

@@ -65,21 +65,21 @@ def react(memory: ScaleMemory, spec: WarmModelSpec, observations: list[PodObserv
 
 
 def replicas(memory: ScaleMemory, spec: WarmModelSpec, predicted: Predicted, owner: Mapping[str, Any],
-             now: float) -> int:
+             now: float, at_zero: bool = False) -> int:
     """The Deployment's replicas this pass (and the PreWarm Event when prediction raises them)."""
     held: int | None = None
     if predicted.hold_s is not None:
         memory.hold = scaling.held(memory.hold, predicted.wanted, now, predicted.hold_s)
         held = memory.hold[0] if memory.hold is not None else None
-    count = scaling.with_prediction(spec, memory.extra or 0, held)
-    _announce(memory, spec, count, held, predicted, owner)
+    count = scaling.with_prediction(spec, memory.extra or 0, held, at_zero)
+    _announce(memory, spec, count, held, predicted, owner, at_zero)
     return count
 
 
 def _announce(memory: ScaleMemory, spec: WarmModelSpec, count: int, held: int | None, predicted: Predicted,
-              owner: Mapping[str, Any]) -> None:
+              owner: Mapping[str, Any], at_zero: bool) -> None:
     """An Event when prediction raises the pool above the reactive count (once per new count)."""
-    reactive = scaling.desired_replicas(spec, memory.extra or 0)
+    reactive = scaling.desired_replicas(spec, memory.extra or 0, at_zero)
     raised = count if held is not None and count > reactive else None
     if raised is not None and raised != memory.pre_warmed:
         message = (f"demand forecast: {reactive} -> {count} pods ahead of the load "

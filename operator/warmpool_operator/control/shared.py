@@ -1,6 +1,7 @@
 """What every reconciler of the operator shares, made once at start-up (app/handlers.py) and
 handed to each one by the registry: the clients, the one scrape scheduler, the cross-pool
-pressure board, the one forecasting thread, the settings, tracing, the clocks and the control key.
+pressure board, the activator's addresses, the one forecasting thread, the settings, tracing,
+the clocks and the control key.
 
 The clocks are injected so that a unit test drives time itself (the pass never reads
 ``time`` behind its back): ``monotonic`` for every interval, ``wall`` for status timestamps
@@ -16,6 +17,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from warmpool_operator.control.sleep_actions import PressureBoard
+from warmpool_operator.control.zero import ActivatorBoard
 from warmpool_operator.io.kube import Kube
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing
@@ -41,3 +43,5 @@ class Shared:
     #: the key every worker's control token derives from (io/control_key.py); a unit test's own
     #: random one unless given
     control_key: bytes = field(default_factory=lambda: secrets.token_bytes(KEY_BYTES))
+    #: the activator's addresses, which the Services of scale-to-zero pools at zero list
+    activators: ActivatorBoard = field(default_factory=ActivatorBoard)

@@ -109,6 +109,11 @@ class SleepState:
     owed_wakes: int = 0
     owed_until: float = 0.0
 
+    def last_active(self) -> float | None:
+        """When any pod of the pool last had a request arriving (monotonic; a pod counts from when
+        it was first seen); None while no pod's activity is known."""
+        return max((a.last_active for a in self.activity.values()), default=None)
+
     def forget(self, live: set[str]) -> None:
         for table in (self.activity, self.busy, self.seen_sample, self.levels, self.acted_at):
             for uid in set(table) - live:

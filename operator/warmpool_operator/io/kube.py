@@ -52,6 +52,7 @@ SECRETS = Kind("/api/v1", "secrets")
 PODS = Kind("/api/v1", "pods")
 PDBS = Kind("/apis/policy/v1", "poddisruptionbudgets")
 LEASES = Kind("/apis/coordination.k8s.io/v1", "leases")
+ENDPOINTSLICES = Kind("/apis/discovery.k8s.io/v1", "endpointslices")
 WARMMODELS = Kind(f"/apis/{API_GROUP}/{API_VERSION}", PLURAL)
 
 
@@ -64,6 +65,7 @@ def kind_of(obj: Mapping[str, Any]) -> Kind:
         "Pod": PODS,
         "PodDisruptionBudget": PDBS,
         "Lease": LEASES,
+        "EndpointSlice": ENDPOINTSLICES,
     }[str(obj["kind"])]
 
 
@@ -116,6 +118,14 @@ class Kube(KubeClient):
             query={"fieldManager": FIELD_MANAGER, "force": "true"},
             content_type=APPLY_PATCH,
         )
+
+    async def delete(self, kind: Kind, namespace: str, name: str) -> None:
+        """Delete an object; one already gone is no error."""
+        try:
+            await self.request("DELETE", kind.path(namespace, name))
+        except KubeError as error:
+            if error.status != 404:
+                raise
 
     async def json_patch(self, kind: Kind, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]) -> Obj:
         """An RFC 6902 patch: one whose ``test`` operation fails changes nothing (422 Invalid)."""

@@ -93,7 +93,8 @@ class Cache:
         return [value for value in store if isinstance(value, dict) and uid_of(value) not in self.gone]
 
     def child(self, kind: str, namespace: str, name: str) -> Obj | None:
-        found = self._values(self.children[kind], (namespace, name))
+        index = self.children.get(kind)
+        found = self._values(index, (namespace, name)) if index is not None else []
         return found[0] if found else None
 
     def pods_of(self, namespace: str, model: str) -> list[Obj]:

@@ -1,0 +1,156 @@
+"""Scale to zero, a pass step for pools with ``spec.pool.scaleToZero`` (rules/zero.py has the rules).
+
+Each pass reads the requests the activator replicas hold (their annotations on the WarmModel), how
+long the pool has been idle, and decides whether the pool is at zero; the scale step then asks the
+Deployment for no pod or for the pool's size.  The Service's two EndpointSlices follow the pods:
+the awake warm pods' addresses when there are any, the activator's otherwise.  The slice that
+gains addresses is written before the one that loses them, so the Service is never without an
+endpoint and no new connection is refused during a switch; connections already open stay where
+they are (kube-proxy keeps established flows), so in-flight requests finish where they started.
+
+``ActivatorBoard`` holds the activator's addresses, fed by the watch of its Service's
+EndpointSlices (app/handlers.py); a change pokes every scale-to-zero pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from warmpool.contract.pods import AWAKE_TRUE, LABEL_AWAKE
+from warmpool.contract.zero import DEFAULT_ACTIVATOR_PORT
+from warmpool_operator.control.children import ChildConflict, Settled, ensure
+from warmpool_operator.io.kube import ENDPOINTSLICES, Kube
+from warmpool_operator.io.watch_cache import Cache
+from warmpool_operator.model import Obj, Target
+from warmpool_operator.rules import zero
+from warmpool_operator.rules.observation import PodObservation
+
+log = logging.getLogger("warmpool.operator")
+
+
+@dataclass
+class ActivatorBoard:
+    """The activator's ready addresses, from its Service's EndpointSlices (by slice uid)."""
+
+    slices: dict[str, Obj] = field(default_factory=dict)
+
+    def update(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Take one watch event; True when the addresses changed."""
+        before = self.endpoints()
+        uid = str((body.get("metadata") or {}).get("uid"))
+        if event_type == "DELETED":
+            self.slices.pop(uid, None)
+        else:
+            self.slices[uid] = {"ports": body.get("ports") or [], "endpoints": body.get("endpoints") or []}
+        return self.endpoints() != before
+
+    def endpoints(self) -> tuple[list[zero.Endpoint], int]:
+        found, port = zero.ready_endpoints(self.slices.values())
+        return found, port or DEFAULT_ACTIVATOR_PORT
+
+
+@dataclass
+class ZeroMemory:
+    """What a scale-to-zero pool remembers between passes (in memory only)."""
+
+    #: None until the first pass reads it back from the live Deployment (0 replicas: at zero)
+    at_zero: bool | None = None
+    #: monotonic time the pool last held a request (the pods' own activity is in the sleep state)
+    last_held: float | None = None
+    #: monotonic time the pool left zero (a pod started or woken for held requests is not idle yet)
+    left_zero: float | None = None
+    #: the latest activity of any pod seen so far (a pod's own record goes with the pod)
+    last_active: float | None = None
+
+
+def wake_wanted(target: Target, owner: Mapping[str, Any], wall: float) -> int:
+    """Awake pods the held requests ask for: one, while the activator holds any."""
+    policy = target.spec.pool.scale_to_zero
+    if policy is None:
+        return 0
+    annotations = (owner.get("metadata") or {}).get("annotations") or {}
+    return 1 if zero.held_requests(annotations, policy, wall).requests else 0
+
+
+def pod_endpoints(target: Target, refs: Sequence[Any], pods: Mapping[str, Obj],
+                  readiness: Mapping[str, bool]) -> list[zero.Endpoint]:
+    """The pods the Service's selector would pick: Ready (warm), labelled awake, not terminating."""
+    out: list[zero.Endpoint] = []
+    for ref in refs:
+        meta = (pods.get(ref.uid) or {}).get("metadata") or {}
+        if not readiness.get(ref.uid) or meta.get("deletionTimestamp"):
+            continue
+        if (meta.get("labels") or {}).get(LABEL_AWAKE) != AWAKE_TRUE:
+            continue
+        out.append(zero.Endpoint(ref.ip, ref.name, target.namespace, ref.uid))
+    return out
+
+
+def decide(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: Obj | None,
+           observations: Sequence[PodObservation], last_active: float | None, now: float,
+           wall: float) -> zero.ZeroState:
+    """This pass's at-zero decision (an Event when it changes)."""
+    policy = target.spec.pool.scale_to_zero
+    assert policy is not None
+    annotations = (owner.get("metadata") or {}).get("annotations") or {}
+    held = zero.held_requests(annotations, policy, wall)
+    if memory.at_zero is None:
+        memory.at_zero = live is not None and int((live.get("spec") or {}).get("replicas") or 0) == 0
+    if held.requests:
+        memory.last_held = now
+    live_pods = [o for o in observations if not o.terminating]
+    settled = [o for o in live_pods if o.warm or o.asleep or o.failure]
+    memory.last_active = max((t for t in (last_active, memory.last_active) if t is not None), default=None)
+    latest = max((t for t in (memory.last_active, memory.last_held, memory.left_zero) if t is not None),
+                 default=None)
+    made = zero.decide(policy, zero.ZeroInputs(
+        held=held.requests, live_pods=len(live_pods), settled_pods=len(settled),
+        idle_seconds=None if latest is None else now - latest, was_at_zero=memory.at_zero))
+    if made.change is not None:
+        if made.at_zero:
+            _event(owner, zero.REASON_SCALED_TO_ZERO, f"scaled to zero: {made.change}; sleeping pods released too; "
+                   "the activator holds the next request and starts a pod")
+        else:
+            memory.left_zero = now
+            _event(owner, zero.REASON_SCALED_FROM_ZERO, f"leaving zero: {made.change}; "
+                   + ("waking a sleeping pod" if any(o.asleep for o in live_pods) else "starting a pod"))
+    memory.at_zero = made.at_zero
+    return zero.ZeroState(made.at_zero, held.requests)
+
+
+def _event(owner: Mapping[str, Any], reason: str, message: str) -> None:
+    kopf.event(owner, type="Normal", reason=reason, message=message[:1024])  # type: ignore[arg-type]
+    meta = owner.get("metadata") or {}
+    log.info("%s/%s: %s", meta.get("namespace"), meta.get("name"), message)
+
+
+async def route(kube: Kube, cache: Cache, target: Target, owner: Mapping[str, Any], settled: Settled,
+                pods: Sequence[zero.Endpoint], board: ActivatorBoard) -> list[ChildConflict]:
+    """Write the Service's two slices, the one gaining addresses first (see the module docstring)."""
+    activators, port = board.endpoints()
+    pods_slice, activator_slice = zero.build_slices(target, pods, activators, port)
+    # To pods: the pods' slice first.  To the activator: the activator's first.
+    order = (pods_slice, activator_slice) if pods else (activator_slice, pods_slice)
+    conflicts: list[ChildConflict] = []
+    for desired in order:
+        try:
+            await ensure(kube, cache, desired, owner, settled)
+        except ChildConflict as conflict:
+            conflicts.append(conflict)
+    if not pods and not activators:
+        log.warning("%s/%s: no awake warm pod and no activator address: the Service has no endpoint "
+                    "(is the activator running, and --activator-service set?)", target.namespace, target.name)
+    return conflicts
+
+
+async def unroute(kube: Kube, cache: Cache, target: Target) -> None:
+    """A pool without scaleToZero: its Service selects its pods again, and our slices go (kube-proxy
+    would merge them with the EndpointSlice controller's)."""
+    for name in zero.slice_names(target.name):
+        if cache.child("EndpointSlice", target.namespace, name) is not None:
+            await kube.delete(ENDPOINTSLICES, target.namespace, name)
