@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "images": ("warmpool_devcluster.images_cli", "the project's images, built here: build | load | list"),
     "worker": ("warmpool_worker.cli", "run a worker: serve (built-in engine) | sidecar (external engine)"),
     "operator": ("warmpool_operator.app.cli", "run the operator (kopf)"),
+    "activator": ("warmpool_operator.activator.app", "hold the requests of scale-to-zero pools at zero, forward "
+                  "them once a pod is warm (the chart's activator Deployment)"),
     "node-agent": ("warmpool_nodecache.agent_cli", "fill this node's model cache from object stores"),
     "model": ("warmpool_dev.model_fetch", "fetch: the small real test model (SmolLM2-135M) as safetensors | "
               "push: a model directory to an S3 store, with its manifest"),

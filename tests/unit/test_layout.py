@@ -160,7 +160,8 @@ def test_an_images_packages_alone_import_and_run(side: str, tmp_path: Path) -> N
 #: layers below know nothing of those above: the API is what users write, the model the nouns
 #: every layer shares, the rules pure decisions, io the world, control the pass, app the edge.
 #: (api imports nothing of the operator at all: the model holds the parsed spec, so the model
-#: imports the API, never the other way round.)
+#: imports the API, never the other way round.)  The activator is an edge of its own, beside app:
+#: a separate process that shares only the API's defaults with the operator.
 OPERATOR_LAYERS: dict[str, frozenset[str]] = {
     "api": frozenset({"api"}),
     "model": frozenset({"api", "model"}),
@@ -169,6 +170,7 @@ OPERATOR_LAYERS: dict[str, frozenset[str]] = {
     "io": frozenset({"api", "model", "rules", "io"}),
     "control": frozenset({"api", "model", "rules", "io", "settings", "control"}),
     "app": frozenset({"api", "model", "rules", "io", "settings", "control", "app"}),
+    "activator": frozenset({"api", "activator"}),
 }
 
 

@@ -1,0 +1,161 @@
+"""``warmpool activator``: hold the requests of scale-to-zero pools at zero and forward them to the
+first pod that turns warm (the chart runs it as its own Deployment, two replicas).
+
+It watches WarmModels, the operator's Services and its pod EndpointSlices (activator/pools.py),
+serves the pools' traffic on ``--port`` (activator/proxy.py), writes its held counts to the
+WarmModels (activator/demand.py), and answers /healthz and /readyz (ready once its watches
+listed) on ``--health-port`` and Prometheus metrics on ``--metrics-port``.  On SIGTERM it stops
+being ready, goes on serving what it holds for up to ``--drain-seconds``, removes its held-count
+annotations and exits: a client whose request it still held then sees its connection close at
+once, never a hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import start_http_server
+
+from warmpool.contract.api import API_GROUP, API_VERSION, PLURAL
+from warmpool.contract.pods import LABEL_MANAGED_BY, MANAGED_BY
+from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
+from warmpool.contract.zero import DEFAULT_ACTIVATOR_PORT, ENDPOINTSLICE_MANAGER, LABEL_ENDPOINTSLICE_MANAGED_BY
+from warmpool.kube import KubeClient, client_from_environment
+from warmpool.logformat import configure_logging
+from warmpool_operator.activator.demand import Demand
+from warmpool_operator.activator.pools import Pools
+from warmpool_operator.activator.proxy import Activator, describe
+from warmpool_operator.activator.watch import list_watch
+
+log = logging.getLogger("warmpool.activator")
+
+#: The most a request body may be (a chat with a long context is a few MB of JSON).
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="warmpool activator", description=__doc__.split("\n\n")[0])
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch WarmModels cluster-wide")
+    parser.add_argument("--port", type=int, default=DEFAULT_ACTIVATOR_PORT, help="the pools' traffic (HTTP)")
+    parser.add_argument("--health-port", type=int, default=8081, help="GET /healthz and /readyz; 0: none")
+    parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics; 0: none")
+    parser.add_argument("--bind", default="0.0.0.0", help="address every port binds")
+    parser.add_argument("--drain-seconds", type=float, default=20.0,
+                        help="on SIGTERM, how long held and in-flight requests may still finish")
+    parser.add_argument("--pod-name", default=os.environ.get("POD_NAME") or os.uname().nodename,
+                        help="this replica's name in its held-count annotation (default: $POD_NAME)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT)
+    return parser
+
+
+def _collections(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(kind, collection path, label selector) of every watch, per namespace or cluster-wide."""
+    scopes = [""] if args.all_namespaces else [f"/namespaces/{ns}" for ns in args.namespace]
+    out = []
+    for scope in scopes:
+        out += [
+            ("warmmodel", f"/apis/{API_GROUP}/{API_VERSION}{scope}/{PLURAL}", ""),
+            ("service", f"/api/v1{scope}/services", f"{LABEL_MANAGED_BY}={MANAGED_BY}"),
+            ("endpointslice", f"/apis/discovery.k8s.io/v1{scope}/endpointslices",
+             f"{LABEL_ENDPOINTSLICE_MANAGED_BY}={ENDPOINTSLICE_MANAGER}"),
+        ]
+    return out
+
+
+async def _health_app(synced: list[asyncio.Event], activator: Activator, stopping: asyncio.Event) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(_: web.Request) -> web.Response:
+        ready = all(event.is_set() for event in synced) and not stopping.is_set()
+        return web.json_response({"ready": ready, "held": describe(activator)}, status=200 if ready else 503)
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def serve(args: argparse.Namespace, client: KubeClient) -> None:
+    pools = Pools()
+    demand = Demand(client, args.pod_name)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    loop.add_signal_handler(signal.SIGINT, stopping.set)
+    handlers = {"warmmodel": (pools.warmmodel, lambda: None), "service": (pools.service, lambda: None),
+                "endpointslice": (pools.endpoint_slice, pools.relisted_endpoint_slices)}
+    synced: list[asyncio.Event] = []
+    watches: list[asyncio.Task[None]] = []
+    for kind, path, selector in _collections(args):
+        event = asyncio.Event()
+        synced.append(event)
+        on_event, on_list = handlers[kind]
+        watches.append(asyncio.create_task(list_watch(client, path, selector or None, on_event, on_list, event)))
+    # No pooled connection outlives a pod: each forward dials afresh (milliseconds on the node's network).
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        activator = Activator(pools, demand, session)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_route("*", "/{path:.*}", activator.handle)
+        # handler_cancellation: a client that hangs up cancels its handler, which drops it from the hold.
+        runners = [web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)]
+        sites = [(runners[0], args.port)]
+        if args.health_port > 0:
+            runners.append(web.AppRunner(await _health_app(synced, activator, stopping), access_log=None))
+            sites.append((runners[1], args.health_port))
+        for runner, port in sites:
+            await runner.setup()
+            await web.TCPSite(runner, args.bind, port).start()
+        log.info("activator %s serving on %s:%d (watching %s)", args.pod_name, args.bind, args.port,
+                 "every namespace" if args.all_namespaces else ", ".join(args.namespace))
+        await stopping.wait()
+        log.info("SIGTERM: not ready; %d request(s) held, up to %gs to finish", activator.held_total(),
+                 args.drain_seconds)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(args.drain_seconds):
+                await activator.none_held.wait()
+        for runner in runners:
+            await runner.cleanup()
+        for task in watches:
+            task.cancel()
+        await demand.clear_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for port in (args.port, args.health_port, args.metrics_port):
+        if not 0 <= port <= 65535:
+            print(f"warmpool activator: port {port} is not 0-65535", file=sys.stderr)
+            return 2
+    if args.port == 0:
+        print("warmpool activator: --port must not be 0", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level, args.log_format)
+    if args.metrics_port > 0:
+        start_http_server(args.metrics_port, addr=args.bind)
+
+    async def run() -> None:
+        client = KubeClient(await client_from_environment())
+        try:
+            await serve(args, client)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
