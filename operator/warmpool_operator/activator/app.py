@@ -19,6 +19,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -94,7 +96,13 @@ async def serve(args: argparse.Namespace, client: KubeClient) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     loop.add_signal_handler(signal.SIGINT, stopping.set)
-    handlers = {"warmmodel": (pools.warmmodel, lambda: None), "service": (pools.service, lambda: None),
+    def warmmodel(event: str, body: Mapping[str, Any]) -> None:
+        pools.warmmodel(event, body)
+        if event != "DELETED":
+            meta = body.get("metadata") or {}
+            demand.adopt((str(meta.get("namespace")), str(meta.get("name"))), meta.get("annotations") or {})
+
+    handlers = {"warmmodel": (warmmodel, lambda: None), "service": (pools.service, lambda: None),
                 "endpointslice": (pools.endpoint_slice, pools.relisted_endpoint_slices)}
     synced: list[asyncio.Event] = []
     watches: list[asyncio.Task[None]] = []

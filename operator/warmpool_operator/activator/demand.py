@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 
@@ -48,6 +48,13 @@ class Demand:
         writer = self._writers.get(key)
         if writer is None or writer.done():
             self._writers[key] = asyncio.create_task(self._write_loop(key), name=f"demand {key[0]}/{key[1]}")
+
+    def adopt(self, key: PoolKey, annotations: Mapping[str, object]) -> None:
+        """A WarmModel seen with this replica's key that this process never wrote: left by the
+        container before a restart (same pod name), and removed now rather than when it turns stale."""
+        if held_annotation(self.pod_name) in annotations and key not in self.counts:
+            self._written[key] = -1  # differs from 0: the writer removes the key
+            self.set(key, 0)
 
     async def _write_loop(self, key: PoolKey) -> None:
         changed = self._changed[key]
