@@ -174,3 +174,14 @@ def test_scale_to_zero_bounds_are_checked() -> None:
         "spec.pool.scaleToZero.afterIdleSeconds", "spec.pool.scaleToZero.maxHeldRequests"}
     with pytest.raises(api.InvalidWarmModel, match="afterIdleSeconds"):
         api.parse_spec({"model": {"hostPath": {"path": "/models/m"}}, "pool": {"scaleToZero": {}}})
+
+
+def test_a_pool_gone_to_zero_keeps_its_pods_until_kube_proxy_followed_the_switch() -> None:
+    from warmpool_operator.control.zero import ROUTE_SETTLE_SECONDS, ZeroMemory
+
+    memory = ZeroMemory(at_zero=True, went_to_zero=100.0)
+    assert memory.settling(100.0 + ROUTE_SETTLE_SECONDS - 0.1)
+    assert not memory.settling(100.0 + ROUTE_SETTLE_SECONDS)
+    # Read back at zero after a restart (no switch seen), or out of zero: nothing to wait for.
+    assert not ZeroMemory(at_zero=True).settling(0.0)
+    assert not ZeroMemory(at_zero=False, went_to_zero=100.0).settling(100.0)

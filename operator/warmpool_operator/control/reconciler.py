@@ -327,11 +327,12 @@ class Reconciler:
             outcome.zero = zero_step.decide(memory.zero, target, self.body, live, outcome.observations,
                                             memory.sleep.last_active(), shared.monotonic(), shared.wall())
         at_zero = outcome.zero is not None and outcome.zero.at_zero
-        replicas = scale.replicas(memory.scale, target.spec, outcome.predicted, self.body, shared.monotonic(), at_zero)
+        stopping = at_zero and not memory.zero.settling(shared.monotonic())  # out of the Service first, then stopped
+        replicas = scale.replicas(memory.scale, target.spec, outcome.predicted, self.body, shared.monotonic(), stopping)
         with shared.tracing.span(SPAN_APPLY):
-            if outcome.zero is not None:  # pods leave the Service before the Deployment lets them go
+            if outcome.zero is not None:
                 outcome.conflicts += await zero_step.route(kube, self.cache, target, self.body, memory.children.settled,
-                                                           outcome.endpoints if replicas else [], shared.activators)
+                                                           [] if at_zero else outcome.endpoints, shared.activators)
             else:
                 await zero_step.unroute(kube, self.cache, target)
             try:

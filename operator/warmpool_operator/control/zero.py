@@ -32,6 +32,11 @@ from warmpool_operator.rules.observation import PodObservation
 
 log = logging.getLogger("warmpool.operator")
 
+#: Seconds a pool gone to zero keeps its pods after its Service was switched to the activator:
+#: kube-proxy applies a change of EndpointSlices within a second or two (its sync period), longer
+#: on a loaded node.
+ROUTE_SETTLE_SECONDS = 5.0
+
 
 @dataclass
 class ActivatorBoard:
@@ -66,6 +71,14 @@ class ZeroMemory:
     left_zero: float | None = None
     #: the latest activity of any pod seen so far (a pod's own record goes with the pod)
     last_active: float | None = None
+    #: monotonic time the pool went to zero: its pods keep running ROUTE_SETTLE_SECONDS more
+    went_to_zero: float | None = None
+
+    def settling(self, now: float) -> bool:
+        """Whether the pods of a pool just gone to zero must still run: every node's kube-proxy
+        follows the switch of the Service's slices to the activator only after a moment, and a
+        connection it still sends to a stopped pod would be refused."""
+        return bool(self.at_zero) and self.went_to_zero is not None and now - self.went_to_zero < ROUTE_SETTLE_SECONDS
 
 
 def wake_wanted(target: Target, owner: Mapping[str, Any], wall: float) -> int:
@@ -113,6 +126,7 @@ def decide(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: O
         idle_seconds=None if latest is None else now - latest, was_at_zero=memory.at_zero))
     if made.change is not None:
         if made.at_zero:
+            memory.went_to_zero = now
             _event(owner, zero.REASON_SCALED_TO_ZERO, f"scaled to zero: {made.change}; sleeping pods released too; "
                    "the activator holds the next request and starts a pod")
         else:
