@@ -29,6 +29,8 @@ ACTIVATOR_SLICE_SUFFIX = "-activator"
 #: The OpenAI-style error types of the activator's refusals.
 ERROR_HOLD_FULL = "warmpool_hold_full"
 ERROR_HOLD_TIMEOUT = "warmpool_hold_timeout"
+ERROR_MISDIRECTED = "warmpool_misdirected"  # 421: the Host names no scale-to-zero WarmModel Service
+ERROR_UPSTREAM = "warmpool_upstream"  # 502: no pod took a forwarded request
 
 
 def held_annotation(pod: str) -> str:

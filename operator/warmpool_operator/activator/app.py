@@ -35,7 +35,7 @@ from warmpool.logformat import configure_logging
 from warmpool_operator.activator.demand import Demand
 from warmpool_operator.activator.pools import Pools
 from warmpool_operator.activator.proxy import Activator, describe
-from warmpool_operator.activator.watch import list_watch
+from warmpool_operator.io.list_watch import list_watch
 
 log = logging.getLogger("warmpool.activator")
 

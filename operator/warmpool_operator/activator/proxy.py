@@ -29,7 +29,7 @@ from warmpool.contract.metrics import (
     METRIC_ACTIVATOR_HOLD_SECONDS,
     METRIC_ACTIVATOR_REQUESTS,
 )
-from warmpool.contract.zero import ERROR_HOLD_FULL, ERROR_HOLD_TIMEOUT
+from warmpool.contract.zero import ERROR_HOLD_FULL, ERROR_HOLD_TIMEOUT, ERROR_MISDIRECTED, ERROR_UPSTREAM
 from warmpool_operator.activator.demand import Demand
 from warmpool_operator.activator.pools import Misdirected, Pool, PoolKey, Pools
 
@@ -94,7 +94,7 @@ class Activator:
             key = self.pools.resolve(request.host)
         except Misdirected as error:
             REQUESTS.labels("", "", "misdirected").inc()
-            return openai_error(421, str(error), "warmpool_misdirected")
+            return openai_error(421, str(error), ERROR_MISDIRECTED)
         body = await request.read()
         pool = self.pools.pool(key)
         if pool.pods:  # the switch to the pods is under way: this connection was opened before it
@@ -140,7 +140,7 @@ class Activator:
             REQUESTS.labels(*key, "forwarded").inc()
             return response
         REQUESTS.labels(*key, "error").inc()
-        return openai_error(502, f"WarmModel {key[0]}/{key[1]}: no pod took the request ({last})", "warmpool_upstream")
+        return openai_error(502, f"WarmModel {key[0]}/{key[1]}: no pod took the request ({last})", ERROR_UPSTREAM)
 
     async def _forward(self, request: web.Request, body: bytes, base: str, key: PoolKey,
                        arrived: float | None) -> web.StreamResponse:

@@ -8,8 +8,8 @@
   so the control Secret is read by name once per WarmModel and its token kept in memory;
 * events: a WarmModel's spec, status or held-requests annotations (the activator's) changing, a
   child or worker pod changing or going, each pokes the reconciler of that WarmModel only
-  (control/reconciler.py debounces the pokes); the activator's EndpointSlices changing pokes
-  every scale-to-zero pool;
+  (control/reconciler.py debounces the pokes); the activator's EndpointSlices (their own watch,
+  control/registry.py) changing pokes every scale-to-zero pool;
   a watch seen listing again asks for a resync (control/resync.py: what it deleted meanwhile got
   no event);
 * create / resume / spec update: a handler that waits for the pass, so kopf reports it.
@@ -31,8 +31,8 @@ from typing import Any
 import kopf
 
 from warmpool.contract.api import API_GROUP, API_VERSION, OPERATOR_FINALIZER, PLURAL
-from warmpool.contract.pods import LABEL_COMPONENT, MANAGED_BY
-from warmpool.contract.zero import COMPONENT_ACTIVATOR, HELD_ANNOTATION_PREFIX, LABEL_SERVICE_NAME
+from warmpool.contract.pods import MANAGED_BY
+from warmpool.contract.zero import HELD_ANNOTATION_PREFIX
 from warmpool_operator.control.reconciler import Permanent, Temporary
 from warmpool_operator.control.registry import Registry
 from warmpool_operator.io import control_key, metrics
@@ -145,6 +145,7 @@ async def connect(memo: kopf.Memo, **_: Any) -> None:
                              control_key=key)
     memo.registry.start_scheduler()
     memo.registry.start_resync()
+    memo.registry.start_activator_watch()
 
 
 @kopf.on.cleanup()
@@ -279,19 +280,6 @@ async def worker_changed(
         return
     if rec.saw_pod(type, body):
         rec.poke()
-
-
-@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={LABEL_COMPONENT: COMPONENT_ACTIVATOR})
-async def activator_changed(type: str | None, body: kopf.Body, namespace: str | None, labels: kopf.Labels,
-                            memo: kopf.Memo, **_: Any) -> None:
-    """The activator's addresses (its Service's EndpointSlices) changed: every scale-to-zero pool
-    at zero lists them in its Service, so each gets a pass."""
-    registry = _registry(memo)
-    wanted = registry.config.activator_service
-    if wanted is None or (namespace, labels.get(LABEL_SERVICE_NAME)) != wanted:
-        return
-    if registry.activators.update(type, body):
-        registry.poke_scale_to_zero()
 
 
 # --------------------------------------------------------------------------- handlers kopf reports

@@ -14,13 +14,15 @@ from typing import Any
 
 import aiohttp
 
+from warmpool.contract.zero import LABEL_SERVICE_NAME
 from warmpool.kube import KubeError
 from warmpool_operator.control import resync
 from warmpool_operator.control.reconciler import Reconciler
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.control.sleep_actions import PressureBoard
 from warmpool_operator.control.zero import ActivatorBoard
-from warmpool_operator.io.kube import Kube
+from warmpool_operator.io.kube import ENDPOINTSLICES, Kube
+from warmpool_operator.io.list_watch import list_watch
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing
 from warmpool_operator.io.watch_cache import Cache, model_key, uid_of, warmmodel_owner
@@ -59,6 +61,7 @@ class Registry:
     control_key: bytes = field(default_factory=lambda: secrets.token_bytes(KEY_BYTES))
     #: the activator's addresses (scale to zero), from the watch of its Service's EndpointSlices
     activators: ActivatorBoard = field(default_factory=ActivatorBoard)
+    activator_watch: asyncio.Task[None] | None = None
     #: what every reconciler gets (made from the fields above)
     shared: Shared = field(init=False)
 
@@ -70,6 +73,26 @@ class Registry:
     def start_scheduler(self) -> None:
         if self.scheduling is None:
             self.scheduling = asyncio.create_task(self.scheduler.run(self.rounds), name="scrape scheduler")
+
+    def start_activator_watch(self) -> None:
+        """Follow the activator's Service's EndpointSlices (--activator-service): their own small
+        watch, since the activator's namespace need not be one kopf watches WarmModels in."""
+        if self.activator_watch is not None or self.config.activator_service is None:
+            return
+        namespace, name = self.config.activator_service
+
+        def changed(event_type: str, body: Mapping[str, Any]) -> None:
+            if self.activators.update(event_type, body):
+                self.poke_scale_to_zero()
+
+        def relisted() -> None:  # the list that follows brings back what is still there
+            if self.activators.slices:
+                self.activators.slices.clear()
+                self.poke_scale_to_zero()
+
+        self.activator_watch = asyncio.create_task(list_watch(
+            self.kube, ENDPOINTSLICES.path(namespace), f"{LABEL_SERVICE_NAME}={name}", changed, relisted,
+            asyncio.Event()), name="activator addresses")
 
     def start_resync(self) -> None:
         if self.resyncing is None:
@@ -167,7 +190,7 @@ class Registry:
             await rec.stop()
 
     async def close(self) -> None:
-        for task in (self.scheduling, self.resyncing):
+        for task in (self.scheduling, self.resyncing, self.activator_watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

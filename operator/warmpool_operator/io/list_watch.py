@@ -1,7 +1,8 @@
 """List, then watch, one kind of object through the shared Kubernetes client (warmpool/kube.py).
 
-The activator needs three small, label-filtered views of the cluster and nothing of kopf's
-handler machinery: :func:`list_watch` lists, hands every object to ``on_event``, says once that
+For small, label-filtered views of the cluster that need nothing of kopf's handler machinery (the
+activator's three, the operator's view of the activator's own addresses, which live outside the
+namespaces kopf watches): :func:`list_watch` lists, hands every object to ``on_event``, says once that
 it is in sync, then follows the watch from the list's resourceVersion.  A watch the API server
 ends (its ``timeoutSeconds``) is started again where it left off; one whose place is gone (410)
 lists again.  Every request stays inside the client's time bound: the server is asked to end
@@ -20,7 +21,7 @@ import aiohttp
 
 from warmpool.kube import KubeClient, KubeError
 
-log = logging.getLogger("warmpool.activator")
+log = logging.getLogger("warmpool")
 
 #: Seconds the API server keeps one watch open (below the client's 30 s bound on a request).
 WATCH_SECONDS = 20
