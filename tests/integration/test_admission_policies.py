@@ -2,7 +2,7 @@
 accounts (their RBAC from the chart too): the node agent may patch only the Node its pod runs
 on, and there only its cache labels; the operator may patch only its own worker pods, and there
 only the awake label and the tier and deletion-cost annotations, and write only its WarmModels'
-control Secrets.
+control Secrets; the activator may change only its own held-requests annotation on WarmModels.
 
 The service accounts act with tokens the API server issues: the agent's bound to a pod on the
 session's kwok node (the token then carries that node's name, as a DaemonSet pod's does), the
@@ -45,6 +45,7 @@ from warmpool.contract.pods import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
+from warmpool.contract.zero import held_annotation, held_value
 
 pytestmark = pytest.mark.integration
 
@@ -350,3 +351,39 @@ def test_an_agent_kept_out_of_a_namespaces_secrets_says_so_in_the_warmmodels_sta
         assert text is not None, "no status entry from the agent within 60 s"
         assert f"may not read Secret {namespace}/s3-creds" in text and "nodeAgent.secretNamespaces" in text, text
         cluster.kubectl("delete", PLURAL, "from-s3", "-n", namespace, "--wait=false", check=False)
+
+
+def test_the_activator_changes_only_its_own_held_annotation(cluster: ClusterHandle, namespace: str,
+                                                            release: Release) -> None:
+    """Its token is bound to its pod (as a Deployment pod's is): the policy reads the pod's name
+    from it, so one replica cannot touch another's count, nor anything else of the WarmModel."""
+    sa = release.sa("-activator")
+    pod = pod_on_the_kwok_node(cluster, namespace, "activator-0", sa)
+    activator = As(cluster, token(cluster, namespace, sa, pod))
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps({
+        "apiVersion": API_GROUP_VERSION, "kind": KIND, "metadata": {"name": "m"},
+        "spec": {"model": {"hostPath": {"path": "/models/m"}}, "pool": {"replicas": 0, "minWarm": 0,
+                                                                        "scaleToZero": {"afterIdleSeconds": 60}}}}))
+    path = f"/apis/{API_GROUP_VERSION}/namespaces/{namespace}/{PLURAL}/m"
+
+    def patch(body: dict[str, Any]) -> tuple[bool, str]:
+        return activator._send("PATCH", path, body, "application/merge-patch+json")
+
+    def anothers_count() -> tuple[bool, str]:
+        allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-1"): "1 1"}}})
+        if allowed:  # not enforced yet: undone
+            patch({"metadata": {"annotations": {held_annotation("activator-1"): None}}})
+        return allowed, out
+
+    _, refused = active(anothers_count, "another replica's held annotation")
+    assert "may change only its own annotation" in refused, refused
+    allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-0"): held_value(3, time.time())}}})
+    assert allowed, out
+    allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-0"): None}}})
+    assert allowed, out
+    allowed, out = patch({"spec": {"pool": {"replicas": 3}}})
+    assert not allowed and "may not change a WarmModel's spec" in out, out
+    allowed, out = patch({"metadata": {"labels": {"team": "x"}}})
+    assert not allowed, out
+    live = json.loads(cluster.kubectl("get", PLURAL, "m", "-n", namespace, "-o", "json").stdout)
+    assert live["spec"]["pool"]["replicas"] == 0 and not (live["metadata"].get("annotations") or {})

@@ -46,6 +46,7 @@ from warmpool.contract.pods import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
+from warmpool.contract.zero import COMPONENT_ACTIVATOR, DEFAULT_ACTIVATOR_PORT, HELD_ANNOTATION_PREFIX
 
 pytestmark = pytest.mark.integration
 
@@ -312,11 +313,11 @@ def test_rendered_objects_are_valid(name: str, schema_dir: Path, tmp_path: Path)
         for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
                     "app.kubernetes.io/managed-by", "helm.sh/chart"):
             assert key in labels, f"{obj['kind']}/{obj['metadata']['name']} lacks label {key}"
-    (deployment,) = by_kind(objs, "Deployment")
+    (deployment,) = _not_activator(by_kind(objs, "Deployment"))
     spec = deployment["spec"]
     # Two replicas, one acting through the leader Lease (issue #14), and a PDB keeping one.
     assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"
-    (pdb,) = by_kind(objs, "PodDisruptionBudget")
+    (pdb,) = _not_activator(by_kind(objs, "PodDisruptionBudget"))
     assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
@@ -359,12 +360,16 @@ def test_examples_match_the_crd_schema(schema_dir: Path) -> None:
     assert_valid(schema_dir, manifest)
 
 
+def _not_activator(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if not o["metadata"]["name"].endswith("-activator")]
+
+
 def _leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in by_kind(objs, kind) if o["metadata"]["name"].endswith("-leader")]
 
 
 def _not_leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in by_kind(objs, kind) if not o["metadata"]["name"].endswith("-leader")]
+    return [o for o in _not_activator(by_kind(objs, kind)) if not o["metadata"]["name"].endswith("-leader")]
 
 
 def test_rbac_by_scope(tmp_path: Path) -> None:
@@ -376,24 +381,25 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
         # The control key, beside the Lease: read by name (the only Secret the operator reads), made once.
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["wp-warmpool-control-key"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
-    args = by_kind(namespaced, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        # The activator's addresses: its Service's EndpointSlices, read where the activator runs.
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
+    args = _not_activator(by_kind(namespaced, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert {"--control-key-secret=wp-warmpool-control-key", "--control-key-namespace=warmpool-system"} <= set(args)
     assert [b["metadata"]["namespace"] for b in _leader(namespaced, "RoleBinding")] == ["warmpool-system"]
+    watched = ["team-a", "team-b", "team-c"]
     roles = _not_leader(namespaced, "Role")
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b", "team-c"]
-    assert sorted(b["metadata"]["namespace"] for b in _not_leader(namespaced, "RoleBinding")) == [
-        "team-a", "team-b", "team-c"]
-    for binding in by_kind(namespaced, "RoleBinding") + by_kind(namespaced, "ClusterRoleBinding"):
+    assert sorted(r["metadata"]["namespace"] for r in roles) == watched
+    assert sorted(b["metadata"]["namespace"] for b in _not_leader(namespaced, "RoleBinding")) == watched
+    for binding in _not_activator(by_kind(namespaced, "RoleBinding") + by_kind(namespaced, "ClusterRoleBinding")):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "preexisting",
                                         "namespace": "warmpool-system"}]
     (discovery,) = by_kind(namespaced, "ClusterRole")
     assert {r for rule in discovery["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
                                                                               "namespaces"}
-    args = by_kind(namespaced, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert [a for a in args if a.startswith("--namespace")] == [
-        "--namespace=team-a", "--namespace=team-b", "--namespace=team-c"]
-    assert not by_kind(namespaced, "ServiceAccount")
+    args = _not_activator(by_kind(namespaced, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == [f"--namespace={ns}" for ns in watched]
+    assert [a["metadata"]["name"] for a in by_kind(namespaced, "ServiceAccount")] == ["wp-warmpool-activator"]
 
     default = objects(render(tmp_path, {}, namespace="ops"))
     assert [r["metadata"]["namespace"] for r in _not_leader(default, "Role")] == ["ops"]
@@ -403,11 +409,11 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
     assert not _not_leader(wide, "Role") and not _not_leader(wide, "RoleBinding")
     assert len(_leader(wide, "Role")) == 1 and len(_leader(wide, "RoleBinding")) == 1
     cluster_roles = {r["metadata"]["name"]: r for r in by_kind(wide, "ClusterRole")}
-    assert set(cluster_roles) == {"wp-warmpool", "wp-warmpool-discovery"}
+    assert set(cluster_roles) == {"wp-warmpool", "wp-warmpool-discovery", "wp-warmpool-activator"}
     # Cluster-wide kopf never lists namespaces: no rule for them.
     assert {r for rule in cluster_roles["wp-warmpool-discovery"]["rules"] for r in rule["resources"]} == {
         "customresourcedefinitions"}
-    args = by_kind(wide, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = _not_activator(by_kind(wide, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
 
     assert not [o for o in objects(render(tmp_path, {"rbac": {"create": False}}))
@@ -419,7 +425,10 @@ def test_rbac_grants_no_deletes_no_secret_listing(tmp_path: Path) -> None:
         for role in [o for o in objects(render(tmp_path, VALUE_SETS[name])) if o["kind"] in ("Role", "ClusterRole")]:
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
-                assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+                # The one delete: the EndpointSlices of a pool that dropped scaleToZero.
+                deletes = {"delete"} if rule["resources"] == ["endpointslices"] else set()
+                assert not ({"delete", "deletecollection", "escalate", "bind", "impersonate"} - deletes) & set(
+                    rule["verbs"]), rule
                 if "secrets" in rule["resources"]:
                     assert not {"list", "watch"} & set(rule["verbs"]), rule
                     # Read only by name: the operator's control key, the node agent's S3 credentials.
@@ -462,7 +471,7 @@ def test_monitors_and_dashboard(tmp_path: Path) -> None:
     (service_monitor,) = by_kind(objs, "ServiceMonitor")
     assert service_monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert service_monitor["metadata"]["labels"]["release"] == "prom"
-    (service,) = by_kind(objs, "Service")
+    (service,) = _not_activator(by_kind(objs, "Service"))
     assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert service_monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
     (pod_monitor,) = by_kind(objs, "PodMonitor")
@@ -486,7 +495,7 @@ def test_monitors_and_dashboard(tmp_path: Path) -> None:
 
 
 def _operator_args(tmp_path: Path, values: Mapping[str, Any] | None = None) -> list[str]:
-    (deployment,) = by_kind(objects(render(tmp_path, values)), "Deployment")
+    (deployment,) = _not_activator(by_kind(objects(render(tmp_path, values)), "Deployment"))
     args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     return args
 
@@ -564,7 +573,7 @@ def test_admission_policies_name_the_contracts_keys_and_can_be_left_out(tmp_path
     objs = objects(render(tmp_path, {"nodeAgent": {"enabled": True}}))
     policies = {o["metadata"]["name"]: o for o in by_kind(objs, "ValidatingAdmissionPolicy")}
     assert set(policies) == {"wp-warmpool-operator-pod-patches", "wp-warmpool-operator-secret-writes",
-                             "wp-warmpool-node-agent-own-node"}
+                             "wp-warmpool-node-agent-own-node", "wp-warmpool-activator-held-annotations"}
     bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
@@ -591,7 +600,8 @@ def _ingress_ports(policy: Obj) -> list[list[object]]:
 
 def test_network_policies_open_only_the_workers_port_and_the_operators(tmp_path: Path) -> None:
     clients = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}]
-    objs = objects(render(tmp_path, {"watch": {"namespaces": ["team-a", "team-b"]},
+    # Without the activator (its own policy and its peer on the workers: the next test).
+    objs = objects(render(tmp_path, {"watch": {"namespaces": ["team-a", "team-b"]}, "activator": {"enabled": False},
                                      "networkPolicy": {"enabled": True, "workerClients": clients,
                                                        "workerNamespaces": [], "metricsClients": []}}))
     policies = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in by_kind(objs, "NetworkPolicy")}
@@ -614,7 +624,7 @@ def test_network_policies_open_only_the_workers_port_and_the_operators(tmp_path:
     assert "from" not in operator["spec"]["ingress"][0]  # metricsClients empty: anyone may scrape
 
     # Cluster-wide: only the namespaces named get the workers' policy (the chart cannot know them).
-    wide = objects(render(tmp_path, {"watch": {"allNamespaces": True},
+    wide = objects(render(tmp_path, {"watch": {"allNamespaces": True}, "activator": {"enabled": False},
                                      "networkPolicy": {"enabled": True, "workerClients": [],
                                                        "workerNamespaces": ["models"], "metricsClients": clients}}))
     names = sorted((o["metadata"]["namespace"], o["metadata"]["name"]) for o in by_kind(wide, "NetworkPolicy"))
@@ -626,6 +636,81 @@ def test_network_policies_open_only_the_workers_port_and_the_operators(tmp_path:
     assert not by_kind(objects(render(tmp_path, {"networkPolicy": {"enabled": False, "workerClients": [],
                                                                    "workerNamespaces": [], "metricsClients": []}})),
                        "NetworkPolicy")
+
+
+def _activator(objs: list[dict[str, Any]], kind: str) -> Obj:
+    (found,) = [o for o in by_kind(objs, kind) if o["metadata"]["name"] == "wp-warmpool-activator"]
+    return found
+
+
+def test_the_activator_runs_restricted_beside_the_operator_which_routes_pools_at_zero_to_it(tmp_path: Path) -> None:
+    objs = objects(render(tmp_path, {}))
+    deployment = _activator(objs, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2 and spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    labels = spec["selector"]["matchLabels"]
+    assert labels[LABEL_COMPONENT] == COMPONENT_ACTIVATOR
+    pod = spec["template"]["spec"]
+    _assert_restricted(pod)
+    assert pod["securityContext"]["runAsUser"] == 65532 and pod["serviceAccountName"] == "wp-warmpool-activator"
+    (container,) = pod["containers"]
+    assert container["command"] == ["warmpool", "activator"]
+    assert {"--namespace=warmpool-system", f"--port={DEFAULT_ACTIVATOR_PORT}", "--health-port=8081",
+            "--metrics-port=9090", "--drain-seconds=20"} <= set(container["args"])
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert pod["terminationGracePeriodSeconds"] > 20
+    assert {e["name"] for e in container["env"]} >= {"POD_NAME", "POD_NAMESPACE"}
+    # Its Service carries the component label, which the EndpointSlice controller copies to the
+    # slices the operator watches; the port is named as a pool Service's.
+    service = _activator(objs, "Service")
+    assert service["metadata"]["labels"][LABEL_COMPONENT] == COMPONENT_ACTIVATOR
+    assert service["spec"]["selector"] == labels and service["spec"]["ports"][0]["name"] == WORKER_PORT_NAME
+    assert _activator(objs, "PodDisruptionBudget")["spec"] == {"minAvailable": 1, "selector": {"matchLabels": labels}}
+    role = _activator(objs, "Role")
+    assert {(g, r): v for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in [tuple(rule["verbs"])]} == {
+        (API_GROUP, "warmmodels"): ("get", "list", "watch", "patch"), ("", "services"): ("get", "list", "watch"),
+        ("discovery.k8s.io", "endpointslices"): ("get", "list", "watch")}
+    operator_args = _operator_args(tmp_path)
+    assert "--activator-service=warmpool-system/wp-warmpool-activator" in operator_args
+    # The operator keeps the pools' slices: the one rule with delete.
+    (slices,) = [r for r in _not_leader(objs, "Role")[0]["rules"] if "endpointslices" in r["resources"]]
+    assert "delete" in slices["verbs"]
+
+    # Off: no activator object, no flag.
+    off = objects(render(tmp_path, {"activator": {"enabled": False}}))
+    assert not [o for o in off if o["metadata"]["name"].startswith("wp-warmpool-activator")]
+    assert not [a for a in _operator_args(tmp_path, {"activator": {"enabled": False}}) if "activator" in a]
+
+
+def test_the_activators_network_policy_and_its_peer_on_the_workers(tmp_path: Path) -> None:
+    objs = objects(render(tmp_path, {"watch": {"namespaces": ["team-a"]}}))
+    policies = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in by_kind(objs, "NetworkPolicy")}
+    activator = policies[("warmpool-system", "wp-warmpool-activator")]
+    assert _ingress_ports(activator) == [[WORKER_PORT_NAME], [9090], [8081]]
+    # workerClients' default ("pods of the worker's namespace") becomes the watched namespaces here.
+    assert activator["spec"]["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}}]
+    peers = policies[("team-a", "wp-warmpool-workers")]["spec"]["ingress"][0]["from"]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "warmpool-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "warmpool", "app.kubernetes.io/instance": "wp",
+                                            LABEL_COMPONENT: COMPONENT_ACTIVATOR}}} in peers
+    clients = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}]
+    narrowed = objects(render(tmp_path, {"networkPolicy": {"workerClients": clients}}))
+    (activator,) = [o for o in by_kind(narrowed, "NetworkPolicy") if o["metadata"]["name"] == "wp-warmpool-activator"]
+    assert activator["spec"]["ingress"][0]["from"] == clients
+
+
+def test_the_activator_may_change_only_its_own_held_annotation(tmp_path: Path) -> None:
+    objs = objects(render(tmp_path, {}))
+    (policy,) = [o for o in by_kind(objs, "ValidatingAdmissionPolicy")
+                 if o["metadata"]["name"] == "wp-warmpool-activator-held-annotations"]
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:warmpool-system:wp-warmpool-activator'")
+    own = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "own")
+    assert f"'{HELD_ANNOTATION_PREFIX}'" in own and "authentication.kubernetes.io/pod-name" in own
+    assert [o for o in by_kind(objs, "ValidatingAdmissionPolicyBinding")
+            if o["spec"]["policyName"] == policy["metadata"]["name"]]
 
 
 # --------------------------------------------------------------------------- bad values
@@ -647,6 +732,8 @@ BAD_VALUES: dict[str, tuple[Obj, str]] = {
     "node agent negative budget": ({"nodeAgent": {"budgetBytes": -1}}, "budgetBytes"),
     "network policy peer typo": ({"networkPolicy": {"workerClients": [{"podSelecter": {}}]}}, "podSelecter"),
     "network policy bad namespace": ({"networkPolicy": {"workerNamespaces": ["Models"]}}, "workerNamespaces"),
+    "activator typo": ({"activator": {"replica": 2}}, "replica"),
+    "activator no replicas": ({"activator": {"replicas": 0}}, "replicas"),
 }
 
 

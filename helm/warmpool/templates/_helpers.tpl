@@ -88,3 +88,22 @@ watch.namespaces, or the release's namespace when that list is empty.
 {{- list .Release.Namespace | toJson }}
 {{- end }}
 {{- end }}
+
+{{/* The activator's names and labels: its own component, so no selector of the operator's picks it. */}}
+{{- define "warmpool.activatorName" -}}
+{{- printf "%s-activator" (include "warmpool.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "warmpool.activatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "warmpool.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: activator
+{{- end }}
+
+{{- define "warmpool.activatorLabels" -}}
+helm.sh/chart: {{ include "warmpool.chart" . }}
+{{ include "warmpool.activatorSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: warmpool
+{{- end }}
