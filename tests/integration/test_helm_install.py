@@ -12,6 +12,7 @@ its weights come from a hostPath (the local cluster has no PersistentVolumes), a
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -162,8 +163,9 @@ def test_install_run_rbac_warm_uninstall(
         installed = True
 
         # --- the operator pod runs, Ready, as its ServiceAccount, under "restricted"
-        pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l",
-                                          f"app.kubernetes.io/instance={release}", "-o", "json").stdout)["items"]
+        operator_pods = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", operator_pods,
+                                          "-o", "json").stdout)["items"]
         # Two replicas (issue #14); the one acting holds the leader Lease "<pod name>-<pid>".
         assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
 
@@ -176,16 +178,21 @@ def test_install_run_rbac_warm_uninstall(
         assert pod["spec"]["serviceAccountName"] == fullname
         assert pod["status"]["phase"] == "Running"
 
-        def both_ready() -> list[dict[str, Any]] | None:
+        def both_ready(selector: str) -> list[dict[str, Any]] | None:
             # helm's --wait needs only the Deployment's minimum availability: one of the two may lag
-            found = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l",
-                                               f"app.kubernetes.io/instance={release}", "-o", "json").stdout)["items"]
+            found = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector,
+                                               "-o", "json").stdout)["items"]
             statuses = [s for p in found for s in (p["status"].get("containerStatuses") or [])]
             return found if len(statuses) == 2 and all(s["ready"] for s in statuses) else None
 
-        for each in wait_for("both operator pods Ready", both_ready, timeout=120):
-            (container,) = each["status"]["containerStatuses"]  # the checkout's operator image
-            assert container["image"] == cluster.images["operator"] and container["ready"], container
+        # The operator's two replicas, and the activator's two (from the same image, its own
+        # ServiceAccount and RBAC, ready once its watches listed).
+        for selector, what in ((operator_pods, "operator"),
+                               (f"app.kubernetes.io/instance={release},app.kubernetes.io/component=activator",
+                                "activator")):
+            for each in wait_for(f"both {what} pods Ready", functools.partial(both_ready, selector), timeout=120):
+                (container,) = each["status"]["containerStatuses"]  # the checkout's operator image
+                assert container["image"] == cluster.images["operator"] and container["ready"], container
 
         # --- RBAC: enough ...
         allowed = [
