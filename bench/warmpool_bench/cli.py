@@ -1,4 +1,5 @@
-"""`warmpool bench coldstart | scale | predict | wake | podstart | cache | tracing-imports | serve`: run a benchmark.
+"""`warmpool bench coldstart | scale | predict | wake | podstart | cache | tracing-imports | serve | zero`: run a
+benchmark.
 
 Each writes JSON + Markdown under bench/results/.
 """
@@ -41,7 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_predict_parser(commands, DEFAULT_RESULTS)
     _add_serve_parser(commands)
     _add_tracing_imports_parser(commands)
+    _add_zero_parser(commands)
     return parser
+
+
+def _add_zero_parser(commands: Any) -> None:
+    zero = commands.add_parser("zero", help="scale to zero on the real node: first token from zero and from sleep "
+                               "against the cold start and the wake, a burst at zero, the activator's forwarding cost")
+    zero.add_argument("--rounds", type=_positive, default=3, help="rounds from zero, and rounds from sleep")
+    zero.add_argument("--burst", type=_positive, default=50, help="requests sent at once to the pool at zero")
+    zero.add_argument("--forward-samples", type=_positive, default=30, help="pairs, straight vs through the activator")
+    zero.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
+                      help="the real small model, or a tiny random Llama (seconds to warm)")
+    zero.add_argument("--cluster", default=None, help="a running local cluster's name (default: one of this run's)")
+    zero.add_argument("--work-dir", type=Path, default=None, help="scratch (operator log, tiny model)")
+    zero.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    zero.add_argument("--name", default="zero", help="results file stem")
 
 
 def _add_coldstart_parser(commands: Any) -> None:
@@ -184,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cache(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "zero":
+        return _zero(args)
     return _scale(args)
 
 
@@ -318,6 +336,24 @@ def _tracing_imports(args: argparse.Namespace) -> int:
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 1 if any("error" in r for runs in result["runs"].values() for r in runs) else 0
+
+
+def _zero(args: argparse.Namespace) -> int:
+    from warmpool_bench.zero import ZeroSettings, run_zero
+    from warmpool_bench.zero_report import render_zero
+
+    settings = ZeroSettings(rounds=args.rounds, burst=args.burst, forward_samples=args.forward_samples,
+                            model=args.model, cluster=args.cluster)
+    if args.work_dir is not None:
+        settings.work_dir = args.work_dir
+    result = run_zero(settings)
+    json_path, md_path = write_results(result, args.out, args.name, render_zero(result), args.run)
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    failed = [r for r in (*result["from_zero"], *result["from_sleep"]) if "error" in r]
+    if "error" in result:
+        print(f"warmpool bench zero: stopped early: {result['error']}", file=sys.stderr)
+    return 1 if failed or "error" in result or (result.get("burst") or {}).get("lost") else 0
 
 
 def _cache(args: argparse.Namespace) -> int:
