@@ -117,12 +117,18 @@ class Run:
             time.sleep(0.2)
         raise RuntimeError(f"timed out waiting for {what}; operator log: {self.bench.operator_log()}")
 
+    def routed(self) -> tuple[list[str], list[str]]:
+        """The addresses of the pool Service's two slices: (the pods', the activator's)."""
+        slices = self.kubectl_json("get", "endpointslices", "-l", f"kubernetes.io/service-name={POOL}")["items"]
+        listed = {s["metadata"]["name"]: sorted(a for e in s.get("endpoints") or [] for a in e["addresses"])
+                  for s in slices}
+        return listed.get(f"{POOL}-pods") or [], listed.get(f"{POOL}-activator") or []
+
     def at_zero(self) -> bool:
         deployment = self.kubectl_json("get", "deployment", POOL)
-        slices = self.kubectl_json("get", "endpointslices", "-l", f"kubernetes.io/service-name={POOL}")["items"]
-        listed = {s["metadata"]["name"]: [a for e in s.get("endpoints") or [] for a in e["addresses"]] for s in slices}
-        return (deployment["spec"]["replicas"] == 0 and not self.pods() and not listed.get(f"{POOL}-pods")
-                and len(listed.get(f"{POOL}-activator") or []) == activator.REPLICAS)
+        pods, activators = self.routed()
+        return (deployment["spec"]["replicas"] == 0 and not self.pods() and not pods
+                and len(activators) == activator.REPLICAS)
 
     def warm_pod(self) -> dict[str, Any] | None:
         wm = self.kubectl_json("get", PLURAL, POOL)
@@ -236,6 +242,7 @@ def _forward(run: Run, cluster_ip: str, url: str) -> dict[str, Any]:
     direct = f"http://{pod['status']['podIP']}:{DEFAULT_WORKER_PORT}"
     via = [f"http://{p['status']['podIP']}:{DEFAULT_ACTIVATOR_PORT}"
            for p in run.kubectl_json("get", "pods", "-l", activator.SELECTOR)["items"]]
+    run.wait(lambda: run.routed() == ([pod["status"]["podIP"]], []), "the Service switched to the pod")
     time.sleep(2)  # kube-proxy follows the switch back to the pod
     before = _activator_requests(run)
     for _ in range(run.settings.forward_samples):
