@@ -353,7 +353,7 @@ def test_an_agent_kept_out_of_a_namespaces_secrets_says_so_in_the_warmmodels_sta
         cluster.kubectl("delete", PLURAL, "from-s3", "-n", namespace, "--wait=false", check=False)
 
 
-def test_the_activator_changes_only_its_own_held_annotation(cluster: ClusterHandle, namespace: str,
+def test_the_activator_changes_only_its_own_held_annotation(cluster: ClusterHandle, namespace: str, crd: str,
                                                             release: Release) -> None:
     """Its token is bound to its pod (as a Deployment pod's is): the policy reads the pod's name
     from it, so one replica cannot touch another's count, nor anything else of the WarmModel."""

@@ -315,7 +315,7 @@ def test_rendered_objects_are_valid(name: str, schema_dir: Path, tmp_path: Path)
             assert key in labels, f"{obj['kind']}/{obj['metadata']['name']} lacks label {key}"
     (deployment,) = _not_activator(by_kind(objs, "Deployment"))
     spec = deployment["spec"]
-    # Two replicas, one acting through the leader Lease (issue #14), and a PDB keeping one.
+    # Two replicas, one acting through the leader Lease, and a PDB keeping one.
     assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"
     (pdb,) = _not_activator(by_kind(objs, "PodDisruptionBudget"))
     assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
@@ -374,7 +374,7 @@ def _not_leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def test_rbac_by_scope(tmp_path: Path) -> None:
     namespaced = objects(render(tmp_path, VALUE_SETS["namespaced, bring your own"]))
-    # The leader Lease's Role lives in the release namespace, whatever the scope (issue #14).
+    # The leader Lease's Role lives in the release namespace, whatever the scope.
     (leader,) = _leader(namespaced, "Role")
     assert leader["metadata"]["namespace"] == "warmpool-system"
     assert leader["rules"] == [
@@ -400,6 +400,14 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
     args = _not_activator(by_kind(namespaced, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == [f"--namespace={ns}" for ns in watched]
     assert [a["metadata"]["name"] for a in by_kind(namespaced, "ServiceAccount")] == ["wp-warmpool-activator"]
+    # The activator's scope is the operator's: the same namespaces, a Role and RoleBinding in each.
+    assert [a for a in _activator(namespaced, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+            if a.startswith("--namespace")] == [f"--namespace={ns}" for ns in watched]
+    activator_roles = [o for o in by_kind(namespaced, "Role") if o["metadata"]["name"] == "wp-warmpool-activator"]
+    assert sorted(r["metadata"]["namespace"] for r in activator_roles) == watched
+    for binding in [o for o in by_kind(namespaced, "RoleBinding") if o["metadata"]["name"] == "wp-warmpool-activator"]:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "wp-warmpool-activator",
+                                        "namespace": "warmpool-system"}]
 
     default = objects(render(tmp_path, {}, namespace="ops"))
     assert [r["metadata"]["namespace"] for r in _not_leader(default, "Role")] == ["ops"]
@@ -415,6 +423,11 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
         "customresourcedefinitions"}
     args = _not_activator(by_kind(wide, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
+    activator_args = _activator(wide, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in activator_args and not any(a.startswith("--namespace") for a in activator_args)
+    (activator_binding,) = [b for b in by_kind(wide, "ClusterRoleBinding")
+                            if b["metadata"]["name"] == "wp-warmpool-activator"]
+    assert activator_binding["roleRef"]["name"] == "wp-warmpool-activator"
 
     assert not [o for o in objects(render(tmp_path, {"rbac": {"create": False}}))
                 if o["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")]
@@ -681,6 +694,37 @@ def test_the_activator_runs_restricted_beside_the_operator_which_routes_pools_at
     off = objects(render(tmp_path, {"activator": {"enabled": False}}))
     assert not [o for o in off if o["metadata"]["name"].startswith("wp-warmpool-activator")]
     assert not [a for a in _operator_args(tmp_path, {"activator": {"enabled": False}}) if "activator" in a]
+
+
+def test_the_activators_values_reach_its_pods(tmp_path: Path) -> None:
+    pod = _activator(objects(render(tmp_path, {})), "Deployment")["spec"]["template"]["spec"]
+    # By default the replicas prefer different nodes: one node lost keeps a replica holding requests.
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"][LABEL_COMPONENT] == COMPONENT_ACTIVATOR
+    (container,) = pod["containers"]
+    assert container["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+    assert "--log-level=INFO" in container["args"]
+    assert not {"nodeSelector", "tolerations"} & set(pod)
+
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
+    tolerations = [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
+    values = {"activator": {"replicas": 3, "port": 9000, "drainSeconds": 45, "logLevel": "DEBUG",
+                            "nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": tolerations,
+                            "affinity": affinity, "resources": {"requests": {"cpu": "1"}}}}
+    objs = objects(render(tmp_path, values))
+    deployment = _activator(objs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 3
+    assert pod["affinity"] == affinity and pod["tolerations"] == tolerations
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    (container,) = pod["containers"]
+    # Helm merges a map value into the default: the other requests and the limit stay.
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+    assert {"--port=9000", "--drain-seconds=45", "--log-level=DEBUG"} <= set(container["args"])
+    assert pod["terminationGracePeriodSeconds"] > 45
+    assert _activator(objs, "Service")["spec"]["ports"][0]["port"] == 9000
 
 
 def test_the_activators_network_policy_and_its_peer_on_the_workers(tmp_path: Path) -> None:
