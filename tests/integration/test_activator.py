@@ -17,13 +17,18 @@ import aiohttp
 import pytest
 from aiohttp import web
 from kubernetes_asyncio import config
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.activator import proxy
 from warmpool_operator.activator.demand import Demand
 from warmpool_operator.activator.pools import Misdirected, Pools
+from warmpool_operator.io.tracing import Tracing
 
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
 from warmpool.contract.pods import LABEL_MODEL
+from warmpool.contract.telemetry import ATTR_OUTCOME, ATTR_WARMMODEL, SPAN_FORWARD, SPAN_HELD_REQUEST, SPAN_HOLD
 from warmpool.contract.zero import (
     ERROR_HOLD_FULL,
     ERROR_HOLD_TIMEOUT,
@@ -49,7 +54,8 @@ class Upstream:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.seen.append({"body": body, "host": request.host, "x-test": request.headers.get("X-Test")})
+        self.seen.append({"body": body, "host": request.host, "x-test": request.headers.get("X-Test"),
+                          "traceparent": request.headers.get("traceparent")})
         if not body.get("stream"):
             return web.json_response({"choices": [{"text": f"echo {body['prompt']}"}]})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -80,7 +86,7 @@ class Rig:
         self.upstream = Upstream()
         self.runners: list[web.AppRunner] = []
 
-    async def start(self, scale_to_zero: dict[str, Any]) -> Rig:
+    async def start(self, scale_to_zero: dict[str, Any], tracing: Tracing | None = None) -> Rig:
         body = {"apiVersion": API_GROUP_VERSION, "kind": KIND, "metadata": {"name": "m", "namespace": self.namespace},
                 "spec": {"model": {"hostPath": {"path": "/models/m"}},
                          "pool": {"replicas": 0, "minWarm": 0, "scaleToZero": scale_to_zero}}}
@@ -90,7 +96,7 @@ class Rig:
                                                   "labels": {LABEL_MODEL: "m"}},
                                      "spec": {"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP]}})
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False)
-        self.activator = proxy.Activator(self.pools, self.demand, self.session)
+        self.activator = proxy.Activator(self.pools, self.demand, self.session, tracing=tracing)
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self.activator.handle)
         runner, self.url = await _serve(app, handler_cancellation=True)
@@ -112,9 +118,12 @@ class Rig:
             "endpoints": [{"addresses": [host], "conditions": {"ready": True}} for host, _ in host_port]})
 
     async def held_on_server(self) -> int | None:
-        wm = await self.client.request("GET", self._path("m"))
-        parsed = parse_held((wm["metadata"].get("annotations") or {}).get(held_annotation(ME)))
+        parsed = await self.held_value_on_server()
         return None if parsed is None else parsed[0]
+
+    async def held_value_on_server(self) -> tuple[int, float, str | None] | None:
+        wm = await self.client.request("GET", self._path("m"))
+        return parse_held((wm["metadata"].get("annotations") or {}).get(held_annotation(ME)))
 
     async def wait(self, check: Any, what: str, within: float = 10.0) -> None:
         deadline = asyncio.get_running_loop().time() + within
@@ -122,9 +131,11 @@ class Rig:
             assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(0.05)
 
-    def post(self, prompt: str = "hi", stream: bool = False, host: str = CLUSTER_IP) -> Any:
+    def post(self, prompt: str = "hi", stream: bool = False, host: str = CLUSTER_IP,
+             traceparent: str | None = None) -> Any:
+        headers = {"Host": host, "X-Test": "kept", **({"traceparent": traceparent} if traceparent else {})}
         return self.session.post(self.url + "/v1/completions", json={"prompt": prompt, "stream": stream},
-                                 headers={"Host": host, "X-Test": "kept"})
+                                 headers=headers)
 
     async def close(self) -> None:
         for runner in self.runners:
@@ -192,6 +203,43 @@ async def test_a_held_request_is_counted_on_the_warmmodel_and_forwarded_once_a_p
         return await rig.held_on_server() is None
 
     await rig.wait(removed, "the held annotation removed once nothing is held")
+
+
+async def test_with_tracing_on_the_hold_is_written_beside_its_count_and_the_forward_joins_the_clients_trace(
+        rig: Rig) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    await rig.start({"afterIdleSeconds": 60, "holdTimeoutSeconds": 30, "maxHeldRequests": 5},
+                    tracing=Tracing(provider.get_tracer("test"), provider))
+    client_trace, client_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    waiting = asyncio.create_task(rig.post("traced", traceparent=f"00-{client_trace}-{client_span}-01"))
+    written: list[str] = []
+
+    async def traced() -> bool:
+        parsed = await rig.held_value_on_server()
+        if parsed is not None and parsed[2] is not None:
+            written.append(parsed[2])
+        return bool(written)
+
+    await rig.wait(traced, "the held count and the hold's traceparent on the WarmModel")
+    rig.pods_slice([rig.pod_url])
+    async with await waiting as response:
+        assert response.status == 200
+    _, hold_trace, hold_span, _ = written[0].split("-")
+    _, forward_trace, forward_span, _ = str(rig.upstream.seen[-1]["traceparent"]).split("-")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {SPAN_HELD_REQUEST, SPAN_HOLD, SPAN_FORWARD}
+    ids = {name: (f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}") for name, s in spans.items()}
+    parents = {name: f"{s.parent.span_id:016x}" if s.parent else None for name, s in spans.items()}
+    # One trace, the client's: held_request under the client's span, the hold and the forward under it.
+    assert {trace_id for trace_id, _ in ids.values()} == {client_trace} == {hold_trace, forward_trace}
+    assert parents == {SPAN_HELD_REQUEST: client_span, SPAN_HOLD: ids[SPAN_HELD_REQUEST][1],
+                       SPAN_FORWARD: ids[SPAN_HELD_REQUEST][1]}
+    # What the operator reads is the hold; what the pod reads is the forward (the client's header replaced).
+    assert ids[SPAN_HOLD][1] == hold_span and ids[SPAN_FORWARD][1] == forward_span
+    assert (spans[SPAN_HELD_REQUEST].attributes or {})[ATTR_OUTCOME] == 200
+    assert (spans[SPAN_HELD_REQUEST].attributes or {})[ATTR_WARMMODEL] == f"{rig.namespace}/m"
 
 
 async def test_past_max_held_requests_is_429_with_retry_after_and_past_the_hold_timeout_503(rig: Rig) -> None:

@@ -1,6 +1,9 @@
 """Traces in a real Jaeger (built from the Go module proxy, loopback only), from a real worker
 on a real tiny checkpoint and a real operator on the local control plane.
 
+The last test follows a request held at zero by the activator through the operator's passes and
+the cold start of the pod they start, to its first request: one trace.
+
 Jaeger starts once for the module; each test names its own service (OTEL_SERVICE_NAME) so it
 reads back only its own traces through Jaeger's HTTP API.  Every wait is bounded.
 """
@@ -43,6 +46,7 @@ from warmpool.contract.telemetry import (
     ATTR_POD,
     ATTR_TIER,
     ATTR_TOKENS,
+    ATTR_WARMMODEL,
     ATTR_WARMMODEL_UID,
     ENV_OTEL_ENDPOINT,
     ENV_OTEL_SERVICE_NAME,
@@ -50,6 +54,9 @@ from warmpool.contract.telemetry import (
     SPAN_COLD_START,
     SPAN_DECIDE,
     SPAN_FIRST_REQUEST,
+    SPAN_FORWARD,
+    SPAN_HELD_REQUEST,
+    SPAN_HOLD,
     SPAN_IMPORTS,
     SPAN_LAYER,
     SPAN_PREFILL,
@@ -59,6 +66,7 @@ from warmpool.contract.telemetry import (
     SPAN_TIER_APPLIED,
     SPAN_WEIGHTS_MAPPED,
 )
+from warmpool.contract.zero import ANNOTATION_COLD_START_TRACE
 
 pytestmark = pytest.mark.integration
 
@@ -334,3 +342,115 @@ def test_operator_tier_change_and_worker_reaction_share_a_trace(
     assert {SPAN_APPLY, SPAN_DECIDE, SPAN_STATUS} <= names
     pod = world.pods("traced")[0]
     assert tags(applied)[ATTR_POD] == pod["metadata"]["name"]
+
+
+# --------------------------------------------------------------------------- a request held at zero
+
+
+@pytest.fixture()
+def zero_traced_world(cluster: ClusterHandle, namespace: str, crd: str, jaeger: JaegerHandle, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[World, str, str]]:
+    """The local operator and a local activator (`warmpool activator` on loopback), both tracing."""
+    if cluster.node is None:
+        pytest.skip("the pool's pods run on the local cluster's real node")
+    service = f"zero-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(ENV_OTEL_ENDPOINT, jaeger.otlp_endpoint)
+    monkeypatch.setenv(ENV_OTEL_SERVICE_NAME, f"{service}-operator")
+    operator = Operator(cluster, namespace, tmp_path / "operator.log", installed=False,
+                        extra_args=("--activator-service", f"{namespace}/activator"))
+    operator.start()
+    world = World(cluster, namespace, operator, diagnose_timeouts=True)
+    port, health = free_port(), free_port()
+    env = {**subprocess_env(), "KUBECONFIG": str(cluster.kubeconfig), "PYTHONUNBUFFERED": "1",
+           ENV_OTEL_ENDPOINT: jaeger.otlp_endpoint, ENV_OTEL_SERVICE_NAME: f"{service}-activator"}
+    log = (tmp_path / "activator.log").open("wb")
+    activator = subprocess.Popen(
+        [sys.executable, "-m", "warmpool", "activator", "--namespace", namespace, "--bind", HOST,
+         "--port", str(port), "--health-port", str(health), "--metrics-port", "0", "--pod-name", "trace-activator"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: http(f"http://{HOST}:{health}/readyz", timeout=2)[0] == 200, 60, "the activator ready")
+        yield world, service, f"http://{HOST}:{port}"
+    finally:
+        activator.terminate()
+        try:
+            activator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            activator.kill()
+        log.close()
+        print("\n===== activator log (tail) =====\n" + (tmp_path / "activator.log").read_text()[-4000:])
+        cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)
+        operator.stop()
+        world.close()
+
+
+def test_a_request_held_at_zero_and_the_cold_start_it_causes_are_one_trace(
+    zero_traced_world: tuple[World, str, str], jaeger: JaegerHandle, tiny_model: Path
+) -> None:
+    world, service, activator_url = zero_traced_world
+    activator_service, operator_service, worker_service = (f"{service}-{part}" for part in
+                                                           ("activator", "operator", "worker"))
+    body = {
+        "apiVersion": API_GROUP_VERSION, "kind": KIND,
+        "metadata": {"name": "zero"},
+        "spec": {
+            "model": {"hostPath": {"path": str(tiny_model)}, "revision": "r1"},
+            "pool": {"replicas": 1, "minWarm": 0, "maxReplicas": 2,
+                     "scaleToZero": {"afterIdleSeconds": 2, "holdTimeoutSeconds": 180}},
+            "warmup": {"buckets": [8], "prompts": ["hello there"], "timeoutSeconds": 120},
+            "pod": {
+                "workerArgs": ["--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2"],
+                "workerEnv": [{"name": ENV_OTEL_ENDPOINT, "value": jaeger.otlp_endpoint},
+                              {"name": ENV_OTEL_SERVICE_NAME, "value": worker_service}],
+            },
+        },
+    }
+    world.apply(body)
+    # The pool starts at its size, idles (no request) and goes to zero.
+    world.wait(lambda: world.get("deployment", "zero")["spec"]["replicas"] == 0 and not world.pods("zero"),
+               240, "the pool at zero")
+    request = urllib.request.Request(
+        f"{activator_url}/v1/completions", headers={"Content-Type": "application/json", "Host": f"zero.{world.ns}"},
+        data=json.dumps({"model": "zero", "prompt": "hello there", "max_tokens": 4, "temperature": 0}).encode())
+    with urllib.request.urlopen(request, timeout=200) as response:
+        assert response.status == 200
+        assert json.load(response)["choices"][0]["text"]
+    template = world.get("deployment", "zero")["spec"]["template"]["metadata"]["annotations"]
+
+    def held() -> list[dict[str, Any]] | None:
+        found = traces(jaeger, activator_service, SPAN_HELD_REQUEST)
+        return found or None
+
+    trace_id = wait_for(held, 30, "the activator's held request in Jaeger")[0]["traceID"]
+    everything = {SPAN_HELD_REQUEST, SPAN_HOLD, SPAN_FORWARD, SPAN_RECONCILE, SPAN_APPLY, SPAN_COLD_START,
+                  SPAN_READY, SPAN_FIRST_REQUEST}
+
+    def whole() -> dict[str, Any] | None:
+        with urllib.request.urlopen(f"{jaeger.query_url}/api/traces/{trace_id}", timeout=10) as answer:
+            data = json.load(answer)["data"]
+        return data[0] if data and everything <= {s["operationName"] for s in data[0]["spans"]} else None
+
+    trace = wait_for(whole, 60, "the hold, the operator's passes and the pod's cold start in one trace")
+    service_of = {s["spanID"]: trace["processes"][s["processID"]]["serviceName"] for s in trace["spans"]}
+    by_name: dict[str, list[Span]] = {}
+    for span in trace["spans"]:
+        by_name.setdefault(span["operationName"], []).append(span)
+    (request_span,), (hold,), (forward,) = by_name[SPAN_HELD_REQUEST], by_name[SPAN_HOLD], by_name[SPAN_FORWARD]
+    (cold_start,), (first,) = by_name[SPAN_COLD_START], by_name[SPAN_FIRST_REQUEST]
+    assert {service_of[s["spanID"]] for s in (request_span, hold, forward)} == {activator_service}
+    assert parent_of(hold) == parent_of(forward) == request_span["spanID"]
+    # The operator's passes for the held request hang under the hold; one of them scaled the pool up.
+    passes = by_name[SPAN_RECONCILE]
+    assert passes and all(parent_of(p) == hold["spanID"] and service_of[p["spanID"]] == operator_service
+                          for p in passes)
+    assert tags(passes[0])[ATTR_WARMMODEL] == f"{world.ns}/zero"
+    assert any(parent_of(a) in {p["spanID"] for p in passes} for a in by_name[SPAN_APPLY])
+    # The pod started for it: its cold start is the hold's child, its first request the cold start's.
+    assert service_of[cold_start["spanID"]] == worker_service and parent_of(cold_start) == hold["spanID"]
+    assert parent_of(first) == cold_start["spanID"]
+    assert tags(cold_start)[ATTR_POD] == world.pods("zero")[0]["metadata"]["name"]
+    # request -> scale-up -> warm -> first token, in that order.
+    assert hold["startTime"] <= min(p["startTime"] for p in passes) <= cold_start["startTime"]
+    assert cold_start["startTime"] + cold_start["duration"] <= forward["startTime"] + 1000  # us, clock rounding
+    assert hold["startTime"] + hold["duration"] <= forward["startTime"] + 1000
+    assert template[ANNOTATION_COLD_START_TRACE].split()[0].split("-")[1] == trace_id.rjust(32, "0")

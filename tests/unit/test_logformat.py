@@ -12,11 +12,15 @@ from warmpool_worker.tracing import (
     ENV_OTEL_SAMPLER_ARG,
     TracingConfig,
     TracingConfigError,
-    valid_traceparent,
 )
 
 from warmpool.contract.pods import ENV_POD_NAME
-from warmpool.contract.telemetry import ENV_OTEL_ENDPOINT, ENV_OTEL_SERVICE_NAME, ENV_OTEL_TRACES_ENDPOINT
+from warmpool.contract.telemetry import (
+    ENV_OTEL_ENDPOINT,
+    ENV_OTEL_SERVICE_NAME,
+    ENV_OTEL_TRACES_ENDPOINT,
+    valid_traceparent,
+)
 from warmpool.logformat import JsonFormatter, configure_logging
 
 pytestmark = pytest.mark.unit

@@ -49,17 +49,17 @@ def test_held_counts_sum_the_live_replicas_and_leave_out_stale_garbage_and_forei
         held_annotation("activator-garbage"): "many",
         "example.com/held": "9 1800000000",
     }
-    assert zero.held_requests(annotations, _policy(), NOW) == zero.Held(requests=5, replicas=2)
-    assert zero.held_requests({}, _policy(), NOW) == zero.Held()
+    assert zero.held_requests(annotations, _policy().hold_timeout_seconds, NOW) == zero.Held(requests=5, replicas=2)
+    assert zero.held_requests({}, _policy().hold_timeout_seconds, NOW) == zero.Held()
 
 
-@pytest.mark.parametrize("value", ["", "3", "3 x", "-1 5", "1.5 5", "1 2 3", None, 7])
+@pytest.mark.parametrize("value", ["", "3", "3 x", "-1 5", "1.5 5", "1 2 3 4", None, 7])
 def test_a_malformed_held_value_is_none(value: object) -> None:
     assert parse_held(value) is None
 
 
 def test_held_values_round_trip() -> None:
-    assert parse_held(held_value(4, NOW + 0.9)) == (4, NOW)
+    assert parse_held(held_value(4, NOW + 0.9)) == (4, NOW, None)
 
 
 def _inputs(**overrides: Any) -> zero.ZeroInputs:

@@ -12,6 +12,7 @@ ENV_OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
 #: Service names in traces (OTEL_SERVICE_NAME overrides).
 TRACE_SERVICE_WORKER = "warmpool-worker"
 TRACE_SERVICE_OPERATOR = "warmpool-operator"
+TRACE_SERVICE_ACTIVATOR = "warmpool-activator"
 
 # Span names: the worker's cold start (one trace per pod start; children in phase order) ...
 SPAN_COLD_START = "cold_start"
@@ -30,6 +31,11 @@ SPAN_APPLY = "apply"
 SPAN_SCRAPE = "scrape"
 SPAN_DECIDE = "decide"
 SPAN_STATUS = "status"
+# ... and the activator's held request: the hold (the pods it waits for are started in the hold's
+# trace: the operator's passes and the new pods' cold starts are its children), then the forward.
+SPAN_HELD_REQUEST = "held_request"
+SPAN_HOLD = "hold"
+SPAN_FORWARD = "forward"
 
 # Span attributes.
 ATTR_POD = "k8s.pod.name"
@@ -41,6 +47,19 @@ ATTR_BUCKET = "warmpool.bucket"
 ATTR_TOKENS = "warmpool.tokens"
 ATTR_WARMMODEL_UID = "warmpool.warmmodel.uid"
 ATTR_WARMMODEL = "warmpool.warmmodel"
+ATTR_OUTCOME = "warmpool.outcome"
+
+#: W3C trace context (a ``traceparent``): version-traceid-parentid-flags, lower-case hex of these lengths.
+TRACEPARENT_FIELD_LENGTHS = (2, 32, 16, 2)
+_LOWER_HEX = frozenset("0123456789abcdef")
+
+
+def valid_traceparent(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    fields = value.split("-")
+    return (tuple(len(f) for f in fields) == TRACEPARENT_FIELD_LENGTHS
+            and all(set(f) <= _LOWER_HEX for f in fields))
 
 #: ``--log-format`` values of `warmpool worker ...` and `warmpool operator`.
 LOG_FORMAT_TEXT = "text"

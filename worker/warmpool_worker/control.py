@@ -28,6 +28,7 @@ from warmpool.contract.http import (
     CONTROL_TOKEN_HEADER,
     PATH_CONTROL_TIER,
 )
+from warmpool.contract.telemetry import valid_traceparent
 
 if TYPE_CHECKING:
     from warmpool_worker.tracing import TraceSink
@@ -93,13 +94,10 @@ class ControlEndpoint:
                 param=CONTROL_FIELD_TTL,
             )
         traceparent = body.get(CONTROL_FIELD_TRACEPARENT)
-        if traceparent is not None:
-            from warmpool_worker.tracing import valid_traceparent  # stdlib only: no OpenTelemetry
-
-            if not valid_traceparent(traceparent):
-                raise BadRequest(400, f"{CONTROL_FIELD_TRACEPARENT} must be a W3C traceparent "
-                                 f"(00-<32 hex>-<16 hex>-<2 hex>), got {traceparent!r}",
-                                 param=CONTROL_FIELD_TRACEPARENT)
+        if traceparent is not None and not valid_traceparent(traceparent):
+            raise BadRequest(400, f"{CONTROL_FIELD_TRACEPARENT} must be a W3C traceparent "
+                             f"(00-<32 hex>-<16 hex>-<2 hex>), got {traceparent!r}",
+                             param=CONTROL_FIELD_TRACEPARENT)
         before = self.guard.state
         started = time.time()
         state = self.guard.set_directive(Tier(raw_tier), float(ttl))

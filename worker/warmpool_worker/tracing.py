@@ -15,7 +15,8 @@ from the kernel), so a trace's durations agree with the phase metrics.
 
 Span tree (names from `warmpool.contract`)::
 
-    cold_start                      process start -> ready
+    cold_start                      process start -> ready (a child of the activator's hold when
+                                    the pod was started for held requests: ENV_COLD_START_TRACE)
       interpreter_and_imports       process start -> the engine's load call (torch imported)
       weights_mapped                load call -> weights_mapped phase
       layer_materialised  x N       one per layer forced resident (warmpool.layer)
@@ -32,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -64,6 +64,7 @@ from warmpool.contract.telemetry import (
     SPAN_WEIGHTS_MAPPED,
     TRACE_SERVICE_WORKER,
 )
+from warmpool.contract.zero import ENV_COLD_START_TRACE, parse_cold_start_trace
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -76,14 +77,6 @@ ENV_OTEL_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
 
 
 log = logging.getLogger(__name__)
-
-
-#: W3C trace context: version-traceid-parentid-flags, lower-case hex.
-TRACEPARENT_PATTERN = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
-
-
-def valid_traceparent(value: object) -> bool:
-    return isinstance(value, str) and TRACEPARENT_PATTERN.match(value) is not None
 
 
 class TracingConfigError(ValueError):
@@ -99,6 +92,9 @@ class TracingConfig:
     pod: str = ""  # the pod's name ($POD_NAME, set by the operator); empty: the host's name in spans
     #: share of completions after the first that get a trace of their own
     request_ratio: float = DEFAULT_REQUEST_SAMPLE_RATIO
+    #: the hold this pod was started for, and by when it must have started to be its cold start
+    #: (the pod template's annotation, warmpool/contract/zero.py); None: a trace of its own
+    cold_start_parent: tuple[str, float] | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.request_ratio <= 1.0:
@@ -118,7 +114,15 @@ class TracingConfig:
             service_name=env.get(ENV_OTEL_SERVICE_NAME, "").strip() or TRACE_SERVICE_WORKER,
             pod=env.get(ENV_POD_NAME, "").strip(),
             request_ratio=ratio,
+            # Unset, empty (a template without the annotation) or garbled: the pod's own trace.
+            cold_start_parent=parse_cold_start_trace(env.get(ENV_COLD_START_TRACE, "")),
         )
+
+    def cold_start_traceparent(self, process_start: float) -> str | None:
+        """The hold to parent the cold start on: only if this process started by its deadline."""
+        if self.cold_start_parent is None or process_start > self.cold_start_parent[1]:
+            return None
+        return self.cold_start_parent[0]
 
 
 @dataclass(frozen=True)
@@ -206,9 +210,13 @@ class WorkerTracing:
     def emit_cold_start(self, recorder: ColdStartRecorder, ready_at: float) -> None:
         """The cold start's trace from recorded steps (root: process start -> ready)."""
         from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         common = self.common(recorder.tier)
-        root = self.tracer.start_span(SPAN_COLD_START, start_time=_ns(recorder.process_start), attributes=common)
+        hold = self.config.cold_start_traceparent(recorder.process_start)
+        parent = None if hold is None else TraceContextTextMapPropagator().extract({CONTROL_FIELD_TRACEPARENT: hold})
+        root = self.tracer.start_span(SPAN_COLD_START, context=parent, start_time=_ns(recorder.process_start),
+                                      attributes=common)
         context = trace.set_span_in_context(root)
         for step in recorder.steps:
             span = self.tracer.start_span(

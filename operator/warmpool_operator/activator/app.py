@@ -4,7 +4,8 @@ first pod that turns warm (the chart runs it as its own Deployment, two replicas
 It watches WarmModels, the operator's Services and its pod EndpointSlices (activator/pools.py),
 serves the pools' traffic on ``--port`` (activator/proxy.py), writes its held counts to the
 WarmModels (activator/demand.py), and answers /healthz and /readyz (ready once its watches
-listed) on ``--health-port`` and Prometheus metrics on ``--metrics-port``.  On SIGTERM it stops
+listed) on ``--health-port`` and Prometheus metrics on ``--metrics-port``; with
+``OTEL_EXPORTER_OTLP_ENDPOINT`` set, a trace per held request (activator/proxy.py).  On SIGTERM it stops
 being ready, goes on serving what it holds for up to ``--drain-seconds``, removes its held-count
 annotations and exits: a client whose request it still held then sees its connection close at
 once, never a hang.
@@ -28,7 +29,7 @@ from prometheus_client import start_http_server
 
 from warmpool.contract.api import API_GROUP, API_VERSION, PLURAL
 from warmpool.contract.pods import LABEL_MANAGED_BY, MANAGED_BY
-from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
+from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS, TRACE_SERVICE_ACTIVATOR
 from warmpool.contract.zero import DEFAULT_ACTIVATOR_PORT, ENDPOINTSLICE_MANAGER, LABEL_ENDPOINTSLICE_MANAGED_BY
 from warmpool.kube import KubeClient, client_from_environment
 from warmpool.logformat import configure_logging
@@ -36,6 +37,7 @@ from warmpool_operator.activator.demand import Demand
 from warmpool_operator.activator.pools import Pools
 from warmpool_operator.activator.proxy import Activator, describe
 from warmpool_operator.io.list_watch import list_watch
+from warmpool_operator.io.tracing import Tracing
 
 log = logging.getLogger("warmpool.activator")
 
@@ -89,7 +91,7 @@ async def _health_app(synced: list[asyncio.Event], activator: Activator, stoppin
     return app
 
 
-async def serve(args: argparse.Namespace, client: KubeClient) -> None:
+async def serve(args: argparse.Namespace, client: KubeClient, tracing: Tracing | None = None) -> None:
     pools = Pools()
     demand = Demand(client, args.pod_name)
     stopping = asyncio.Event()
@@ -114,7 +116,7 @@ async def serve(args: argparse.Namespace, client: KubeClient) -> None:
     # No pooled connection outlives a pod: each forward dials afresh (milliseconds on the node's network).
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-        activator = Activator(pools, demand, session)
+        activator = Activator(pools, demand, session, tracing=tracing)
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_route("*", "/{path:.*}", activator.handle)
         # handler_cancellation: a client that hangs up cancels its handler, which drops it from the hold.
@@ -154,12 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port > 0:
         start_http_server(args.metrics_port, addr=args.bind)
 
+    # OTEL_EXPORTER_OTLP_ENDPOINT set: a trace per held request, which the passes and pods it starts join.
+    tracing = Tracing.from_env(TRACE_SERVICE_ACTIVATOR)
+
     async def run() -> None:
         client = KubeClient(await client_from_environment())
         try:
-            await serve(args, client)
+            await serve(args, client, tracing)
         finally:
             await client.close()
+            tracing.shutdown()
 
     asyncio.run(run())
     return 0

@@ -38,12 +38,15 @@ class Demand:
     def __init__(self, client: KubeClient, pod_name: str, wall: Callable[[], float] = time.time) -> None:
         self.client, self.pod_name, self.wall = client, pod_name, wall
         self.counts: dict[PoolKey, int] = {}
+        #: the traceparent of the oldest hold of each pool (tracing on): written beside its count
+        self.traces: dict[PoolKey, str | None] = {}
         self._written: dict[PoolKey, int] = {}
         self._changed: dict[PoolKey, asyncio.Event] = {}
         self._writers: dict[PoolKey, asyncio.Task[None]] = {}
 
-    def set(self, key: PoolKey, count: int) -> None:
+    def set(self, key: PoolKey, count: int, trace: str | None = None) -> None:
         self.counts[key] = count
+        self.traces[key] = trace
         self._changed.setdefault(key, asyncio.Event()).set()
         writer = self._writers.get(key)
         if writer is None or writer.done():
@@ -71,7 +74,7 @@ class Demand:
 
     async def _write(self, key: PoolKey, count: int) -> None:
         annotation = held_annotation(self.pod_name)
-        value = held_value(count, self.wall()) if count else None
+        value = held_value(count, self.wall(), self.traces.get(key)) if count else None
         path = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{key[0]}/{PLURAL}/{key[1]}"
         try:
             await self.client.request("PATCH", path, body={"metadata": {"annotations": {annotation: value}}},

@@ -6,6 +6,11 @@ Retry-After) and in time (``holdTimeoutSeconds``, then 503 naming the WarmModel 
 for), while demand.py tells the operator; the first pod that turns warm gets it, and its answer is
 streamed back as it comes (server-sent events included).  A client that hangs up is dropped from
 the hold at once (the server cancels its handler).  Errors are OpenAI-style JSON.
+
+With tracing on, each request is a ``held_request`` span (a child of the client's own
+``traceparent``, if it sent one) with a ``hold`` and a ``forward`` child.  The oldest open hold's
+traceparent goes beside the count (demand.py): the operator's passes for the held requests, and
+the cold starts of the pods they start, join its trace; the pod gets the forward's traceparent.
 """
 
 from __future__ import annotations
@@ -29,9 +34,18 @@ from warmpool.contract.metrics import (
     METRIC_ACTIVATOR_HOLD_SECONDS,
     METRIC_ACTIVATOR_REQUESTS,
 )
+from warmpool.contract.telemetry import (
+    ATTR_OUTCOME,
+    ATTR_WARMMODEL,
+    SPAN_FORWARD,
+    SPAN_HELD_REQUEST,
+    SPAN_HOLD,
+    valid_traceparent,
+)
 from warmpool.contract.zero import ERROR_HOLD_FULL, ERROR_HOLD_TIMEOUT, ERROR_MISDIRECTED, ERROR_UPSTREAM
 from warmpool_operator.activator.demand import Demand
 from warmpool_operator.activator.pools import Misdirected, Pool, PoolKey, Pools
+from warmpool_operator.io.tracing import Tracing
 
 log = logging.getLogger("warmpool.activator")
 
@@ -50,6 +64,8 @@ FIRST_BYTE = Histogram(METRIC_ACTIVATOR_FIRST_BYTE_SECONDS,
 #: Headers that belong to one connection, never forwarded (RFC 9110 7.6.1), and the ones aiohttp sets.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade", "content-length", "host"})
+#: W3C trace context's header (lower case, as HOP_BY_HOP): a client's trace is the held request's parent.
+TRACEPARENT_HEADER = "traceparent"
 #: Retry-After of a 429: the hold is full, and a pod is on its way; a few seconds is a fair guess.
 RETRY_AFTER_SECONDS = 5
 #: A pod that refuses the connection (it just went away) is retried on the next one this often.
@@ -68,22 +84,31 @@ class Activator:
     """One replica's holds, per pool; the aiohttp handler is :meth:`handle`."""
 
     def __init__(self, pools: Pools, demand: Demand, session: aiohttp.ClientSession,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tracing: Tracing | None = None) -> None:
         self.pools, self.demand, self.session, self.clock = pools, demand, session, clock
+        self.tracing = tracing or Tracing()
         self.held: dict[PoolKey, int] = {}
+        #: the traceparents of the holds open now, oldest first (tracing on): the operator's passes
+        #: and the pods they start join the oldest one's trace
+        self.hold_traces: dict[PoolKey, list[str]] = {}
         #: set while this replica holds nothing (a stopping replica waits on it)
         self.none_held = asyncio.Event()
         self.none_held.set()
 
-    def _hold(self, key: PoolKey, delta: int) -> None:
+    def _hold(self, key: PoolKey, delta: int, trace: str | None) -> None:
         count = self.held.get(key, 0) + delta
         self.held[key] = count
+        traces = self.hold_traces.setdefault(key, [])
+        if trace is not None and delta > 0:
+            traces.append(trace)
+        elif trace is not None:
+            traces.remove(trace)
         if self.held_total():
             self.none_held.clear()
         else:
             self.none_held.set()
         HELD.labels(*key).set(count)
-        self.demand.set(key, count)
+        self.demand.set(key, count, traces[0] if traces else None)
 
     def held_total(self) -> int:
         return sum(self.held.values())
@@ -95,6 +120,14 @@ class Activator:
         except Misdirected as error:
             REQUESTS.labels("", "", "misdirected").inc()
             return openai_error(421, str(error), ERROR_MISDIRECTED)
+        client_trace = request.headers.get(TRACEPARENT_HEADER)
+        with self.tracing.span(SPAN_HELD_REQUEST, {ATTR_WARMMODEL: "/".join(key)},
+                               parent=client_trace if valid_traceparent(client_trace) else None):
+            response = await self._hold_and_forward(request, key, arrived)
+            self.tracing.set_attribute(ATTR_OUTCOME, response.status)
+            return response
+
+    async def _hold_and_forward(self, request: web.Request, key: PoolKey, arrived: float) -> web.StreamResponse:
         body = await request.read()
         pool = self.pools.pool(key)
         if pool.pods:  # the switch to the pods is under way: this connection was opened before it
@@ -105,34 +138,41 @@ class Activator:
             return openai_error(429, f"WarmModel {key[0]}/{key[1]} is at zero and {policy.max_held} requests are "
                                 f"already held for it (maxHeldRequests): retry in {RETRY_AFTER_SECONDS}s",
                                 ERROR_HOLD_FULL, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        self._hold(key, +1)
-        try:
-            await asyncio.wait_for(pool.has_pods.wait(), max(0.0, arrived + policy.hold_timeout_s - self.clock()))
-        except TimeoutError:
-            REQUESTS.labels(*key, "timed_out").inc()
-            HOLD_SECONDS.labels(*key).observe(self.clock() - arrived)
-            return openai_error(503, f"WarmModel {key[0]}/{key[1]} had no awake warm pod after "
-                                f"{policy.hold_timeout_s:g}s (holdTimeoutSeconds): the request waited for a pod "
-                                "to wake or start; see `kubectl describe warmmodel` for why none came",
-                                ERROR_HOLD_TIMEOUT, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        except asyncio.CancelledError:
-            REQUESTS.labels(*key, "client_gone").inc()
-            HOLD_SECONDS.labels(*key).observe(self.clock() - arrived)
-            raise
-        finally:
-            self._hold(key, -1)
+        with self.tracing.span(SPAN_HOLD):
+            trace = self.tracing.traceparent()
+            self._hold(key, +1, trace)
+            try:
+                await asyncio.wait_for(pool.has_pods.wait(), max(0.0, arrived + policy.hold_timeout_s - self.clock()))
+            except TimeoutError:
+                REQUESTS.labels(*key, "timed_out").inc()
+                HOLD_SECONDS.labels(*key).observe(self.clock() - arrived)
+                return openai_error(503, f"WarmModel {key[0]}/{key[1]} had no awake warm pod after "
+                                    f"{policy.hold_timeout_s:g}s (holdTimeoutSeconds): the request waited for a pod "
+                                    "to wake or start; see `kubectl describe warmmodel` for why none came",
+                                    ERROR_HOLD_TIMEOUT, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            except asyncio.CancelledError:
+                REQUESTS.labels(*key, "client_gone").inc()
+                HOLD_SECONDS.labels(*key).observe(self.clock() - arrived)
+                raise
+            finally:
+                self._hold(key, -1, trace)
         HOLD_SECONDS.labels(*key).observe(self.clock() - arrived)
         return await self._forward_or_error(request, body, key, pool, arrived, held=True)
 
     async def _forward_or_error(self, request: web.Request, body: bytes, key: PoolKey, pool: Pool, arrived: float,
                                 held: bool) -> web.StreamResponse:
+        with self.tracing.span(SPAN_FORWARD):
+            return await self._forward_to_a_pod(request, body, key, pool, arrived if held else None)
+
+    async def _forward_to_a_pod(self, request: web.Request, body: bytes, key: PoolKey, pool: Pool,
+                                arrived: float | None) -> web.StreamResponse:
         last = "no pod address"
         for _ in range(FORWARD_TRIES):
             base = pool.next_pod()
             if base is None:
                 break
             try:
-                response = await self._forward(request, body, base, key, arrived if held else None)
+                response = await self._forward(request, body, base, key, arrived)
             except (aiohttp.ClientConnectionError, TimeoutError) as error:
                 last = f"{base}: {type(error).__name__}: {error}"
                 log.info("%s/%s: forwarding to %s failed before an answer (%s): next pod", *key, base, last)
@@ -146,6 +186,10 @@ class Activator:
                        arrived: float | None) -> web.StreamResponse:
         """Send the request to one pod and stream its answer back; raises only before the answer began."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        trace = self.tracing.traceparent()
+        if trace is not None:  # the pod's side of the answer joins the held request's trace
+            headers = {k: v for k, v in headers.items() if k.lower() != TRACEPARENT_HEADER}
+            headers[TRACEPARENT_HEADER] = trace
         async with self.session.request(request.method, base + request.rel_url.path_qs, data=body or None,
                                         headers=headers, timeout=FORWARD_TIMEOUT, allow_redirects=False) as upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)

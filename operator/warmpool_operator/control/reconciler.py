@@ -261,8 +261,9 @@ class Reconciler:
         if not prompted and failure.waiting_out(generation, now, self.shared.config.permanent_retry_interval):
             return  # failed for good at this generation: wait for a change or the slow retry
         attributes = {ATTR_WARMMODEL_UID: self.uid, ATTR_WARMMODEL: "/".join(self.key)}
+        hold = zero_step.hold_trace(self.body, self.shared.wall())  # a pass for held requests joins their trace
         try:
-            with self.shared.tracing.span(SPAN_RECONCILE, attributes):
+            with self.shared.tracing.span(SPAN_RECONCILE, attributes, hold):
                 await self._pass(generation)
             failure.generation = None
         except Permanent as error:
@@ -306,14 +307,14 @@ class Reconciler:
 
     async def _children_and_pods(self, target: Target) -> Outcome:
         """The children, then the pass's steps over the pods: observe, tiers, forecast, sleep/wake, scale."""
-        kube, memory, shared = self.shared.kube, self.memory, self.shared
+        kube, memory, shared, settled = self.shared.kube, self.memory, self.shared, self.memory.children.settled
         live = children.live_deployment(self.cache, target, self.uid)
         if live is not None:
             # Before the Service (whose selector asks for the awake label) is brought up to date.
             await sleep_actions.label_unlabelled(kube, target.namespace, observe.our_pods(
                 self.cache, target, memory.scrapes, str(live["metadata"]["uid"])))
         with shared.tracing.span(SPAN_APPLY):
-            made = await children.ensure_supporting(kube, self.cache, target, self.body, memory.children.settled,
+            made = await children.ensure_supporting(kube, self.cache, target, self.body, settled,
                                                     shared.control_key, memory.children.token)
         memory.children.token = made.token
         outcome = Outcome(conflicts=list(made.conflicts))
@@ -329,15 +330,14 @@ class Reconciler:
         at_zero = outcome.zero is not None and outcome.zero.at_zero
         stopping = at_zero and not memory.zero.settling(shared.monotonic())  # out of the Service first, then stopped
         replicas = scale.replicas(memory.scale, target.spec, outcome.predicted, self.body, shared.monotonic(), stopping)
+        desired = builders.build_deployment(target, replicas, zero_step.cold_start_trace(
+            target, self.body, live, replicas, shared.wall()))
         with shared.tracing.span(SPAN_APPLY):
-            if outcome.zero is not None:
-                outcome.conflicts += await zero_step.route(kube, self.cache, target, self.body, memory.children.settled,
-                                                           [] if at_zero else outcome.endpoints, shared.activators)
-            else:
-                await zero_step.unroute(kube, self.cache, target)
+            routed = None if outcome.zero is None else [] if at_zero else outcome.endpoints
+            outcome.conflicts += await zero_step.follow(kube, self.cache, target, self.body, settled, routed,
+                                                        shared.activators)
             try:
-                outcome.deployment = await children.ensure(
-                    kube, self.cache, builders.build_deployment(target, replicas), self.body, memory.children.settled)
+                outcome.deployment = await children.ensure(kube, self.cache, desired, self.body, settled)
             except children.ChildConflict as conflict:
                 outcome.conflicts.append(conflict)
         return outcome

@@ -22,7 +22,8 @@ from typing import Any
 import kopf
 
 from warmpool.contract.pods import AWAKE_TRUE, LABEL_AWAKE
-from warmpool.contract.zero import DEFAULT_ACTIVATOR_PORT
+from warmpool.contract.zero import ANNOTATION_COLD_START_TRACE, DEFAULT_ACTIVATOR_PORT, cold_start_trace_value
+from warmpool_operator.api.types import DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS
 from warmpool_operator.control.children import ChildConflict, Settled, ensure
 from warmpool_operator.io.kube import ENDPOINTSLICES, Kube
 from warmpool_operator.io.watch_cache import Cache
@@ -87,7 +88,38 @@ def wake_wanted(target: Target, owner: Mapping[str, Any], wall: float) -> int:
     if policy is None:
         return 0
     annotations = (owner.get("metadata") or {}).get("annotations") or {}
-    return 1 if zero.held_requests(annotations, policy, wall).requests else 0
+    return 1 if zero.held_requests(annotations, policy.hold_timeout_seconds, wall).requests else 0
+
+
+def hold_trace(owner: Mapping[str, Any], wall: float) -> str | None:
+    """The traceparent of a hold the activator reports on the WarmModel: the pass that serves the
+    held requests joins the hold's trace (read before the spec is parsed, to parent the pass)."""
+    raw = ((owner.get("spec") or {}).get("pool") or {}).get("scaleToZero")
+    if not isinstance(raw, Mapping):
+        return None
+    timeout = raw.get("holdTimeoutSeconds", DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS)
+    if not isinstance(timeout, int | float):
+        return None
+    annotations = (owner.get("metadata") or {}).get("annotations") or {}
+    return zero.held_requests(annotations, float(timeout), wall).trace
+
+
+def cold_start_trace(target: Target, owner: Mapping[str, Any], live: Obj | None, replicas: int,
+                     wall: float) -> str | None:
+    """The pod template's cold-start trace (warmpool/contract/zero.py): a new one when this pass
+    starts pods at zero for held requests, so their cold starts join the hold's trace; otherwise
+    what the live template carries, since a changed template would roll the pool's pods."""
+    policy = target.spec.pool.scale_to_zero
+    if policy is None:
+        return None
+    spec = (live or {}).get("spec") or {}
+    kept = ((spec.get("template") or {}).get("metadata") or {}).get("annotations", {}).get(ANNOTATION_COLD_START_TRACE)
+    if live is not None and int(spec.get("replicas") or 0) == 0 and replicas > 0:
+        annotations = (owner.get("metadata") or {}).get("annotations") or {}
+        held = zero.held_requests(annotations, policy.hold_timeout_seconds, wall)
+        if held.trace is not None:
+            return cold_start_trace_value(held.trace, wall + policy.hold_timeout_seconds)
+    return kept if isinstance(kept, str) else None
 
 
 def pod_endpoints(target: Target, refs: Sequence[Any], pods: Mapping[str, Obj],
@@ -111,7 +143,7 @@ def decide(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: O
     policy = target.spec.pool.scale_to_zero
     assert policy is not None
     annotations = (owner.get("metadata") or {}).get("annotations") or {}
-    held = zero.held_requests(annotations, policy, wall)
+    held = zero.held_requests(annotations, policy.hold_timeout_seconds, wall)
     if memory.at_zero is None:
         memory.at_zero = live is not None and int((live.get("spec") or {}).get("replicas") or 0) == 0
     if held.requests:
@@ -160,6 +192,16 @@ async def route(kube: Kube, cache: Cache, target: Target, owner: Mapping[str, An
         log.warning("%s/%s: no awake warm pod and no activator address: the Service has no endpoint "
                     "(is the activator running, and --activator-service set?)", target.namespace, target.name)
     return conflicts
+
+
+async def follow(kube: Kube, cache: Cache, target: Target, owner: Mapping[str, Any], settled: Settled,
+                 pods: Sequence[zero.Endpoint] | None, board: ActivatorBoard) -> list[ChildConflict]:
+    """The Service's routing this pass: ``pods`` None (no scaleToZero), its selector; else our two
+    slices, to ``pods`` or (empty) to the activator."""
+    if pods is None:
+        await unroute(kube, cache, target)
+        return []
+    return await route(kube, cache, target, owner, settled, pods, board)
 
 
 async def unroute(kube: Kube, cache: Cache, target: Target) -> None:

@@ -1,6 +1,7 @@
 """The operator's traces: a span per reconcile pass, with children for apply, scrape, decide
 and status, and the pass's W3C traceparent sent in each tier directive so the worker's
-reaction joins the pass's trace.
+reaction joins the pass's trace.  The activator's spans of a held request (activator/proxy.py)
+come from the same class.
 
 Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set
 (:meth:`Tracing.from_env`, called once by the command line, which hands the object on through
@@ -43,7 +44,7 @@ class Tracing:
         self._provider = provider
 
     @classmethod
-    def from_env(cls) -> Tracing:
+    def from_env(cls, default_service: str = TRACE_SERVICE_OPERATOR) -> Tracing:
         """The SDK and the OTLP/HTTP exporter if the OTEL_* variables ask for it, else tracing off."""
         if not tracing_requested():
             return cls()
@@ -52,7 +53,7 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        service = os.environ.get(ENV_OTEL_SERVICE_NAME, "").strip() or TRACE_SERVICE_OPERATOR
+        service = os.environ.get(ENV_OTEL_SERVICE_NAME, "").strip() or default_service
         # The sampler comes from OTEL_TRACES_SAMPLER (the SDK's default: every pass).
         provider = TracerProvider(resource=Resource.create({"service.name": service}))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -68,13 +69,28 @@ class Tracing:
             self._provider.shutdown()
 
     @contextmanager
-    def span(self, name: str, attributes: Mapping[str, str | int] | None = None) -> Iterator[None]:
-        """A span named ``name``, the current one's child (a no-op with tracing off)."""
+    def span(self, name: str, attributes: Mapping[str, str | int] | None = None,
+             parent: str | None = None) -> Iterator[None]:
+        """A span named ``name``: the child of ``parent`` (a W3C traceparent from another process)
+        when given, else of the current span (a no-op with tracing off)."""
         if self._tracer is None:
             yield
             return
-        with self._tracer.start_as_current_span(name, attributes=dict(attributes or {})):
+        context = None
+        if parent is not None:
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+            context = TraceContextTextMapPropagator().extract({CONTROL_FIELD_TRACEPARENT: parent})
+        with self._tracer.start_as_current_span(name, context=context, attributes=dict(attributes or {})):
             yield
+
+    def set_attribute(self, key: str, value: str | int) -> None:
+        """An attribute of the current span, known only once its work is done (no-op with tracing off)."""
+        if self._tracer is None:
+            return
+        from opentelemetry import trace
+
+        trace.get_current_span().set_attribute(key, value)
 
     def traceparent(self) -> str | None:
         """The current span's W3C traceparent (what a tier directive carries), or None."""

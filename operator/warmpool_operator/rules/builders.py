@@ -43,6 +43,7 @@ from warmpool.contract.pods import (
     MANAGED_BY,
     WORKER_CONTAINER,
 )
+from warmpool.contract.zero import ANNOTATION_COLD_START_TRACE, ENV_COLD_START_TRACE
 from warmpool_operator.api.types import EnvVar, ResourceRequirements, WarmModelSpec
 from warmpool_operator.model import Obj, Target
 from warmpool_operator.rules import object_store_pods
@@ -443,6 +444,10 @@ def _worker_container(target: Target, mounts: list[Obj]) -> Obj:
         {"name": "HOME", "value": "/tmp"},
         *_env(pod.worker_env),
     ]
+    if spec.pool.scale_to_zero is not None:
+        # The hold a pod leaving zero starts for (empty without the annotation): its cold start joins that trace.
+        field_path = f"metadata.annotations['{ANNOTATION_COLD_START_TRACE}']"
+        env.insert(3, {"name": ENV_COLD_START_TRACE, "valueFrom": {"fieldRef": {"fieldPath": field_path}}})
     worker: Obj = {
         "name": WORKER_CONTAINER,
         "image": target.worker_image,
@@ -519,7 +524,8 @@ def _pod_spec(target: Target, containers: list[Obj], volumes: list[Obj]) -> Obj:
     return pod_spec
 
 
-def build_pod_template(target: Target) -> Obj:
+def build_pod_template(target: Target, cold_start_trace: str | None = None) -> Obj:
+    """``cold_start_trace``: the hold a pool leaving zero starts its pods for (warmpool/contract/zero.py)."""
     spec = target.spec
     model_mount, mounts, volumes = _volumes(target)
     containers = [_worker_container(target, mounts)]
@@ -532,6 +538,8 @@ def build_pod_template(target: Target) -> Obj:
     }
     if target.cache is not None:  # the node agent's pin on the revision these pods mount
         annotations[ANNOTATION_CACHE_REVISION] = target.cache.digest
+    if cold_start_trace is not None:
+        annotations[ANNOTATION_COLD_START_TRACE] = cold_start_trace
     # Awake at birth: the Service routes to a new pod as soon as it is Ready, operator or not.
     labels = {**common_labels(target.name), LABEL_AWAKE: AWAKE_TRUE}
     return {
@@ -540,13 +548,13 @@ def build_pod_template(target: Target) -> Obj:
     }
 
 
-def build_deployment(target: Target, replicas: int | None = None) -> Obj:
+def build_deployment(target: Target, replicas: int | None = None, cold_start_trace: str | None = None) -> Obj:
     """The worker Deployment.
 
     RollingUpdate with maxUnavailable 0 and maxSurge 1: a revision change brings up one new
     pod at a time and removes an old, warm pod only once the new one is Ready, which its
     readiness probe (/readyz) says only when it is warm.  ``replicas`` defaults to
-    :func:`desired_replicas` of the spec.
+    :func:`desired_replicas` of the spec; ``cold_start_trace``: see :func:`build_pod_template`.
     """
     count = desired_replicas(target.spec) if replicas is None else replicas
     return stamp(
@@ -562,7 +570,7 @@ def build_deployment(target: Target, replicas: int | None = None) -> Obj:
                 # A pod counts as available only once it has stayed Ready (warm) a moment.
                 "minReadySeconds": 0,
                 "progressDeadlineSeconds": max(600, target.spec.warmup.timeout_seconds + 300),
-                "template": build_pod_template(target),
+                "template": build_pod_template(target, cold_start_trace),
             },
         }
     )

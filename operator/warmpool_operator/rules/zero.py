@@ -53,21 +53,24 @@ class Held:
 
     requests: int = 0
     replicas: int = 0
+    #: the traceparent of a hold (of the first replica by name that sends one): the passes that
+    #: serve the held requests, and the pods they start, join its trace
+    trace: str | None = None
 
 
-def held_requests(annotations: Mapping[str, Any], policy: ScaleToZeroSpec, now_wall: float) -> Held:
+def held_requests(annotations: Mapping[str, Any], hold_timeout_seconds: float, now_wall: float) -> Held:
     """What the ``held.warmpool.dev/<activator>`` annotations say (stale ones left out)."""
-    bound = policy.hold_timeout_seconds + STALE_GRACE_SECONDS
+    bound = hold_timeout_seconds + STALE_GRACE_SECONDS
     total = replicas = 0
-    for key, value in annotations.items():
-        if not key.startswith(HELD_ANNOTATION_PREFIX):
-            continue
-        parsed = parse_held(value)
+    trace: str | None = None
+    for key in sorted(annotations):
+        parsed = parse_held(annotations[key]) if key.startswith(HELD_ANNOTATION_PREFIX) else None
         if parsed is None or parsed[0] == 0 or now_wall - parsed[1] > bound:
             continue
         total += parsed[0]
         replicas += 1
-    return Held(total, replicas)
+        trace = trace or parsed[2]
+    return Held(total, replicas, trace)
 
 
 @dataclass(frozen=True)
