@@ -127,21 +127,19 @@ ENGINE_KV_SOURCE = "engine_kv"
 def process_start_time(proc: Path = Path("/proc")) -> float:
     """Unix time this process started, from the kernel (so interpreter start and imports count).
 
-    /proc/self/stat field 22 is the start in clock ticks since boot; /proc/stat `btime` is the
-    boot time.  Falls back to now where /proc is not Linux's.
+    /proc/self/stat field 22 is the start in clock ticks since boot, and /proc/uptime the seconds
+    since boot now (to the hundredth): the start is that long before now.  (/proc/stat's ``btime``
+    is the boot time in whole seconds: a start from it is early by up to a second.)  Falls back
+    to now where /proc is not Linux's.
     """
     try:
         stat = (proc / "self" / "stat").read_text()
         # the command name (field 2) may hold spaces and parentheses: split after the last ')'
         fields = stat[stat.rindex(")") + 2 :].split()
         start_ticks = int(fields[19])  # field 22 overall; fields[0] here is field 3
-        btime = next(
-            int(line.split()[1])
-            for line in (proc / "stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        now, uptime = time.time(), float((proc / "uptime").read_text().split()[0])
+        return now - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 
