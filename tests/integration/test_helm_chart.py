@@ -46,6 +46,7 @@ from warmpool.contract.pods import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
+from warmpool.contract.telemetry import ENV_OTEL_ENDPOINT
 from warmpool.contract.zero import COMPONENT_ACTIVATOR, DEFAULT_ACTIVATOR_PORT, HELD_ANNOTATION_PREFIX
 
 pytestmark = pytest.mark.integration
@@ -710,7 +711,9 @@ def test_the_activators_values_reach_its_pods(tmp_path: Path) -> None:
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
     tolerations = [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
+    otel = {"name": ENV_OTEL_ENDPOINT, "value": "http://collector.observability:4318"}
     values = {"activator": {"replicas": 3, "port": 9000, "drainSeconds": 45, "logLevel": "DEBUG",
+                            "extraEnv": [otel],
                             "nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": tolerations,
                             "affinity": affinity, "resources": {"requests": {"cpu": "1"}}}}
     objs = objects(render(tmp_path, values))
@@ -723,6 +726,9 @@ def test_the_activators_values_reach_its_pods(tmp_path: Path) -> None:
     # Helm merges a map value into the default: the other requests and the limit stay.
     assert container["resources"] == {"requests": {"cpu": "1", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
     assert {"--port=9000", "--drain-seconds=45", "--log-level=DEBUG"} <= set(container["args"])
+    # Its own variables stay, the extra ones follow (tracing: a trace per held request).
+    assert [e["name"] for e in container["env"]][-1:] == [ENV_OTEL_ENDPOINT] and otel in container["env"]
+    assert {"POD_NAME", "POD_IP"} <= {e["name"] for e in container["env"]}
     assert pod["terminationGracePeriodSeconds"] > 45
     assert _activator(objs, "Service")["spec"]["ports"][0]["port"] == 9000
 

@@ -449,8 +449,17 @@ def test_a_request_held_at_zero_and_the_cold_start_it_causes_are_one_trace(
     assert service_of[cold_start["spanID"]] == worker_service and parent_of(cold_start) == hold["spanID"]
     assert parent_of(first) == cold_start["spanID"]
     assert tags(cold_start)[ATTR_POD] == world.pods("zero")[0]["metadata"]["name"]
+    def after_hold(microseconds: int) -> str:
+        return f"{(microseconds - hold['startTime']) / 1000:.0f} ms"
+
+    first_pass = min(p["startTime"] for p in passes)
+    warm = cold_start["startTime"] + cold_start["duration"]
+    print(f"\ntrace {trace_id}, after the hold began: first pass {after_hold(first_pass)}, pod process "
+          f"{after_hold(cold_start['startTime'])}, warm {after_hold(warm)}, "
+          f"forward {after_hold(forward['startTime'])}; {len(passes)} passes in the trace")
     # request -> scale-up -> warm -> first token, in that order.
-    assert hold["startTime"] <= min(p["startTime"] for p in passes) <= cold_start["startTime"]
-    assert cold_start["startTime"] + cold_start["duration"] <= forward["startTime"] + 1000  # us, clock rounding
+    # (Jaeger counts microseconds; the kernel's process start comes in 10 ms ticks.)
+    assert hold["startTime"] <= first_pass <= cold_start["startTime"] + 20_000
+    assert warm <= forward["startTime"] + 1000  # microseconds: clock rounding
     assert hold["startTime"] + hold["duration"] <= forward["startTime"] + 1000
     assert template[ANNOTATION_COLD_START_TRACE].split()[0].split("-")[1] == trace_id.rjust(32, "0")
