@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import kopf
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -49,6 +50,11 @@ def _body(zero_policy: dict[str, Any] | None = ZERO, annotations: dict[str, str]
 
 def _target(body: dict[str, Any]) -> Target:
     return Target(name="m", namespace="ns", spec=parse_spec(body["spec"]))
+
+
+def _stamp(target: Target, body: dict[str, Any], live: dict[str, Any] | None, replicas: int, wall: float) -> str | None:
+    """The cold-start trace a pass of a fresh operator (nothing stamped yet) writes."""
+    return zero_step.cold_start_trace(zero_step.ZeroMemory(), target, body, live, replicas, wall)
 
 
 def _deployment(replicas: int, kept: str | None = None) -> dict[str, Any]:
@@ -113,7 +119,7 @@ def test_no_trace_without_scale_to_zero_or_a_live_count() -> None:
 def test_a_pool_leaving_zero_for_held_requests_stamps_the_hold_on_its_pod_template() -> None:
     body = _body(annotations={held_annotation("activator-a"): held_value(2, NOW, HOLD)})
     target = _target(body)
-    stamped = zero_step.cold_start_trace(target, body, _deployment(0, kept=OTHER + " 1"), 1, NOW)
+    stamped = _stamp(target, body, _deployment(0, kept=OTHER + " 1"), 1, NOW)
     assert stamped == cold_start_trace_value(HOLD, NOW + 60)
     assert parse_cold_start_trace(stamped) == (HOLD, NOW + 60)  # the deadline: the hold can last no longer
     template = builders.build_deployment(target, 1, stamped)["spec"]["template"]
@@ -124,25 +130,40 @@ def test_a_pool_leaving_zero_for_held_requests_stamps_the_hold_on_its_pod_templa
         f"metadata.annotations['{ANNOTATION_COLD_START_TRACE}']")
 
 
+def test_a_later_pass_of_the_same_leave_keeps_the_stamp_until_the_pool_is_back_at_zero() -> None:
+    memory = zero_step.ZeroMemory()
+    first = _body(annotations={held_annotation("activator-a"): held_value(2, NOW, HOLD)})
+    stamped = zero_step.cold_start_trace(memory, _target(first), first, _deployment(0), 1, NOW)
+    # The next pass: the cache still shows the Deployment at zero, a second later, and the oldest
+    # hold has gone (its client hung up): a new stamp would roll the pod that is starting.
+    later = _body(annotations={held_annotation("activator-a"): held_value(1, NOW + 1, OTHER)})
+    assert zero_step.cold_start_trace(memory, _target(later), later, _deployment(0), 1, NOW + 1) == stamped
+    # Back at zero (the pass that goes there forgets the stamp), the next leave stamps its own hold.
+    memory.cold_start_stamp = None
+    again = _body(annotations={held_annotation("activator-a"): held_value(1, NOW + 300, OTHER)})
+    assert zero_step.cold_start_trace(memory, _target(again), again, _deployment(0, stamped), 1, NOW + 300) == (
+        cold_start_trace_value(OTHER, NOW + 360))
+
+
 def test_otherwise_the_live_templates_value_stays_so_no_pod_rolls() -> None:
     body = _body(annotations={held_annotation("activator-a"): held_value(2, NOW, HOLD)})
     target = _target(body)
     kept = cold_start_trace_value(OTHER, NOW - 100)
     # Pods running (scaling 1 -> 2, or held requests for a pool whose pods still settle): unchanged.
-    assert zero_step.cold_start_trace(target, body, _deployment(1, kept), 2, NOW) == kept
-    assert zero_step.cold_start_trace(target, body, _deployment(1), 1, NOW) is None
+    assert _stamp(target, body, _deployment(1, kept), 2, NOW) == kept
+    assert _stamp(target, body, _deployment(1), 1, NOW) is None
     # At zero and staying there, or leaving it without a traced hold (a forecast): unchanged too.
-    assert zero_step.cold_start_trace(target, body, _deployment(0, kept), 0, NOW) == kept
+    assert _stamp(target, body, _deployment(0, kept), 0, NOW) == kept
     untraced = _body(annotations={held_annotation("activator-a"): held_value(2, NOW)})
-    assert zero_step.cold_start_trace(_target(untraced), untraced, _deployment(0, kept), 1, NOW) == kept
+    assert _stamp(_target(untraced), untraced, _deployment(0, kept), 1, NOW) == kept
     # A new Deployment has no pods to start for a hold.
-    assert zero_step.cold_start_trace(target, body, None, 1, NOW) is None
+    assert _stamp(target, body, None, 1, NOW) is None
 
 
 def test_a_pool_without_scale_to_zero_has_neither_the_annotation_nor_the_variable() -> None:
     body = _body(None)
     target = _target(body)
-    assert zero_step.cold_start_trace(target, body, _deployment(0, HOLD + " 1"), 1, NOW) is None
+    assert _stamp(target, body, _deployment(0, HOLD + " 1"), 1, NOW) is None
     template = builders.build_deployment(target, 1)["spec"]["template"]
     assert ANNOTATION_COLD_START_TRACE not in template["metadata"]["annotations"]
     assert ENV_COLD_START_TRACE not in {e["name"] for e in template["spec"]["containers"][0]["env"]}
@@ -193,3 +214,14 @@ def test_the_worker_parents_its_cold_start_on_the_hold_only_if_it_started_by_the
 @pytest.mark.parametrize("value", ["", "garbage", HOLD, f"{HOLD} soon", "00-xyz 5"])
 def test_an_empty_or_garbled_template_value_gives_the_pod_its_own_trace(value: str) -> None:
     assert TracingConfig.from_env({ENV_COLD_START_TRACE: value}).cold_start_parent is None
+
+
+def test_the_pass_that_takes_the_pool_to_zero_forgets_the_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    # kopf posts Events from its own handler context only; here the reason is what counts.
+    monkeypatch.setattr(kopf, "event", lambda *_, reason, **__: events.append(reason))
+    body = _body({"afterIdleSeconds": 5, "holdTimeoutSeconds": 60})
+    memory = zero_step.ZeroMemory(at_zero=False, left_zero=0.0, cold_start_stamp=cold_start_trace_value(HOLD, NOW))
+    state = zero_step.decide(memory, _target(body), body, _deployment(1), [], None, now=100.0, wall=NOW)
+    assert state.at_zero and events == [zero.REASON_SCALED_TO_ZERO]
+    assert memory.cold_start_stamp is None

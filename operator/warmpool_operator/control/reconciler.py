@@ -331,7 +331,7 @@ class Reconciler:
         stopping = at_zero and not memory.zero.settling(shared.monotonic())  # out of the Service first, then stopped
         replicas = scale.replicas(memory.scale, target.spec, outcome.predicted, self.body, shared.monotonic(), stopping)
         desired = builders.build_deployment(target, replicas, zero_step.cold_start_trace(
-            target, self.body, live, replicas, shared.wall()))
+            memory.zero, target, self.body, live, replicas, shared.wall()))
         with shared.tracing.span(SPAN_APPLY):
             routed = None if outcome.zero is None else [] if at_zero else outcome.endpoints
             outcome.conflicts += await zero_step.follow(kube, self.cache, target, self.body, settled, routed,

@@ -74,6 +74,9 @@ class ZeroMemory:
     last_active: float | None = None
     #: monotonic time the pool went to zero: its pods keep running ROUTE_SETTLE_SECONDS more
     went_to_zero: float | None = None
+    #: the pod template's cold-start trace written when the pool last left zero, until it goes
+    #: back: a later pass (its cache not yet showing the write, or the oldest hold gone) keeps it
+    cold_start_stamp: str | None = None
 
     def settling(self, now: float) -> bool:
         """Whether the pods of a pool just gone to zero must still run: every node's kube-proxy
@@ -104,21 +107,24 @@ def hold_trace(owner: Mapping[str, Any], wall: float) -> str | None:
     return zero.held_requests(annotations, float(timeout), wall).trace
 
 
-def cold_start_trace(target: Target, owner: Mapping[str, Any], live: Obj | None, replicas: int,
-                     wall: float) -> str | None:
+def cold_start_trace(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: Obj | None,
+                     replicas: int, wall: float) -> str | None:
     """The pod template's cold-start trace (warmpool/contract/zero.py): a new one when this pass
     starts pods at zero for held requests, so their cold starts join the hold's trace; otherwise
-    what the live template carries, since a changed template would roll the pool's pods."""
+    the one written then, or what the live template carries: a changed template rolls the pods."""
     policy = target.spec.pool.scale_to_zero
     if policy is None:
         return None
+    if memory.cold_start_stamp is not None:
+        return memory.cold_start_stamp
     spec = (live or {}).get("spec") or {}
     kept = ((spec.get("template") or {}).get("metadata") or {}).get("annotations", {}).get(ANNOTATION_COLD_START_TRACE)
     if live is not None and int(spec.get("replicas") or 0) == 0 and replicas > 0:
         annotations = (owner.get("metadata") or {}).get("annotations") or {}
         held = zero.held_requests(annotations, policy.hold_timeout_seconds, wall)
         if held.trace is not None:
-            return cold_start_trace_value(held.trace, wall + policy.hold_timeout_seconds)
+            memory.cold_start_stamp = cold_start_trace_value(held.trace, wall + policy.hold_timeout_seconds)
+            return memory.cold_start_stamp
     return kept if isinstance(kept, str) else None
 
 
@@ -159,6 +165,7 @@ def decide(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: O
     if made.change is not None:
         if made.at_zero:
             memory.went_to_zero = now
+            memory.cold_start_stamp = None  # the template keeps it; the next leave stamps its own
             _event(owner, zero.REASON_SCALED_TO_ZERO, f"scaled to zero: {made.change}; sleeping pods released too; "
                    "the activator holds the next request and starts a pod")
         else:
