@@ -4,7 +4,7 @@ One pool of the real small model (or a tiny random Llama with ``--model tiny``),
 this checkout as a local process, the activator's two replicas from the operator's image:
 
 * **from zero** (each round): the pool idles to zero, one streamed completion goes to the Service's
-  ClusterIP; a watcher records when the new pod was created and when it turned Ready (its cold
+  ClusterIP; a pod watch records when the new pod was created and when it turned Ready (its cold
   start, the floor), and the client when the first token came.  Overhead = first token - request
   sent - cold start: the activator's hold, the operator's two reactions and the forward.
 * **from sleep** (each round): the pool's pod sleeps instead (scale to zero far off); the request
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -29,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from warmpool_devcluster import build
 
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
 from warmpool.contract.http import DEFAULT_WORKER_PORT
@@ -41,7 +44,12 @@ from warmpool_bench.stats import percentile
 
 POOL = "zero"
 PROMPT = "The capital of France is"
-POLL_S = 0.05
+#: afterIdleSeconds while the pool must stay warm (the start, the forwarding samples), then for the
+#: rounds from zero.
+WARM_IDLE_S = 3600
+ZERO_IDLE_S = 5
+#: Seconds a pod watch (kubectl) is given to start and list before the request it times is sent.
+WATCH_START_S = 1.5
 
 
 @dataclass
@@ -53,6 +61,10 @@ class ZeroSettings:
     cluster: str | None = None
     work_dir: Path = field(default_factory=lambda: Path("/tmp/warmpool-bench-zero"))
     timeout_s: float = 600.0
+
+
+def _say(message: str) -> None:
+    print(f"[bench zero] {message}", file=sys.stderr, flush=True)
 
 
 def _model_dir(settings: ZeroSettings) -> Path:
@@ -72,7 +84,7 @@ def _manifest(model: Path, tiny: bool) -> dict[str, Any]:
     return {"apiVersion": API_GROUP_VERSION, "kind": KIND, "metadata": {"name": POOL},
             "spec": {"model": {"hostPath": {"path": str(model)}},
                      "pool": {"replicas": 1, "minWarm": 1, "maxReplicas": 2,
-                              "scaleToZero": {"afterIdleSeconds": 5, "holdTimeoutSeconds": 600,
+                              "scaleToZero": {"afterIdleSeconds": WARM_IDLE_S, "holdTimeoutSeconds": 600,
                                               "maxHeldRequests": 100}},
                      "warmup": {"buckets": [16, 32], "timeoutSeconds": 300}, "pod": pod}}
 
@@ -149,25 +161,46 @@ def _ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def _watch_pod(run: Run, stop: threading.Event, seen: dict[str, float]) -> None:
-    """Record, by the monotonic clock, when a pod of the pool first exists and first is Ready and awake."""
-    while not stop.is_set():
-        for pod in run.pods():
+def _watch_pod(run: Run, seen: dict[str, float]) -> subprocess.Popen[str]:
+    """Record, by the monotonic clock at each watch event's arrival, when a pod of the pool first
+    exists and first is Ready and awake: a ``kubectl get --watch`` (no polling lag, which at a
+    kubectl call per poll was up to a few hundred milliseconds on each end of the cold start).
+    Terminate the process to stop it."""
+    binary = build.ensure_binaries(["kubectl"])["kubectl"]
+    watch = subprocess.Popen(
+        [str(binary), "--kubeconfig", str(run.bench.cluster.kubeconfig), "-n", run.ns, "get", "pods",
+         "-l", f"{LABEL_MODEL}={POOL}", "--watch", "-o", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def read() -> None:
+        assert watch.stdout is not None
+        lines: list[str] = []
+        for line in watch.stdout:  # one pretty-printed object per event, closed by "}" on its own line
+            lines.append(line)
+            if line.rstrip("\n") != "}":
+                continue
+            pod, lines = json.loads("".join(lines)), []
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
             seen.setdefault("created", time.monotonic())
             if _ready(pod) and (pod["metadata"].get("labels") or {}).get(LABEL_AWAKE) == AWAKE_TRUE:
                 seen.setdefault("ready", time.monotonic())
-        time.sleep(POLL_S)
+
+    threading.Thread(target=read, daemon=True).start()
+    return watch
 
 
 def _from_zero(run: Run, url: str) -> dict[str, Any]:
     run.wait(run.at_zero, "the pool at zero")
     seen: dict[str, float] = {}
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch_pod, args=(run, stop, seen), daemon=True)
-    watcher.start()
+    watch = _watch_pod(run, seen)
+    time.sleep(WATCH_START_S)
+    listed = dict(seen)
     answer = _post(url, stream=True)
-    stop.set()
-    watcher.join(timeout=10)
+    watch.terminate()
+    watch.wait(timeout=10)
+    if listed:
+        return {"error": "a pod of the pool existed before the request", **answer}
     if answer["status"] != 200 or "created" not in seen or "ready" not in seen:
         return {"error": answer.get("error", "no pod seen"), **answer}
     cold = seen["ready"] - seen["created"]
@@ -259,6 +292,10 @@ def _forward(run: Run, cluster_ip: str, url: str) -> dict[str, Any]:
             "activator_untouched_when_warm": untouched}
 
 
+def _figures(round_: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in round_.items() if k != "sent")
+
+
 def run_zero(settings: ZeroSettings) -> dict[str, Any]:
     namespace = f"bench-zero-{os.getpid()}"
     bench = BenchCluster(settings.cluster, settings.work_dir, namespace,
@@ -274,16 +311,25 @@ def run_zero(settings: ZeroSettings) -> dict[str, Any]:
         manifest = _manifest(next(iter(published.values())), settings.model == "tiny")
         bench.create(manifest)
         cluster_ip, url = run.wait(lambda: run.warm_pod() and run.service_url(), "the pool warm")
+        _say("the pool is warm: forwarding samples (straight to the pod, and through an activator)")
         result["forward"] = _forward(run, cluster_ip, url)
-        for _ in range(settings.rounds):
+        # Now the pool may idle to zero; until here it stayed warm, whenever the bench looked.
+        patch = {"spec": {"pool": {"scaleToZero": {"afterIdleSeconds": ZERO_IDLE_S}}}}
+        bench.cluster.kubectl("-n", namespace, "patch", f"{PLURAL}/{POOL}", "--type=merge", "-p", json.dumps(patch))
+        for done in range(settings.rounds):
+            _say(f"from zero, round {done + 1}/{settings.rounds}: waiting for the pool to idle to zero")
             result["from_zero"].append(_from_zero(run, url))
+            _say(f"from zero, round {done + 1}: {_figures(result['from_zero'][-1])}")
+        _say(f"a burst of {settings.burst} at zero")
         result["burst"] = _burst(run, url)
         # From sleep: the pod sleeps after 3 s idle; zero is an hour away.
         patch = {"spec": {"pool": {"sleep": {"afterIdleSeconds": 3, "minAwake": 0, "level": 1},
                                    "scaleToZero": {"afterIdleSeconds": 3600}}}}
         bench.cluster.kubectl("-n", namespace, "patch", f"{PLURAL}/{POOL}", "--type=merge", "-p", json.dumps(patch))
-        for _ in range(settings.rounds):
+        for done in range(settings.rounds):
+            _say(f"from sleep, round {done + 1}/{settings.rounds}: waiting for the pod to sleep")
             result["from_sleep"].append(_from_sleep(run, url))
+            _say(f"from sleep, round {done + 1}: {_figures(result['from_sleep'][-1])}")
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:  # what was measured is kept
         result["error"] = str(error)[:2000]
     finally:
