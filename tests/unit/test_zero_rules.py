@@ -1,5 +1,6 @@
 """The scale-to-zero rules (rules/zero.py): held counts, the at-zero decision, the Service's two
-EndpointSlices, the replicas and the Ready condition at zero, and the spec rules around it."""
+EndpointSlices (and the pods a pass routes to first), the replicas and the Ready condition at
+zero, and the spec rules around it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from typing import Any
 
 import pytest
 from warmpool_operator.api import types as api
+from warmpool_operator.control import zero as zero_step
 from warmpool_operator.model import Target
 from warmpool_operator.rules import scaling, zero
 from warmpool_operator.rules import status as st
 from warmpool_operator.rules.builders import build_service
+from warmpool_operator.rules.gating import PodRef
 from warmpool_operator.rules.observation import ColdStarts
 
+from warmpool.contract.pods import AWAKE_TRUE, LABEL_AWAKE
 from warmpool.contract.zero import (
     ENDPOINTSLICE_MANAGER,
     LABEL_ENDPOINTSLICE_MANAGED_BY,
@@ -185,3 +189,23 @@ def test_a_pool_gone_to_zero_keeps_its_pods_until_kube_proxy_followed_the_switch
     # Read back at zero after a restart (no switch seen), or out of zero: nothing to wait for.
     assert not ZeroMemory(at_zero=True).settling(0.0)
     assert not ZeroMemory(at_zero=False, went_to_zero=100.0).settling(100.0)
+
+
+def _pod(uid: str, ready: bool, awake: bool = True) -> dict[str, Any]:
+    labels = {LABEL_AWAKE: AWAKE_TRUE if awake else "false"}
+    return {"metadata": {"uid": uid, "name": f"m-{uid}", "labels": labels},
+            "status": {"podIP": f"10.244.0.{len(uid)}", "phase": "Running",
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_pods_turned_ready_are_routed_first_only_for_a_pool_that_left_zero() -> None:
+    pods = {"a": _pod("a", ready=True), "bb": _pod("bb", ready=False), "ccc": _pod("ccc", ready=True, awake=False)}
+    refs = [PodRef(uid=uid, name=f"m-{uid}", node="n", ip=f"10.244.0.{len(uid)}") for uid in pods]
+    target = Target(name="m", namespace="ns", spec=_spec())
+    left = zero_step.ZeroMemory(at_zero=False)
+    assert [e.pod for e in zero_step.ready_first(target, left, refs, pods)] == ["m-a"]
+    # At zero (its pods still settling, out of the Service), or not known yet: the pass's own step decides.
+    assert zero_step.ready_first(target, zero_step.ZeroMemory(at_zero=True), refs, pods) == []
+    assert zero_step.ready_first(target, zero_step.ZeroMemory(), refs, pods) == []
+    plain = api.parse_spec({"model": {"hostPath": {"path": "/models/m"}}})
+    assert zero_step.ready_first(Target(name="m", namespace="ns", spec=plain), left, refs, pods) == []

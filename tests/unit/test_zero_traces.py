@@ -225,3 +225,4 @@ def test_the_pass_that_takes_the_pool_to_zero_forgets_the_stamp(monkeypatch: pyt
     state = zero_step.decide(memory, _target(body), body, _deployment(1), [], None, now=100.0, wall=NOW)
     assert state.at_zero and events == [zero.REASON_SCALED_TO_ZERO]
     assert memory.cold_start_stamp is None
+

@@ -100,7 +100,8 @@ def our_pods(cache: Cache, target: Target, memory: ScrapeMemory, deployment_uid:
     return ours
 
 
-def _scrapeable(target: Target, pods: list[Obj], config: OperatorConfig) -> tuple[list[gating.PodRef], dict[str, Obj]]:
+def scrapeable(target: Target, pods: list[Obj], config: OperatorConfig) -> tuple[list[gating.PodRef], dict[str, Obj]]:
+    """The pods the operator may reach (running, an IP inside --scrape-network), and every pod by uid."""
     refs: list[gating.PodRef] = []
     by_uid: dict[str, Obj] = {}
     for pod in pods:
@@ -121,7 +122,7 @@ def _scrapeable(target: Target, pods: list[Obj], config: OperatorConfig) -> tupl
 async def observe(memory: ScrapeMemory, pods: list[Obj], target: Target, scheduler: ScrapeScheduler,
                   config: OperatorConfig, tracing: Tracing) -> PoolPods:
     """The pool's pods and their latest samples; what is stale is scraped now."""
-    refs, by_uid = _scrapeable(target, pods, config)
+    refs, by_uid = scrapeable(target, pods, config)
     port = target.spec.pod.port
     memory.urls = {ref.uid: worker_url(ref.ip, port, PATH_METRICS) for ref in refs}
     memory.readiness = {ref.uid: pod_ready(by_uid[ref.uid]) for ref in refs}

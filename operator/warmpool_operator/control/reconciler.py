@@ -346,6 +346,9 @@ class Reconciler:
         shared, memory, config = self.shared, self.memory, self.shared.config
         spec = target.spec
         pods = observe.our_pods(self.cache, target, memory.scrapes, deployment_uid)
+        refs, by_uid = observe.scrapeable(target, pods, config)  # held requests wait on pods routed: before the rest
+        await zero_step.route_ready_first(shared.kube, self.cache, target, self.body, memory.children.settled,
+                                          memory.zero, refs, by_uid, shared.activators)
         pool = await observe.observe(memory.scrapes, pods, target, shared.scheduler, config, shared.tracing)
         decisions = await tiers.decide(memory.tiers, pool, target, self.body, memory.children.token, shared.workers,
                                        config.ttl(), shared.tracing)
@@ -365,18 +368,9 @@ class Reconciler:
         outcome.endpoints = zero_step.pod_endpoints(target, pool.refs, pool.pods, pool.readiness)
         # Requests the activator holds want an awake pod: a sleeping one wakes before any is started.
         awake_wanted = max(outcome.predicted.awake_wanted, zero_step.wake_wanted(target, self.body, shared.wall()))
-        await sleep_actions.act(self._sleep_context(target), memory.sleep, shared.board, pool.refs, pool.pods,
+        await sleep_actions.act(_sleep_context(self, target), memory.sleep, shared.board, pool.refs, pool.pods,
                                 pool.samples, decisions, pool.readiness, awake_wanted=awake_wanted)
         scale.react(memory.scale, spec, outcome.observations, self.key)
-
-    def _sleep_context(self, target: Target) -> sleep_actions.Context:
-        def refresh(uid: str) -> None:
-            self.memory.scrapes.drop(uid)
-            self.poke()
-
-        return sleep_actions.Context(self.shared.kube, self.shared.workers, self.body, target,
-                                     self.memory.children.token, refresh, self.shared.config.scrape_interval,
-                                     self.shared.monotonic)
 
     def _spec(self, generation: int) -> WarmModelSpec:
         parsed = self.memory.parsed
@@ -429,3 +423,14 @@ class Reconciler:
             degraded=degraded, forecast=outcome.predicted.forecast, learned_buckets=outcome.predicted.learned,
             extra_conditions=outcome.predicted.conditions, zero=outcome.zero,
         )
+
+
+def _sleep_context(reconciler: Reconciler, target: Target) -> sleep_actions.Context:
+    """What the sleep actions need of one pool's pass; a pod they act on is scraped again at once."""
+    def refresh(uid: str) -> None:
+        reconciler.memory.scrapes.drop(uid)
+        reconciler.poke()
+
+    shared = reconciler.shared
+    return sleep_actions.Context(shared.kube, shared.workers, reconciler.body, target, reconciler.memory.children.token,
+                                 refresh, shared.config.scrape_interval, shared.monotonic)

@@ -29,7 +29,7 @@ from warmpool_operator.io.kube import ENDPOINTSLICES, Kube
 from warmpool_operator.io.watch_cache import Cache
 from warmpool_operator.model import Obj, Target
 from warmpool_operator.rules import zero
-from warmpool_operator.rules.observation import PodObservation
+from warmpool_operator.rules.observation import PodObservation, pod_ready
 
 log = logging.getLogger("warmpool.operator")
 
@@ -199,6 +199,28 @@ async def route(kube: Kube, cache: Cache, target: Target, owner: Mapping[str, An
         log.warning("%s/%s: no awake warm pod and no activator address: the Service has no endpoint "
                     "(is the activator running, and --activator-service set?)", target.namespace, target.name)
     return conflicts
+
+
+async def route_ready_first(kube: Kube, cache: Cache, target: Target, owner: Mapping[str, Any], settled: Settled,
+                            memory: ZeroMemory, refs: Sequence[Any], pods: Mapping[str, Obj],
+                            board: ActivatorBoard) -> None:
+    """At the start of a pass, route the Service to the pods that turned Ready, before the pass
+    scrapes, decides and directs them (a few hundred milliseconds on a busy node): requests the
+    activator holds wait on this switch.  Only towards pods, and only for a pool not at zero;
+    the pass's own routing step writes the same slices again only if they differ, and reports
+    a slice that is not ours."""
+    endpoints = ready_first(target, memory, refs, pods)
+    if endpoints:
+        await route(kube, cache, target, owner, settled, endpoints, board)
+
+
+def ready_first(target: Target, memory: ZeroMemory, refs: Sequence[Any],
+                pods: Mapping[str, Obj]) -> list[zero.Endpoint]:
+    """The pods :func:`route_ready_first` routes to: Ready, awake, not terminating, of a
+    scale-to-zero pool known not to be at zero (none otherwise)."""
+    if target.spec.pool.scale_to_zero is None or memory.at_zero is not False:
+        return []
+    return pod_endpoints(target, refs, pods, {ref.uid: pod_ready(pods[ref.uid]) for ref in refs})
 
 
 async def follow(kube: Kube, cache: Cache, target: Target, owner: Mapping[str, Any], settled: Settled,
