@@ -28,7 +28,7 @@ from warmpool_devcluster.testing import ClusterHandle
 from warmpool_worker.tracing import ENV_OTEL_SAMPLER_ARG
 
 from tests.support.e2e import Operator, World, http, metric
-from tests.support.procs import HOST, free_port, subprocess_env
+from tests.support.procs import HOST, free_port, stop, subprocess_env
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
 from warmpool.contract.http import CONTROL_FIELD_TRACEPARENT, PATH_METRICS, PATH_READYZ
 from warmpool.contract.metrics import (
@@ -372,11 +372,7 @@ def zero_traced_world(cluster: ClusterHandle, namespace: str, crd: str, jaeger: 
         wait_for(lambda: http(f"http://{HOST}:{health}/readyz", timeout=2)[0] == 200, 60, "the activator ready")
         yield world, service, f"http://{HOST}:{port}"
     finally:
-        activator.terminate()
-        try:
-            activator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            activator.kill()
+        stop(activator, timeout=30)
         log.close()
         print("\n===== activator log (tail) =====\n" + (tmp_path / "activator.log").read_text()[-4000:])
         cluster.kubectl("-n", namespace, "delete", PLURAL, "--all", "--timeout=60s", check=False)

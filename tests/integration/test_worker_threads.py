@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import HOST, REPO, free_port, subprocess_env
+from tests.support.procs import HOST, REPO, free_port, stop, subprocess_env
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +41,7 @@ def _threads_logged(model: Path, log_path: Path, *extra: str, timeout: float = 9
                 time.sleep(0.2)
             raise AssertionError(f"no threads line (exit {proc.poll()}):\n{log_path.read_text(errors='replace')}")
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            stop(proc)
 
 
 def test_threads_flag_sets_torchs_thread_count(tiny_model: Path, tmp_path: Path) -> None:

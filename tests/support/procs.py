@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -28,3 +30,13 @@ def subprocess_env() -> dict[str, str]:
     )
     env.pop("POD_IP", None)
     return env
+
+
+def stop(proc: subprocess.Popen[Any], timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
