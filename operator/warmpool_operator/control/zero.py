@@ -8,6 +8,11 @@ gains addresses is written before the one that loses them, so the Service is nev
 endpoint and no new connection is refused during a switch; connections already open stay where
 they are (kube-proxy keeps established flows), so in-flight requests finish where they started.
 
+A pass routes to pods that turned Ready before anything else it does (``route_ready_first``):
+held requests wait on that switch.  With tracing on, a pass for held requests joins the hold's
+trace (``hold_trace``), and the pass that leaves zero stamps the hold on the pod template
+(``cold_start_trace``), so the new pods' cold starts join it too.
+
 ``ActivatorBoard`` holds the activator's addresses, fed by the watch of its Service's
 EndpointSlices (app/handlers.py); a change pokes every scale-to-zero pool.
 """
