@@ -121,6 +121,27 @@ def test_a_counter_reset_counts_from_zero() -> None:
     assert counter_delta(10.0, 4.0) == 4.0 and counter_delta(4.0, 10.0) == 6.0 and counter_delta(None, 1.0) is None
 
 
+def test_a_step_at_zero_with_no_pod_is_a_zero_and_any_other_pass_makes_it_missing() -> None:
+    """A pool at zero keeps a history (and so a forecast, which may raise it ahead of a burst)."""
+    acc = StepAccumulator(STEP)
+    acc.observe({}, 1.0, at_zero=True)  # the partial first step: missing whatever it saw
+    closed = acc.observe({}, 11.0, at_zero=True)
+    assert closed[0].step == 0 and closed[0].observation is None and closed[0].problem is None
+    acc.observe({}, 15.0, at_zero=True)
+    closed = acc.observe({}, 21.0, at_zero=True)
+    assert closed[0].step == 1 and closed[0].observation is not None and closed[0].observation.requests == 0
+    assert closed[0].problem is None
+    # One pass of the step not at zero (the pool just left it, its pod not running yet): missing.
+    acc.observe({}, 25.0, at_zero=False)
+    closed = acc.observe({}, 31.0, at_zero=True)
+    assert closed[0].step == 2 and closed[0].observation is None and closed[0].problem
+    # At zero with its pods still running (settling): they are counted as usual.
+    acc.observe({"a": ("a", sample(7.0))}, 35.0, at_zero=True)
+    acc.observe({"a": ("a", sample(9.0))}, 38.0, at_zero=True)
+    closed = acc.observe({}, 41.0, at_zero=True)
+    assert closed[0].step == 3 and closed[0].observation is not None and closed[0].observation.requests == 2
+
+
 def test_missing_or_garbage_request_metrics_make_a_missing_step_that_says_why() -> None:
     acc = StepAccumulator(STEP)
     feed(acc, 1.0, a=sample(None), b=Sample(error="garbage: no warmpool metrics in the body"), c=None)

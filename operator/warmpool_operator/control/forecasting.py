@@ -146,9 +146,10 @@ class ForecastRunner:
 
     # ------------------------------------------------------------------ steps
 
-    def observe(self, samples: Mapping[str, tuple[str, Sample | None]]) -> None:
-        """This pass's samples (uid -> (pod name, sample)); records the steps that closed."""
-        closed = self.accumulator.observe(samples, self.clock())
+    def observe(self, samples: Mapping[str, tuple[str, Sample | None]], at_zero: bool = False) -> None:
+        """This pass's samples (uid -> (pod name, sample)); records the steps that closed.
+        ``at_zero``: a scale-to-zero pool at zero (a step with no pod is then a zero, not missing)."""
+        closed = self.accumulator.observe(samples, self.clock(), at_zero)
         for step in closed:
             self.capacity.add(step.served, step.busy_seconds, step.batch)
             self.last_problem, self.last_closed = step.problem, step
@@ -269,14 +270,14 @@ class PoolForecast:
             await self.runner.stop(save=save)
 
     def step(self, spec: WarmModelSpec, owner: Mapping[str, Any], observations: list[PodObservation],
-             cold_start_p95: float | None) -> Predicted:
+             cold_start_p95: float | None, at_zero: bool = False) -> Predicted:
         """Feed this pass's samples to the history; the pods the forecast asks for, and its status."""
         runner = self._running(spec)
         out = Predicted()
         if runner is None:
             return out
         live = [o for o in observations if not o.terminating]
-        runner.observe({o.uid: (o.name, o.sample) for o in live})
+        runner.observe({o.uid: (o.name, o.sample) for o in live}, at_zero)
         if spec.warmup.learn_buckets and runner.loaded:
             out.learned = forecast_report.learned_status(runner.learned_buckets())
         predictive = spec.pool.predictive

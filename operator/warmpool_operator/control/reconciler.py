@@ -364,7 +364,7 @@ class Reconciler:
             memory.cold.record(obs.uid, obs.sample)
         await tiers.annotate(shared.kube, target, pool, outcome.observations)
         outcome.predicted = self.forecast.step(spec, self.body, outcome.observations,
-                                               memory.cold.figures().p95_seconds)
+                                               memory.cold.figures().p95_seconds, memory.zero.at_zero is True)
         outcome.endpoints = zero_step.pod_endpoints(target, pool.refs, pool.pods, pool.readiness)
         # Requests the activator holds want an awake pod: a sleeping one wakes before any is started.
         awake_wanted = max(outcome.predicted.awake_wanted, zero_step.wake_wanted(target, self.body, shared.wall()))

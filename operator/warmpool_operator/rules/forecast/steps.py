@@ -15,6 +15,11 @@ history step, summed over the pool:
   re-baselined, and the step says why.
 * **Missing**: a step in which no pod gave a usable request delta is held as *missing* (None),
   never as zero; so is the step the accumulator started in (it saw only part of it).
+* **At zero**: a scale-to-zero pool with no pod for a whole step, every pass of it at zero, had
+  no request served: that step is a zero, not missing (a request sent then is held by the
+  activator and counted by the pod started for it, in the step it is served).  Held as missing,
+  a pool at zero would lose its forecast after a few steps, and with it the forecast's raise
+  from zero ahead of a burst.
 
 A sample is attributed to the step in which it is handed over.  :class:`CapacityMeter` keeps the
 served requests and busy seconds of the recent steps, in all and by the batch size the engine ran
@@ -126,6 +131,8 @@ class _Open:
     problems: dict[str, str] = field(default_factory=dict)  # pod name -> what was wrong
     #: (when, requests, seconds since that pod's previous sample) per counted delta: the step's peak
     deltas: list[tuple[float, float, float]] = field(default_factory=list)
+    #: every pass of the step saw the pool at zero with no pod (see the module docstring)
+    at_zero: bool = True
 
 
 @dataclass
@@ -137,8 +144,10 @@ class StepAccumulator:
     started_step: int | None = None
     current: _Open | None = None
 
-    def observe(self, samples: Mapping[str, tuple[str, Sample | None]], now: float) -> list[ClosedStep]:
-        """Feed this pass's samples (uid -> (pod name, latest sample)); the steps that closed."""
+    def observe(self, samples: Mapping[str, tuple[str, Sample | None]], now: float,
+                at_zero: bool = False) -> list[ClosedStep]:
+        """Feed this pass's samples (uid -> (pod name, latest sample)); the steps that closed.
+        ``at_zero``: the pass saw a scale-to-zero pool at zero."""
         step = int(now // self.step_s)
         closed: list[ClosedStep] = []
         if self.current is None:
@@ -146,6 +155,8 @@ class StepAccumulator:
         elif step > self.current.step:
             closed.append(self._close(self.current))
             self.current = _Open(step)
+        if samples or not at_zero:
+            self.current.at_zero = False
         for uid in set(self.last) - set(samples):  # pods gone: forget their baselines
             self.last.pop(uid, None)
             self.last_at.pop(uid, None)
@@ -202,6 +213,8 @@ class StepAccumulator:
         problems = "; ".join(f"{name}: {why}" for name, why in sorted(step.problems.items())) or None
         if step.step == self.started_step:  # missing, but no fault of the metrics: problem None
             return ClosedStep(step.step, None, step.served, step.busy, None, step.batch)
+        if step.counted_pods == 0 and step.at_zero:
+            return ClosedStep(step.step, StepObservation(requests=0, peak_requests=0), 0.0, 0.0, None)
         if step.counted_pods == 0:
             return ClosedStep(step.step, None, step.served, step.busy,
                               problems or "no pod's request counter was read twice in the step", step.batch)
