@@ -247,7 +247,8 @@ class FixedForecast:
         self.wanted = wanted
         self.passes = 0
 
-    def step(self, spec: Any, owner: Any, observations: list[PodObservation], cold_p95: float | None) -> Predicted:
+    def step(self, spec: Any, owner: Any, observations: list[PodObservation], cold_p95: float | None,
+             at_zero: bool = False) -> Predicted:
         self.passes += 1
         return Predicted(wanted=self.wanted, hold_s=60.0)
 
