@@ -161,7 +161,8 @@ def test_an_images_packages_alone_import_and_run(side: str, tmp_path: Path) -> N
 #: every layer shares, the rules pure decisions, io the world, control the pass, app the edge.
 #: (api imports nothing of the operator at all: the model holds the parsed spec, so the model
 #: imports the API, never the other way round.)  The activator is an edge of its own, beside app:
-#: a separate process that shares only the API's defaults and the list-and-watch with the operator.
+#: a separate process that shares the API's defaults, the names of the pool's children and pods
+#: (rules: what the operator builds) and the list-and-watch with the operator.
 OPERATOR_LAYERS: dict[str, frozenset[str]] = {
     "api": frozenset({"api"}),
     "model": frozenset({"api", "model"}),
@@ -170,7 +171,7 @@ OPERATOR_LAYERS: dict[str, frozenset[str]] = {
     "io": frozenset({"api", "model", "rules", "io"}),
     "control": frozenset({"api", "model", "rules", "io", "settings", "control"}),
     "app": frozenset({"api", "model", "rules", "io", "settings", "control", "app"}),
-    "activator": frozenset({"api", "io", "activator"}),
+    "activator": frozenset({"api", "rules", "io", "activator"}),
 }
 
 

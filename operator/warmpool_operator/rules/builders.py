@@ -117,6 +117,12 @@ def common_labels(name: str) -> dict[str, str]:
     }
 
 
+def pod_labels(name: str) -> dict[str, str]:
+    """The worker pods' labels, as the template sets them (awake at birth: the Service routes to a
+    new pod as soon as it is Ready, operator or not).  What NetworkPolicies select the pods by."""
+    return {**common_labels(name), LABEL_AWAKE: AWAKE_TRUE}
+
+
 def spec_hash(obj: Mapping[str, Any]) -> str:
     """A short stable hash of a desired object (sorted-key JSON)."""
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
@@ -540,10 +546,8 @@ def build_pod_template(target: Target, cold_start_trace: str | None = None) -> O
         annotations[ANNOTATION_CACHE_REVISION] = target.cache.digest
     if cold_start_trace is not None:
         annotations[ANNOTATION_COLD_START_TRACE] = cold_start_trace
-    # Awake at birth: the Service routes to a new pod as soon as it is Ready, operator or not.
-    labels = {**common_labels(target.name), LABEL_AWAKE: AWAKE_TRUE}
     return {
-        "metadata": {"labels": labels, "annotations": annotations},
+        "metadata": {"labels": pod_labels(target.name), "annotations": annotations},
         "spec": _pod_spec(target, containers, volumes),
     }
 
