@@ -9,8 +9,10 @@ request joins or leaves at the boundary between two steps:
 
 * it ends when its last token is out, when its client went away (the cancel flag is read
   before every step, so a hang-up costs at most the step under way), or when the engine
-  fails it (non-finite logits for its row; a failed step, e.g. weights that changed under
-  the mapping, ends every request of that step);
+  fails it: a failure of its own row (non-finite logits, a draw that could not be sampled,
+  its cache not allocated) or of its own callbacks ends it alone, and its batch-mates go on;
+  only a failure of the shared step itself (the forward pass, e.g. weights that changed
+  under the mapping) ends every request of that step;
 * its KV blocks are given back the moment it ends.
 
 Sleep and generation never overlap: both are decided under the engine gate (`engine_gate`),
@@ -248,7 +250,7 @@ class BatchScheduler:
                 self._running.append(job)
                 admitted.append(job)
         for job in admitted:
-            job.on_admitted()
+            self._callback(job, job.on_admitted)
         if admitted:
             self._report()
 
@@ -260,10 +262,20 @@ class BatchScheduler:
                 continue
             if outcome.error is not None:
                 self._end(job, outcome.error)
-            elif outcome.step is not None:
-                job.on_step(outcome.step)
-                if outcome.step.finished:
-                    self._end(job, None)
+            elif (outcome.step is not None and self._callback(job, job.on_step, outcome.step)
+                  and outcome.step.finished):
+                self._end(job, None)
+
+    def _callback(self, job: BatchJob, callback: Callable[..., None], *args: object) -> bool:
+        """Run one of the job's callbacks; when it fails, that job ends (with the error) and
+        the batch goes on.  True when it ran."""
+        try:
+            callback(*args)
+        except Exception as error:
+            log.exception("a request's callback failed: ending that request alone")
+            self._end(job, error)
+            return False
+        return True
 
     def _drop_cancelled(self) -> None:
         with self._cond:

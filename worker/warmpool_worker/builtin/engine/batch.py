@@ -16,6 +16,11 @@ Logits are computed only for the rows that sample (a decode, or the last chunk o
 prompt), each row is checked finite on its own (a sequence whose logits hold NaN/Inf fails
 with `NonFiniteLogitsError`; the others go on), and sampling is per row with each
 sequence's own temperature.
+
+One request cannot fail the others: what is done for one sequence alone (its first cache,
+its sampling, its text) fails that sequence alone, as an error in its `StepOutcome`
+(`SamplingError` for a row that could not be sampled).  Only the shared forward pass fails
+the whole step.
 """
 
 from __future__ import annotations
@@ -24,7 +29,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from warmpool_worker.builtin.engine.decoding import check_generation, check_prompt, sample, text_increment
+from warmpool_worker.builtin.engine.decoding import (
+    SamplingError,
+    check_generation,
+    check_prompt,
+    sample,
+    text_increment,
+)
 from warmpool_worker.builtin.engine.kv_cache import KVBlockPool, KVCache, KVLease, blocks_for, kv_capacity
 from warmpool_worker.builtin.engine.maths import LayerWeights, Model, Segment, Weights, forward_segments
 from warmpool_worker.builtin.engine.prefix_kv import PrefixKVStore
@@ -123,15 +134,21 @@ class BatchRunner:
         step = self.chunk_tokens
         return min(len(sequence.ids), (sequence.filled // step + 1) * step)
 
-    def _plan(self, sequences: Sequence[SequenceState]) -> list[_Planned]:
+    def _plan(self, sequences: Sequence[SequenceState]) -> tuple[list[_Planned], list[StepOutcome]]:
+        """The segments of this step, and the sequences that failed to start (each alone)."""
         planned: list[_Planned] = []
+        failed: list[StepOutcome] = []
         prefill_left = self.chunk_tokens
         prefilled_any = False
         for sequence in sequences:
             if sequence.finished:
                 continue
             if sequence.cache is None:
-                self._start(sequence)
+                try:
+                    self._start(sequence)
+                except Exception as error:  # e.g. its cache could not be allocated: it alone fails
+                    failed.append(StepOutcome(sequence, error=error))
+                    continue
             if sequence.prefilling:
                 end = self._chunk_end(sequence)
                 size = end - sequence.filled
@@ -146,7 +163,7 @@ class BatchRunner:
             assert sequence.cache is not None
             sequence.lease.grow(sequence.cache, sequence.filled + len(tokens), sequence.limit)
             planned.append(_Planned(sequence, Segment(tokens, sequence.filled, sequence.cache, wants)))
-        return planned
+        return planned, failed
 
     def _start(self, sequence: SequenceState) -> None:
         """Its first cache (sized for the prompt, in whole blocks), seeded from a stored warm prefix."""
@@ -160,14 +177,14 @@ class BatchRunner:
         """Advance these sequences by one step (module docstring); finished ones are skipped.
 
         Raises what the forward pass raises (a weight that cannot be loaded): that ends every
-        sequence of the step, which the caller closes.
+        sequence of the step, which the caller closes.  A failure of one sequence's own work is
+        its outcome's `error` (module docstring).
         """
-        planned = self._plan(sequences)
+        planned, outcomes = self._plan(sequences)
         if not planned:
-            return []
+            return outcomes
         with torch.inference_mode():
             logits = forward_segments(self._model, self._core(), self._layer, [p.segment for p in planned])
-        outcomes: list[StepOutcome] = []
         row = 0
         finite = torch.isfinite(logits).all(dim=-1).tolist() if logits.shape[0] else []
         for item in planned:
@@ -184,7 +201,11 @@ class BatchRunner:
                          else f"at decode step {len(sequence.generated)}")
                 outcomes.append(StepOutcome(sequence, error=NonFiniteLogitsError(self._explain(where))))
                 continue
-            outcomes.append(StepOutcome(sequence, self._next_token(sequence, row_logits)))
+            try:
+                outcomes.append(StepOutcome(sequence, self._next_token(sequence, row_logits)))
+            except Exception as error:  # this row's sampling or text: its request ends, the rest go on
+                outcomes.append(StepOutcome(sequence, error=SamplingError(
+                    f"sampling failed for this request (temperature {sequence.temperature!r}): {error}")))
         return outcomes
 
     def _next_token(self, sequence: SequenceState, logits: torch.Tensor) -> GenerationStep:

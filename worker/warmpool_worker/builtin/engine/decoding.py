@@ -1,4 +1,18 @@
-"""From logits to tokens and from tokens to streamed text: sampling and text increments."""
+"""From logits to tokens and from tokens to streamed text: sampling and text increments.
+
+Sampling computes for every temperature the API accepts (0..2, `completion_request`):
+
+* below `GREEDY_BELOW_TEMPERATURE` (1e-5, vLLM's threshold too) a draw is greedy (argmax).
+  softmax(logits / T) at such a T is one-hot to float32 precision wherever the top two
+  logits differ by more than 1e-3 (the runner-up's weight is below e^-100),
+  and logits / T itself overflows (T = 1e-40 is subnormal in float32: logit / T = Inf,
+  softmax NaN, `torch.multinomial` raises), so the argmax is both the limit and what computes;
+* above it the logits are shifted by their maximum before dividing, so every row has a 0
+  and no value is above it: softmax stays finite whatever the logits' magnitude.
+
+A row that still fails to sample fails as a `SamplingError` (`batch` wraps what was raised),
+which ends that request alone.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +21,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 from warmpool_worker.engine_api import RequestError
+
+#: Temperatures below this sample greedily (module docstring).
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+class SamplingError(RuntimeError):
+    """One row could not be sampled: its request fails, the batch around it goes on."""
 
 
 def check_prompt(token_ids: Sequence[int], max_context: int, vocab_size: int) -> list[int]:
@@ -29,10 +50,13 @@ def check_generation(max_new_tokens: int, temperature: float) -> None:
 
 
 def sample(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> list[int]:
-    """logits [B, V] -> one token per row: argmax, or a draw from softmax(logits / T)."""
-    if temperature <= 0:
+    """logits [B, V] -> one token per row: argmax below `GREEDY_BELOW_TEMPERATURE`, else a draw
+    from softmax(logits / T), computed shifted so that it cannot overflow (module docstring)."""
+    if not temperature >= GREEDY_BELOW_TEMPERATURE:  # NaN included: never divide by it
         return [int(t) for t in torch.argmax(logits, dim=-1).tolist()]
-    probs = torch.softmax(logits.float() / temperature, dim=-1).cpu()
+    scores = logits.float()
+    scores = (scores - scores.amax(dim=-1, keepdim=True)) / temperature
+    probs = torch.softmax(scores, dim=-1).cpu()
     return [int(t) for t in torch.multinomial(probs, 1, generator=generator)[:, 0].tolist()]
 
 
