@@ -1,7 +1,8 @@
 """The worker's OpenAI-style API: ``POST /v1/completions`` and ``GET /v1/models``.
 
 * ``POST /v1/completions``: prompt as a string or a list of token ids, ``max_tokens``,
-  ``temperature``, ``stream`` (server-sent events ``data: {...}`` then ``data: [DONE]``).
+  ``temperature``, ``stream`` (server-sent events ``data: {...}`` then ``data: [DONE]``);
+  every malformed body is a 400 naming the field (`completion_request` has the ranges).
 * ``GET /v1/models``: the one model this worker serves, and whether it is ready.
 
 Generation runs on the engine's batch (`batch_scheduler`): every request in flight shares
@@ -15,7 +16,9 @@ the batch to have room, a request beyond that is a 429 with ``Retry-After``; ``m
 client learns its request was not served as asked, instead of a silently shorter completion).
 A client that disconnects cancels its generation before the next batch step (aiohttp's
 handler cancellation, plus a cancel flag the batch's thread reads before every step); that is
-counted and logged at INFO, never as a 500.  Logits holding NaN/Inf fail the request with a
+counted and logged at INFO, never as a 500.  A request that fails inside a batch step (its
+row could not be sampled) fails alone, a 500 or an in-band error on a stream, and its
+batch-mates go on (`batch_scheduler`).  Logits holding NaN/Inf fail the request with a
 500 and turn the worker unready for good (stage ``unhealthy``, the reason on /readyz).  The
 weights changing under the mapping is a 503 and stage ``failed`` (the runtime then exits for
 a restart).
@@ -37,7 +40,7 @@ from typing import Any
 
 from aiohttp import web
 from warmpool_worker.builtin.batch_scheduler import BatchJob, BatchScheduler, SchedulerStopped
-from warmpool_worker.builtin.completion_request import CompletionRequest, check_room, parse_completion
+from warmpool_worker.builtin.completion_request import CompletionRequest, check_room, load_body, parse_completion
 from warmpool_worker.config import ServingLimits
 from warmpool_worker.engine_api import (
     Engine,
@@ -170,12 +173,8 @@ class CompletionsApi:
             self.metrics.request_done()
 
     async def _complete(self, request: web.Request, arrived: float) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as error:
-            raise BadRequest(400, f"malformed JSON body: {error}") from None
-        except UnicodeDecodeError:
-            raise BadRequest(400, "malformed JSON body: not UTF-8") from None
+        # the bytes, not request.json(): JSON is UTF-8 whatever charset the header claims
+        body = load_body(await request.read())
         engine = self._engine()
         parsed = parse_completion(body, engine.model_name)
         generation = self._admit()
