@@ -5,7 +5,9 @@ The WarmModel's Service points at the sidecar's port (the one the readiness prob
 operator's scrapes use), so this is how requests reach the engine, and why the engine may listen
 on 127.0.0.1 alone: what else it serves (vLLM's dev-mode ``/sleep``, ``/wake_up``,
 ``/reset_prefix_cache``, without authentication) is then reachable from inside the pod only.
-Only ``/v1/`` paths pass; the client's own headers (its API key among them) go through as sent.
+Only ``/v1/`` paths pass, decided on the path as the engine will read it and sent exactly as
+decided (:mod:`warmpool_worker.sidecar.engine_path`); the client's own headers (its API key among
+them) go through as sent.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
-from warmpool_worker.http_app import error_response
+from warmpool_worker.http_app import BadRequest, error_response
+from warmpool_worker.sidecar.engine_path import FORWARDED_PREFIX, engine_target
+from yarl import URL
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +39,12 @@ class EngineProxy:
 
     def __init__(self, engine_url: str) -> None:
         self.engine_url = engine_url.rstrip("/")
+        #: the configured URL, encoded once here: what the decided target is appended to
+        self._engine_base = str(URL(engine_url)).rstrip("/")
         self._session: aiohttp.ClientSession | None = None
 
     def mount(self, app: web.Application) -> None:
-        app.router.add_route("*", "/v1/{tail:.*}", self.forward)
+        app.router.add_route("*", FORWARDED_PREFIX + "{tail:.*}", self.forward)
         app.on_cleanup.append(self._close)
 
     async def _close(self, _app: web.Application) -> None:
@@ -55,7 +61,13 @@ class EngineProxy:
         return self._session
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
-        url = self.engine_url + request.path_qs
+        try:
+            target = engine_target(request.rel_url.raw_path, request.rel_url.raw_query_string)
+        except BadRequest as refused:
+            return error_response(refused.status, refused.message, refused.kind)
+        # encoded=True: the target is sent as decided; a URL parsed from a string would have its
+        # dot segments resolved again by the client, after the decision.
+        url = URL(self._engine_base + target, encoded=True)
         try:
             upstream = await self._client().request(
                 request.method, url, data=await request.read(), headers=_passed(request.headers),
