@@ -12,7 +12,7 @@ from pathlib import Path
 
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
 from warmpool_nodecache.agent_loop import AgentConfig, run_agent
-from warmpool_nodecache.netguard import AddressPolicy
+from warmpool_nodecache.netguard import AddressPolicy, LiveNetworks
 from warmpool_nodecache.source import ReadLimits
 
 
@@ -37,8 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     sources = parser.add_argument_group(
         "model sources", "what the agent may read from the URLs and endpoints WarmModels name")
     sources.add_argument("--cluster-network", action="append", default=[], metavar="CIDR",
-                         help="a network of the cluster's own (Service, pod or node range) that sources may not "
-                              "be read from (repeatable; loopback and link-local are always refused)")
+                         help="a network of the cluster's own that sources may not be read from, beyond those "
+                              "the agent finds (the Service ranges, the Nodes' pod ranges and addresses), e.g. "
+                              "a CNI's own pod pools (repeatable; loopback, link-local and cloud metadata "
+                              "addresses are always refused)")
+    sources.add_argument("--cluster-networks-refresh", type=float, default=60.0, metavar="SECONDS",
+                         help="seconds between two discoveries of the cluster's networks (default: %(default)s)")
     sources.add_argument("--source-allow-network", action="append", default=[], metavar="CIDR",
                          help="a network sources may be read from even inside a refused range, e.g. an "
                               "in-cluster object store's Service IP (repeatable)")
@@ -58,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def source_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[AddressPolicy, ReadLimits]:
     """The address policy and read limits the flags ask for (a parser error naming a bad one)."""
     try:
-        policy = AddressPolicy.from_flags(args.cluster_network, args.source_allow_network)
+        policy = AddressPolicy.from_flags(args.cluster_network, args.source_allow_network, LiveNetworks())
         limits = ReadLimits(max_manifest_bytes=args.max_manifest_bytes, max_block_bytes=args.max_block_bytes,
                             deadline_s=args.source_deadline)
         limits.check()
@@ -66,6 +70,8 @@ def source_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(str(error))
     if args.manifest_reads < 1:
         parser.error(f"--manifest-reads must be at least 1, got {args.manifest_reads}")
+    if not args.cluster_networks_refresh >= 1:
+        parser.error(f"--cluster-networks-refresh must be at least 1 second, got {args.cluster_networks_refresh}")
     return policy, limits
 
 
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                          namespace=args.namespace, lease_namespace=args.lease_namespace, interval_s=args.interval,
                          lease_duration_s=args.lease_duration, progress_interval_s=args.progress_interval,
                          partial_view=args.partial_view, policy=policy, limits=limits,
-                         manifest_reads=args.manifest_reads)
+                         manifest_reads=args.manifest_reads,
+                         cluster_networks_refresh_s=args.cluster_networks_refresh)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -45,7 +45,7 @@ from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP
 from warmpool.contract.pods import CONFIGMAP_SUFFIX, LABEL_MODEL
 from warmpool.kube import KubeError
 from warmpool.lease import LeaseLostError, Observed
-from warmpool_nodecache import agent
+from warmpool_nodecache import agent, cluster_ranges
 from warmpool_nodecache import agent_notices as notices
 from warmpool_nodecache.agent_fill import fill_blocking, keep_renewing
 from warmpool_nodecache.agent_housekeeping import Housekeeping
@@ -77,8 +77,11 @@ class AgentConfig:
     #: needs (``agent.start_order``), so a worker run with ``--partial-cache`` on
     #: ``<cache root>/partial/<digest hex>`` can start before the publish.
     partial_view: bool = False
-    #: Where sources may be read from (``--cluster-network``, ``--source-allow-network``).
+    #: Where sources may be read from (``--cluster-network``, ``--source-allow-network``; with
+    #: ``policy.discovered`` the agent finds the cluster's networks itself: ``cluster_ranges``).
     policy: AddressPolicy = field(default_factory=AddressPolicy)
+    #: Seconds between two discoveries of the cluster's networks (``--cluster-networks-refresh``).
+    cluster_networks_refresh_s: float = 60.0
     #: What one read may cost (``--max-manifest-bytes``, ``--max-block-bytes``, ``--source-deadline``).
     limits: ReadLimits = field(default_factory=ReadLimits)
     #: Manifest reads at once (``--manifest-reads``).
@@ -156,6 +159,10 @@ class Agent:
             asyncio.create_task(self._watch(self.kube.warmmodels_path(self.config.namespace), {})),
             asyncio.create_task(self._watch(pods_path, pods_query)),
         ]
+        if (live := self.config.policy.discovered) is not None:  # known before the first read
+            await cluster_ranges.refresh(self.kube, live, self.notices)
+            watchers.append(asyncio.create_task(cluster_ranges.keep_discovering(
+                self.kube, live, self.notices, self.config.cluster_networks_refresh_s)))
         while not stop.is_set():
             self.wake.clear()
             try:

@@ -32,6 +32,7 @@ REASON_PASS_FAILED = "NodeAgentPassFailed"
 REASON_WATCH_FAILED = "NodeAgentWatchFailed"
 REASON_EVICTION_FAILED = "NodeCacheEvictionFailed"
 REASON_MANIFEST_UNREADABLE = "NodeCacheManifestUnreadable"
+REASON_CLUSTER_NETWORKS_FAILED = "NodeAgentClusterNetworksFailed"
 
 
 class Notices:

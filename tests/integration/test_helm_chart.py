@@ -555,7 +555,14 @@ def test_node_agent_daemonset_and_its_rbac(schema_dir: Path, tmp_path: Path) -> 
     parsed = build_parser().parse_args(container["args"])  # the rendered flags are the agent's own
     assert str(parsed.cache_root) == "/var/lib/warmpool/blocks"
     agent_roles = [o for o in objs if o["kind"] in ("Role", "ClusterRole") and "-node-agent" in o["metadata"]["name"]]
-    assert len(agent_roles) == 3
+    assert len(agent_roles) == 4
+    # It finds the cluster's networks itself: every Node, the ServiceCIDRs, the kubernetes Service by name.
+    rules = [(o["metadata"].get("namespace"), r) for o in agent_roles for r in o["rules"]]
+    assert any("nodes" in r["resources"] and "list" in r["verbs"] for _, r in rules), rules
+    assert any(r["resources"] == ["servicecidrs"] and r["verbs"] == ["list"] for _, r in rules), rules
+    assert [(ns, r.get("resourceNames")) for ns, r in rules if "services" in r["resources"]] == [
+        ("default", ["kubernetes"])]
+    assert "--cluster-networks-refresh=60" in container["args"]
     for role in agent_roles:
         for rule in role["rules"]:
             assert not {"delete", "deletecollection", "escalate", "bind"} & set(rule["verbs"]), rule
