@@ -56,6 +56,7 @@ from warmpool_nodecache.manifest import Manifest
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.partial import point_link
 from warmpool_nodecache.source import ReadLimits, Source, SourceError
+from warmpool_nodecache.source_errors import unavailable_text
 
 log = logging.getLogger("warmpool.node_agent")
 
@@ -259,6 +260,7 @@ class Agent:
         async with self.reads:
             if self.known.get(ref.key) is not known:
                 return  # the source changed while this read waited for a slot
+            source: Source | None = None
             try:
                 secret = await self._secret(ref)
                 source = agent.open_source(ref.source, secret, f"Secret {ref.namespace}/{ref.secret_name}",
@@ -267,9 +269,10 @@ class Agent:
                 known.source, known.error = source, None
                 self.notices.clear(self.notices.model_object(ref), notices.REASON_READ_FAILED)
             except Exception as error:  # said in the entry and an Event; read again after the interval
-                known.error = agent.failure_text(error)
+                # A failure before the source opened is the spec's or the Secret's: no address was read.
+                known.error = agent.failure_text(error) if source is None else said_of(error, source)
                 known.read_at = time.monotonic() + self.config.interval_s
-                log.warning("node agent: %s: %s", ref.key, known.error)
+                log.warning("node agent: %s: %s", ref.key, agent.failure_text(error))
                 await self.notices.warn(self.notices.model_object(ref), notices.REASON_READ_FAILED, known.error)
             finally:
                 self.wake.set()  # report (and fill) at once
@@ -327,6 +330,7 @@ class Agent:
 
     async def _fill(self, ref: agent.ModelRef, known: _Known, manifest: Manifest) -> None:
         assert known.source is not None
+        source = known.source  # what a failure names (known.source is dropped after one)
         name = lease_name(self.config.node, manifest.digest)
         lease = agent_lease(self.kube, self.config.lease_namespace, name, self.config.lease_duration_s,
                             self.fill_leases_seen.setdefault(name, Observed()))
@@ -361,20 +365,27 @@ class Agent:
         except LeaseLostError as error:
             log.warning("node agent: %s: fill fenced out, nothing published: %s", ref.key, error)
         except Exception as error:  # the pass goes on; the next one retries and the status says why
-            known.fill_error = f"fill failed: {agent.failure_text(error)}"[:1000]
+            known.fill_error = f"fill failed: {said_of(error, source)}"[:1000]
             # The wake below makes a pass at once; that pass must not start the same failing
             # fill again (a Lease write and a round of requests to the store, several a second).
             known.retry_at = time.monotonic() + self.config.interval_s
             # That pass opens the source again, from the Secret as it is then: credentials
             # rotated since the manifest was read would otherwise fail every fill until a restart.
             known.source = None
-            log.warning("node agent: %s: %s", ref.key, known.fill_error)
+            log.warning("node agent: %s: fill failed: %s", ref.key, agent.failure_text(error))
             await self.notices.warn(self.notices.model_object(ref), notices.REASON_FILL_FAILED, known.fill_error)
         finally:
             if lease.version is not None:
                 with contextlib.suppress(Exception):  # a release that fails leaves the Lease to expire
                     await lease.release()
             self.wake.set()  # report, label and pin at once
+
+def said_of(error: BaseException, source: Source) -> str:
+    """What a WarmModel's status and Events say of ``error``, met reading ``source``: the one
+    text of every failed source (``source_errors``), whatever the source did; the agent's log
+    keeps ``agent.failure_text(error)``.  A manifest or block that came back wrong still says so."""
+    return unavailable_text(source.describe()) if isinstance(error, SourceError) else agent.failure_text(error)
+
 
 async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
     kube = await AgentKube.connect(config.node)

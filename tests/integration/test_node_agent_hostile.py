@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_nodecache.manifest import build_manifest, write_manifest
+from warmpool_nodecache.source_errors import SOURCE_UNAVAILABLE
 
 from tests.integration.test_node_agent import http_warmmodel
 from tests.support.e2e import World, install_crd
@@ -41,6 +42,7 @@ LIE = 777_777  # the size a lying HEAD gives: it must never show up in a status
 #: The CRD's patterns before they admitted only URLs that parse (objects stored then still exist).
 OLD_URL_PATTERN = r"^https?://[^\s/]+(/\S*)?$"
 OLD_ENDPOINT_PATTERN = r"^https?://[^\s/]+/?$"
+UNAVAILABLE = re.escape(SOURCE_UNAVAILABLE)
 
 
 @pytest.fixture()
@@ -74,10 +76,17 @@ def _arm(hostile: HostileServer, canary: HostileServer, store: Path) -> dict[str
     weights = (store / "badbytes" / "model.safetensors").stat().st_size
     routes["/badbytes/model.safetensors"] = fixed((SECRET * (weights // len(SECRET) + 1))[:weights])
     routes["/blockredirect/model.safetensors"] = redirect(f"{canary.url}/secret", status=307)
-    return {"redirect": "a redirect", "huge": f"larger than the {MANIFEST_LIMIT}-byte limit",
-            "trickle": "within the read deadline", "sizes": "the source has another size",
-            "badbytes": "do not hash to it|never matched the manifest's SHA-256", "blockredirect": "a redirect",
-            "internal": "in a loopback"}
+    # A source that was refused or answered wrongly reads the same in status (no port-scan
+    # oracle); bytes that came back wrong still say so.  The agent's log keeps the cause (DETAIL).
+    return {"redirect": UNAVAILABLE, "huge": UNAVAILABLE, "trickle": UNAVAILABLE,
+            "sizes": "the source has another size",
+            "badbytes": "do not hash to it|never matched the manifest's SHA-256", "blockredirect": UNAVAILABLE,
+            "internal": UNAVAILABLE}
+
+
+#: What the agent's log says of each source its status only calls unavailable.
+DETAIL = {"redirect": "a redirect", "huge": f"larger than the {MANIFEST_LIMIT}-byte limit",
+          "trickle": "within the read deadline", "blockredirect": "a redirect", "internal": "in a loopback"}
 
 
 def _admit_as_an_older_crd_did(world: World, bodies: list[dict[str, Any]]) -> None:
@@ -150,6 +159,9 @@ def test_hostile_sources_are_contained_while_a_good_warmmodel_is_served(
         messages = world.wait(all_said, 180, f"a message for each of {sorted(says)}")
         for name, expected in says.items():
             assert re.search(expected, messages[name]), (name, messages[name])
+        log = (tmp_path / "agent-0.log").read_text(errors="replace")
+        for name, detail in DETAIL.items():
+            assert re.search(rf"{world.ns}/{name}: .*{re.escape(detail)}", log), (name, detail)
         assert canary.state.count() == 0, canary.state.requests
 
     # No status carries what a source sent: no size it gave, no digest of bytes it returned.
