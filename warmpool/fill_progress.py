@@ -5,8 +5,8 @@ the worker reads it before it touches a tensor's bytes (``warmpool_worker.partia
 
 A fill asked for a partial view lays the revision's files out in its staging directory (the
 *view*) and writes each block into them once it is verified and committed, hottest first, so a
-worker can start on the view and fault in the rest.  Beside the view, in the same parent
-directory, ``<view name>`` + ``contract.FILL_PROGRESS_SUFFIX`` says which blocks are in place::
+worker can start on the view and fault in the rest.  Inside the view, ``contract.FILL_PROGRESS_NAME``
+says which blocks are in place (inside, not beside: a worker pod mounts only its view)::
 
     {
       "format": "warmpool.fill-progress/v1",      # contract.FILL_PROGRESS_FORMAT
@@ -23,9 +23,10 @@ directory, ``<view name>`` + ``contract.FILL_PROGRESS_SUFFIX`` says which blocks
 SHA-256-verified, made durable in the block store and written into the view's file, so a reader
 that touches only listed bytes never sees a hole or an unverified block (blocks are page-aligned:
 a page is never half present).  The record is replaced whole (temporary file + rename), never
-edited in place.  The fill writes it before the view's directory exists (a view never exists
-without its record), ``failed`` before it removes the view, and ``published`` after the view was
-renamed to the published revision (the same inodes: open files and mappings stay valid).
+edited in place.  The fill writes it before anything can find the view (the link a worker is
+pointed at is made after it), ``failed`` before it removes the view, and ``published`` after the
+view was renamed to the published revision (the same inodes: open files and mappings stay valid;
+the record stays in the revision, saying ``published``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmpool.contract.nodecache import FILL_PROGRESS_FORMAT, FILL_PROGRESS_SUFFIX
+from warmpool.contract.nodecache import FILL_PROGRESS_FORMAT, FILL_PROGRESS_NAME
 
 STATE_FILLING = "filling"
 STATE_FAILED = "failed"
@@ -52,8 +53,8 @@ class FillProgressError(ValueError):
 
 
 def progress_path(view: Path) -> Path:
-    """Where the progress record of the view directory `view` lives (beside it)."""
-    return view.with_name(view.name + FILL_PROGRESS_SUFFIX)
+    """Where the progress record of the view directory `view` lives (inside it)."""
+    return view / FILL_PROGRESS_NAME
 
 
 def merge_intervals(intervals: Iterable[tuple[int, int]]) -> Intervals:

@@ -30,6 +30,7 @@ from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.order import BlockOrder, LayerRanges, heat_block_order, layers_first
 from warmpool_nodecache.source import ReadLimits, Source, SourceError
 from warmpool_nodecache.spec import DEFAULT_POLICY, credentials_from_secret_data, source_from_spec
+from warmpool_nodecache.trust import DomainBlocks
 
 #: A decoder layer's tensor names ("model.layers.7.mlp..."): the same families the worker's
 #: prefetch knows (warmpool_worker.prefetch, which the agent's image does not ship).
@@ -54,6 +55,12 @@ class ModelRef:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def domain(self) -> str:
+        """The node cache's trust domain of its fills (``trust.py``): its namespace, as the operator's
+        pods name it in their mount (``domains/<namespace>/...``)."""
+        return self.namespace
 
 
 #: A pod in one of these phases has no containers left: it mounts nothing.
@@ -194,26 +201,27 @@ def start_order(manifest: Manifest, headers: Mapping[str, Mapping[str, Any]], he
     return order
 
 
-def cached_bytes(layout: CacheLayout, manifest: Manifest) -> int:
-    """Bytes of the revision's (distinct) blocks present in the cache."""
-    store = BlockStore(layout)
+def cached_bytes(layout: CacheLayout, manifest: Manifest, domain: str) -> int:
+    """Bytes of the revision's (distinct) blocks present in the cache for ``domain``: those it verified
+    itself (another domain's blocks are not its to count: the figure would say which hashes they hold)."""
+    blocks = DomainBlocks(BlockStore(layout), domain)
     seen: set[str] = set()
     total = 0
     for ref in manifest.block_refs():
         if ref.sha256 not in seen:
             seen.add(ref.sha256)
-            if store.has(ref.sha256):
+            if blocks.usable(ref.sha256):
                 total += ref.length
     return total
 
 
-def revision_path(layout: CacheLayout, digest_hex: str) -> str | None:
-    """The real path (symbolic links resolved, on this node) of the revision's directory pods
-    use: the published revision, else the partial view its link points at, else where the
-    revision will be published.  Reported from the first read on, before any pod is built, so
+def revision_path(layout: CacheLayout, digest_hex: str, domain: str) -> str | None:
+    """The real path (symbolic links resolved, on this node) of the revision's directory the
+    domain's pods use: the published revision it was granted, else the partial view its link points
+    at, else where the revision will be published.  Reported from the first read on, before any pod is built, so
     the operator checks this path -- not the one it writes -- against the directories it may
     mount: a link in the cache's path cannot lead a mount out of them unseen."""
-    for candidate in (layout.revision(digest_hex), layout.partial_link(digest_hex)):
+    for candidate in (layout.granted_link(digest_hex, domain), layout.partial_link(digest_hex, domain)):
         if candidate.is_dir():
             real = os.path.realpath(candidate)
             break

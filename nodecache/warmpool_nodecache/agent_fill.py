@@ -18,6 +18,7 @@ from warmpool_nodecache.fill import FillOptions, FillResult, fill_revision
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import Manifest
 from warmpool_nodecache.source import Source
+from warmpool_nodecache.trust import DomainBlocks
 
 log = logging.getLogger("warmpool.node_agent")
 
@@ -35,18 +36,20 @@ async def keep_renewing(lease: Lease) -> None:
 
 
 def fill_blocking(layout: CacheLayout, source: Source, manifest: Manifest, heat: str | None,
-                  fence: Callable[[], None], partial: bool, lease_duration_s: float) -> FillResult:
-    """In a thread: the header blocks, then the fill in heat order, published under both leases."""
-    store = BlockStore(layout)
+                  fence: Callable[[], None], partial: bool, lease_duration_s: float, domain: str) -> FillResult:
+    """In a thread: the header blocks, then the fill in heat order, published under both leases, in
+    the WarmModel's trust domain (``trust.py``: a header block it did not verify is fetched too)."""
+    blocks = DomainBlocks(BlockStore(layout), domain)
     headers: dict[str, Mapping[str, Any]] = {}
     header_blocks = header_bytes = 0
-    options = FillOptions(lease_ttl_s=lease_duration_s, fence=fence, partial_view=partial)
+    options = FillOptions(lease_ttl_s=lease_duration_s, fence=fence, partial_view=partial, domain=domain)
     # Shared, like the fill's own: an eviction meanwhile would free the header blocks (no
     # manifest names them yet) and the fill would fetch them a second time.
     with gc_lock(layout, exclusive=False, timeout_s=options.wait_timeout_s):
         for ref in agent.header_blocks(manifest):
-            if not store.has(ref.sha256) and store.put(ref.sha256, source.fetch_range(ref.path, ref.offset,
-                                                                                     ref.length)):
+            if not blocks.usable(ref.sha256):
+                blocks.store.put(ref.sha256, source.fetch_range(ref.path, ref.offset, ref.length))  # verifies
+                blocks.vouch(ref.sha256)
                 header_blocks, header_bytes = header_blocks + 1, header_bytes + ref.length
             header = agent.safetensors_header(layout.block(ref.sha256).read_bytes(), ref.path)
             if header is not None:

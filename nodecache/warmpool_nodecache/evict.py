@@ -25,11 +25,11 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from warmpool.contract.nodecache import FILL_PROGRESS_SUFFIX
 from warmpool_nodecache.blocks import BlockStore
 from warmpool_nodecache.eviction_lock import gc_lock
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import ManifestError, parse_manifest
+from warmpool_nodecache.trust import forget
 from warmpool_nodecache.use import live_pins, mapped_revisions, use_times
 
 LRU_K = 2
@@ -79,20 +79,17 @@ def _drop_abandoned_fills(layout: CacheLayout, published: set[str]) -> None:
             if path.stem not in published:
                 path.unlink()
     if layout.staging.is_dir():
-        # Directories (views, staged blocks) before files (their progress records): a view never
-        # outlives its record.  A published revision's record stays until the revision goes: a
-        # worker started on the view may still read it.
-        for path in sorted(layout.staging.iterdir(), key=lambda p: not p.is_dir()):
+        # Views (their progress records inside) and staged blocks.
+        for path in layout.staging.iterdir():
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
-            elif path.name.split(".")[0] not in published:
+            else:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-    if layout.partial.is_dir():
-        for link in layout.partial.iterdir():
-            if not link.exists():  # its view is gone: the fill died or failed
-                with contextlib.suppress(FileNotFoundError):
-                    link.unlink()
+    for link in layout.domains.glob("*/partial/*"):
+        if not link.exists():  # its view is gone: the fill died or failed
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
 
 
 def _free_unreferenced_blocks(layout: CacheLayout, unreadable: set[str]) -> int:
@@ -107,11 +104,11 @@ def _free_unreferenced_blocks(layout: CacheLayout, unreadable: set[str]) -> int:
             except FileNotFoundError:
                 continue
     store = BlockStore(layout)
-    freed = 0
-    for sha in store.all_blocks() - referenced:
+    unreferenced = store.all_blocks() - referenced
+    for sha in unreferenced:
         store.remove(sha)
-        freed += 1
-    return freed
+    forget(layout, unreferenced)  # the domains' marks of them (trust.py), so marks stay bounded
+    return len(unreferenced)
 
 
 def evict(
@@ -142,10 +139,10 @@ def evict(
             layout.staging.mkdir(parents=True, exist_ok=True)
             os.rename(layout.revision(digest), trash)
             shutil.rmtree(trash)
-            records = list(layout.staging.glob(f"{digest}.*{FILL_PROGRESS_SUFFIX}"))
-            for leftover in (layout.manifest(digest), layout.uses / digest, layout.partial_link(digest), *records):
+            for leftover in (layout.manifest(digest), layout.uses / digest):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
+            forget(layout, (), [digest])  # every domain's links to it
             shutil.rmtree(layout.pins / digest, ignore_errors=True)
             freed += _free_unreferenced_blocks(layout, unreadable)
             evicted.append(digest)

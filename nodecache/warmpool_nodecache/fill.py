@@ -3,14 +3,18 @@
 1. The manifest comes from the source and is validated; every file's size is checked at the
    source (HEAD) before the cache is touched, so a manifest that lies about sizes, or names a
    file the source lacks, fails with the cache exactly as it was.
-2. A published revision is returned at once (nothing downloaded).
+2. A published revision is returned at once -- once the fill's trust domain verified every block of
+   it (``trust.py``: a domain that has not fetches each block it has not verified from its own
+   source first, and only then gets its link to the revision).
 3. The fill lease serialises fillers: the one holding it downloads; the others wait, bounded,
    for the revision to be published -- or for the lease to expire (its holder died), and then
    take it over with a higher version.
-4. The holder fetches each missing block in the given order (blocks already stored are skipped,
-   so a fill killed midway resumes where it stopped), verifies it on arrival (a corrupt block is
-   fetched again, a bounded number of times), writes it into the revision's files in a staging
-   directory, and publishes it by renaming it to ``revisions/<digest>`` under the lease's fence.
+4. The holder fetches each missing block in the given order (blocks already stored are skipped
+   when its trust domain verified them before -- so a fill killed midway resumes where it
+   stopped -- and fetched like any other when not: a block digest is not a capability), verifies
+   it on arrival (a corrupt block is fetched again, a bounded number of times), writes it into the
+   revision's files in a staging directory, and publishes it by renaming it to
+   ``revisions/<digest>`` under the lease's fence.
 
 The fetches overlap (``ordered_pool.OrderedPool``): ``fetch_workers`` threads each fetch, verify,
 stage one block (``BlockStore.stage``: written, not yet fsynced, under the fill's staging) and
@@ -60,12 +64,13 @@ from warmpool_nodecache.blocks import BlockCorruptError, BlockStore, fsync_dir
 from warmpool_nodecache.commits import BlockCommits
 from warmpool_nodecache.eviction_lock import gc_lock
 from warmpool_nodecache.file_lease import FileLease
-from warmpool_nodecache.layout import CacheLayout
+from warmpool_nodecache.layout import DEFAULT_DOMAIN, CacheLayout, check_domain
 from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError, parse_manifest
 from warmpool_nodecache.order import BlockOrder
 from warmpool_nodecache.ordered_pool import OrderedPool
 from warmpool_nodecache.partial import PartialView, point_link, remove_views
 from warmpool_nodecache.source import Source
+from warmpool_nodecache.trust import DomainBlocks, grant, granted, verify_published
 from warmpool_nodecache.use import record_use
 
 
@@ -98,9 +103,13 @@ class FillOptions:
     #: Lay the revision out in staging and write each block in as it is committed, with a progress
     #: record a worker started on the partial view waits on (``partial.py``).
     partial_view: bool = False
+    #: The trust domain the fill runs in (the WarmModel's namespace; ``trust.py``): blocks it did
+    #: not fetch are linked only when this domain verified them before.
+    domain: str = DEFAULT_DOMAIN
 
     def check(self) -> None:
         """ValueError naming the option that is out of bounds."""
+        check_domain(self.domain)
         if not 1 <= self.fetch_workers <= MAX_FETCH_WORKERS:
             raise ValueError(f"FillOptions.fetch_workers must be 1..{MAX_FETCH_WORKERS}, got {self.fetch_workers}")
         if self.sync_batch_blocks < 1:
@@ -139,14 +148,14 @@ def _check_sizes(manifest: Manifest, source: Source) -> None:
             )
 
 
-def _fetch_block(store: BlockStore, source: Source, ref: BlockRef, attempts: int, directory: Path,
+def _fetch_block(blocks: DomainBlocks, source: Source, ref: BlockRef, attempts: int, directory: Path,
                  view: PartialView) -> Path:
-    """Fetch, verify, stage one block and write it into the view (in a pool thread); BlockCorruptError
-    after `attempts` bad copies."""
+    """Fetch, verify, stage one block, mark it verified by the fill's domain and write it into the
+    view (in a pool thread); BlockCorruptError after `attempts` bad copies."""
     for attempt in range(1, attempts + 1):
         data = source.fetch_range(ref.path, ref.offset, ref.length)
         try:
-            staged = store.stage(ref.sha256, data, directory)
+            staged = blocks.store.stage(ref.sha256, data, directory)
         except BlockCorruptError:
             if attempt == attempts:
                 raise BlockCorruptError(
@@ -155,18 +164,19 @@ def _fetch_block(store: BlockStore, source: Source, ref: BlockRef, attempts: int
                     "source is wrong"
                 ) from None
             continue
+        blocks.vouch(ref.sha256)
         view.write(ref.sha256, data)  # verified: the same bytes, in the revision's files
         return staged
     raise AssertionError("unreachable")
 
 
-def _missing(store: BlockStore, manifest: Manifest, order: BlockOrder | None) -> Iterator[BlockRef]:
+def _missing(blocks: DomainBlocks, manifest: Manifest, order: BlockOrder | None) -> Iterator[BlockRef]:
     """The blocks to fetch, in order, each once; checked lazily, as the pool takes them."""
     seen: set[str] = set()
     for ref in _ordered(manifest, order):
         if ref.sha256 not in seen:
             seen.add(ref.sha256)
-            if not store.has(ref.sha256):
+            if not blocks.usable(ref.sha256):
                 yield ref
 
 
@@ -204,6 +214,7 @@ def _fill_holding_lease(
     options: FillOptions,
 ) -> FillResult:
     store = BlockStore(layout)
+    blocks = DomainBlocks(store, options.domain)
     final = layout.revision(manifest.digest_hex)
     assert lease.version is not None
     with gc_lock(layout, exclusive=False, timeout_s=options.wait_timeout_s):
@@ -214,7 +225,8 @@ def _fill_holding_lease(
         blocks_dir = layout.staging / f"{manifest.digest_hex}.{lease.version}.blocks"
         blocks_dir.mkdir()
         view = PartialView(store, manifest, staging,
-                           layout.partial_link(manifest.digest_hex) if options.partial_view else None)
+                           layout.partial_link(manifest.digest_hex, options.domain) if options.partial_view else None,
+                           usable=blocks.usable)
         batch = BlockCommits(store, options.sync_batch_blocks, on_commit=view.place)
         last_renew = time.monotonic()
 
@@ -231,12 +243,12 @@ def _fill_holding_lease(
             batch.submit()
 
         def fetch(ref: BlockRef) -> Path:
-            return _fetch_block(store, source, ref, options.block_attempts, blocks_dir, view)
+            return _fetch_block(blocks, source, ref, options.block_attempts, blocks_dir, view)
 
         try:
             view.create()
             with OrderedPool(fetch, workers=options.fetch_workers) as pool:
-                for ref, path in pool.results(_missing(store, manifest, order), idle=idle):
+                for ref, path in pool.results(_missing(blocks, manifest, order), idle=idle):
                     batch.add(ref, path)
                     keep_lease()
             batch.finish()  # the durability point: every block is on disk, and listed, before publishing
@@ -251,7 +263,7 @@ def _fill_holding_lease(
             with contextlib.suppress(OSError):
                 batch.finish(commit_staged=False)  # the commits under way end, so all it stored is known
             view.failed(exc)  # before the view goes: a worker waiting on it learns why
-            shutil.rmtree(staging, ignore_errors=True)
+            view.discard()
             shutil.rmtree(blocks_dir, ignore_errors=True)
             _roll_back(layout, store, manifest, batch.stored)
             raise
@@ -261,23 +273,35 @@ def _fill_holding_lease(
             with contextlib.suppress(OSError):
                 batch.finish()
             view.failed(exc)
-            shutil.rmtree(staging, ignore_errors=True)
+            view.discard()
             shutil.rmtree(blocks_dir, ignore_errors=True)
             raise
         finally:
             batch.close()
         with contextlib.suppress(OSError):  # published already: the record is for waiting readers
             view.published(final)
+        grant(layout, manifest.digest_hex, options.domain, options.partial_view)
     record_use(layout, manifest.digest_hex)
     return FillResult(manifest.digest, final, len(batch.stored), batch.bytes, True, methods)
 
 
-def _already_published(layout: CacheLayout, manifest: Manifest, options: FillOptions) -> FillResult:
+def _already_published(layout: CacheLayout, source: Source, manifest: Manifest, options: FillOptions) -> FillResult:
+    """Published (by this domain or another): the domain's link to it, once the domain verified every
+    block of it -- fetching from its own source what it has not (``trust.verify_published``)."""
     final = layout.revision(manifest.digest_hex)
-    if options.partial_view:  # a worker pointed at the fixed partial name finds the revision there
-        point_link(layout.partial_link(manifest.digest_hex), final)
+    fetched = nbytes = 0
+    if not granted(layout, manifest.digest_hex, options.domain):
+        with gc_lock(layout, exclusive=False, timeout_s=options.wait_timeout_s):
+            # Under the shared lock, so eviction (exclusive) cannot take the revision meanwhile.
+            fetched, nbytes = verify_published(DomainBlocks(BlockStore(layout), options.domain), source, manifest,
+                                               attempts=options.block_attempts, workers=options.fetch_workers)
+            if options.fence is not None:
+                options.fence()  # a holder fenced out of its outer lease links nothing
+            grant(layout, manifest.digest_hex, options.domain, options.partial_view)
+    elif options.partial_view:  # a worker pointed at the fixed partial name finds the revision there
+        point_link(layout.partial_link(manifest.digest_hex, options.domain), final)
     record_use(layout, manifest.digest_hex)
-    return FillResult(manifest.digest, final, 0, 0, False)
+    return FillResult(manifest.digest, final, fetched, nbytes, False)
 
 
 def fill_revision(
@@ -290,7 +314,7 @@ def fill_revision(
     manifest = parse_manifest(source.fetch_manifest(), manifest_url)
     final = layout.revision(manifest.digest_hex)
     if final.is_dir():
-        return _already_published(layout, manifest, options)
+        return _already_published(layout, source, manifest, options)
     if order is not None:
         order(manifest)  # an order naming unknown files is an error before anything is fetched
     _check_sizes(manifest, source)
@@ -298,7 +322,7 @@ def fill_revision(
     deadline = time.monotonic() + options.wait_timeout_s
     while not lease.try_acquire():
         if final.is_dir():
-            return _already_published(layout, manifest, options)
+            return _already_published(layout, source, manifest, options)
         if time.monotonic() >= deadline:
             held = lease.read()
             raise FillTimeoutError(
@@ -308,7 +332,7 @@ def fill_revision(
         time.sleep(options.poll_s)
     try:
         if final.is_dir():  # published between our check and our lease
-            return _already_published(layout, manifest, options)
+            return _already_published(layout, source, manifest, options)
         return _fill_holding_lease(layout, source, manifest, lease, order, options)
     finally:
         lease.release()

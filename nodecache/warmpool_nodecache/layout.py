@@ -2,11 +2,13 @@
 
     <root>/blocks/<aa>/<sha256 hex>      one file per block, read-only, sharded by the first two hex digits
     <root>/manifests/<digest hex>.json   the manifest of a revision being filled or published
-    <root>/staging/<digest hex>.<version> a fill's revision directory before it is published
-    <root>/staging/<digest hex>.<version>.fill-progress.json  a partial view's progress record
-                                         (warmpool.fill_progress; beside its view, the staging directory)
+    <root>/staging/<digest hex>.<version> a fill's revision directory before it is published (a partial
+                                         view's progress record inside it: warmpool.fill_progress)
     <root>/revisions/<digest hex>/       a published revision: the model's files, complete
-    <root>/partial/<digest hex>          symlink to a fill's partial view, then to the published revision
+    <root>/domains/<domain>/             what one trust domain (a namespace) may use (trust.py):
+        revisions/<digest hex>           symlink to a published revision the domain verified itself
+        partial/<digest hex>             symlink to the domain's fill's partial view, then to the revision
+        blocks/<aa>/<sha256 hex>         empty: the domain fetched and verified this block itself
     <root>/leases/<digest hex>.lease     the fill lease of a revision (and .lock, its mutex)
     <root>/uses/<digest hex>             one line per use of a revision (LRU-K history)
     <root>/pins/<digest hex>/<pid>.<n>   a reader's pin: that process is using the revision
@@ -15,11 +17,29 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
-from warmpool.contract.nodecache import CACHE_PARTIAL_DIR, CACHE_REVISIONS_DIR
+from warmpool.contract.nodecache import (
+    CACHE_DOMAINS_DIR,
+    CACHE_GRANTED_DIR,
+    CACHE_PARTIAL_DIR,
+    CACHE_REVISIONS_DIR,
+)
+
+#: The trust domain of fills no namespace asked for (``python -m warmpool_nodecache fill``, the
+#: benches): not a namespace name (those never hold "_"), so no tenant's WarmModel shares it.
+DEFAULT_DOMAIN = "_node"
+_DOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def check_domain(domain: str) -> str:
+    """`domain` when it names a trust domain (a namespace name, or DEFAULT_DOMAIN); ValueError otherwise."""
+    if domain != DEFAULT_DOMAIN and not _DOMAIN_RE.fullmatch(domain):
+        raise ValueError(f"trust domain {domain!r} is not a namespace name (a DNS-1123 label)")
+    return domain
 
 
 @dataclass(frozen=True)
@@ -52,11 +72,23 @@ class CacheLayout:
         return self.revisions / digest_hex
 
     @property
-    def partial(self) -> Path:
-        return self.root / CACHE_PARTIAL_DIR
+    def domains(self) -> Path:
+        return self.root / CACHE_DOMAINS_DIR
 
-    def partial_link(self, digest_hex: str) -> Path:
-        return self.partial / digest_hex
+    def domain(self, domain: str) -> Path:
+        return self.domains / check_domain(domain)
+
+    def granted_link(self, digest_hex: str, domain: str = DEFAULT_DOMAIN) -> Path:
+        """The domain's link to a published revision it verified itself (what its pods mount)."""
+        return self.domain(domain) / CACHE_GRANTED_DIR / digest_hex
+
+    def partial_link(self, digest_hex: str, domain: str = DEFAULT_DOMAIN) -> Path:
+        """The domain's link to its fill's partial view of a revision, then to the revision."""
+        return self.domain(domain) / CACHE_PARTIAL_DIR / digest_hex
+
+    def vouched(self, sha256: str, domain: str = DEFAULT_DOMAIN) -> Path:
+        """The mark saying the domain fetched and verified this block itself."""
+        return self.domain(domain) / "blocks" / sha256[:2] / sha256
 
     @property
     def leases(self) -> Path:

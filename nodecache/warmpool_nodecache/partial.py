@@ -15,18 +15,21 @@ the view's files the batch wrote to are fdatasynced there too, so the end of the
 left to flush; ``finish`` fsyncs them all again before the fill publishes.
 
 With ``FillOptions.partial_view`` the view is also offered to a worker while it fills: after
-each ``place`` the progress record (``warmpool.fill_progress``, beside the view) is replaced
-listing the blocks committed so far (a block written early is listed only once committed).
-Blocks the store already held (a resumed fill, blocks shared with another revision) are placed
-before the first fetch.  So a reader that waits for the record to list a byte range reads only
+each ``place`` the progress record (``warmpool.fill_progress``, inside the view: a worker's pod
+mounts the view alone) is replaced listing the blocks committed so far (a block written early is
+listed only once committed).  Blocks the store already held and the fill's trust domain verified
+(a resumed fill, blocks shared with another revision; ``trust.py``) are placed before the first
+fetch.  So a reader that waits for the record to list a byte range reads only
 verified bytes, and the files it opened stay the files that are published: ``finish`` fsyncs
 and makes them read-only, the fill renames the whole directory to ``revisions/<digest>`` (same
 inodes), and the record then says ``published``.  A failed fill says ``failed`` (and why) before
-the view is removed, so a waiting worker ends with the fill's error instead of waiting on.
+the view's files are removed (``discard``: the record stays in the emptied view until the next fill
+of the revision removes it), so a waiting worker ends with the fill's error instead of waiting on.
 
-``<root>/partial/<digest hex>`` is a symbolic link to the current view (and to the published
-revision once published), a fixed name a worker can be pointed at before the fill's lease
-version is known; it goes when the fill fails.  Without ``partial_view`` there is no record and
+``<root>/domains/<domain>/partial/<digest hex>`` is a symbolic link to the current view (and to
+the published revision once published), a fixed name a worker's pod mounts (a ``subPath``, which
+the kubelet resolves when the container starts) before the fill's lease version is known; it goes
+when the fill fails.  Without ``partial_view`` there is no record and
 no link: the directory is only the fill's staging until it is published.
 """
 
@@ -35,11 +38,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from warmpool.contract.nodecache import FILL_PROGRESS_NAME
 from warmpool.fill_progress import (
     STATE_FAILED,
     STATE_FILLING,
@@ -51,7 +56,7 @@ from warmpool.fill_progress import (
     write_progress,
 )
 from warmpool_nodecache.blocks import BlockStore, fsync_dir
-from warmpool_nodecache.manifest import Manifest
+from warmpool_nodecache.manifest import Manifest, ManifestError
 from warmpool_nodecache.materialise import clone_range, copy_range
 
 
@@ -81,10 +86,17 @@ def point_link(link: Path, target: Path) -> None:
 class PartialView:
     """The view of one fill (one lease version); see the module docstring for its life.
 
-    `link` None: a fill without ``partial_view`` (no progress record, no link)."""
+    `link` None: a fill without ``partial_view`` (no progress record, no link).  `usable`: whether
+    the store's copy of a block may go into the view unfetched (the fill's trust domain verified it;
+    default: whenever the store holds it)."""
 
-    def __init__(self, store: BlockStore, manifest: Manifest, directory: Path, link: Path | None) -> None:
+    def __init__(self, store: BlockStore, manifest: Manifest, directory: Path, link: Path | None,
+                 usable: Callable[[str], bool] | None = None) -> None:
+        if any(f.path.split("/")[0] == FILL_PROGRESS_NAME for f in manifest.files):
+            raise ManifestError(f"revision {manifest.digest}: a file may not be named {FILL_PROGRESS_NAME!r} "
+                                "(the name of the fill's progress record inside the revision)")
         self.store, self.manifest, self.directory, self.link = store, manifest, directory, link
+        self.usable = usable or store.has
         self.record = progress_path(directory)
         self._lock = threading.Lock()
         #: (file, block index) the fetch threads wrote (``write``), so ``place`` only lists them
@@ -103,9 +115,10 @@ class PartialView:
 
     # ---- life -------------------------------------------------------------------------------
     def create(self) -> None:
-        """The record first, then the directory with every file laid out, then what the store holds."""
-        self._write(STATE_FILLING)
+        """The directory and the record in it, every file laid out, what the store holds placed, and
+        only then the link (so a worker never finds a view without its record)."""
         self.directory.mkdir()
+        self._write(STATE_FILLING)
         self._clones = clones_here(self.directory)
         for f in self.manifest.files:
             dest = self.directory / f.path
@@ -116,7 +129,7 @@ class PartialView:
             self._fds[f.path] = fd
             os.ftruncate(fd, f.size)
             self.methods[f.path] = "empty" if not f.blocks else ("reflink" if self._clones else "write")
-        held = [sha for sha in self._places if self.store.has(sha)]
+        held = [sha for sha in self._places if self.usable(sha)]
         self.place(held)
         if self.link is not None:
             point_link(self.link, self.directory)
@@ -198,7 +211,7 @@ class PartialView:
         # A block another revision's fill stored after ``create`` looked, which this fill then
         # skipped as held: copied from the store now.
         self.place(sha for sha, places in self._places.items()
-                   if any(i not in self._present[p] for p, i in places) and self.store.has(sha))
+                   if any(i not in self._present[p] for p, i in places) and self.usable(sha))
         self.close()
         with self._lock:
             absent = {p: self._blocks[p] - len(s) for p, s in self._present.items() if len(s) != self._blocks[p]}
@@ -231,6 +244,7 @@ class PartialView:
         if self.link is None:
             return
         with self._lock:
+            self.record = progress_path(final)  # renamed with its view
             self._write(STATE_PUBLISHED)
         point_link(self.link, final)
 
@@ -246,6 +260,22 @@ class PartialView:
         with self._lock, contextlib.suppress(OSError):
             self._write(STATE_FAILED, f"{type(error).__name__}: {error}")
 
+    def discard(self) -> None:
+        """A failed fill's view goes -- but for its record, which stays saying why (a worker's pod
+        mounts the view itself: the record must outlive the files for it to read) until the next
+        fill of the revision or eviction removes the directory (``remove_views``)."""
+        if self.link is None or not self.directory.is_dir():
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return
+        for entry in self.directory.iterdir():
+            if entry.name == self.record.name:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+
     def _write(self, state: str, error: str | None = None) -> None:
         if self.link is None:
             return  # no worker reads a fill's staging without a partial view
@@ -256,10 +286,8 @@ class PartialView:
 
 
 def remove_views(staging: Path, digest_hex: str) -> None:
-    """Every earlier fill's view of this revision and its record: directories first, so a view
-    never exists without its record (a reader of an orphaned record finds its view gone)."""
-    import shutil
-
+    """Every earlier fill's view of this revision, its record inside (a reader finds the record
+    gone, and stops), and its staged blocks."""
     for old in sorted(staging.glob(f"{digest_hex}.*")):
         if old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)

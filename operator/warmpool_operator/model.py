@@ -14,9 +14,9 @@ from typing import Any
 from warmpool.contract.api import Tier
 from warmpool.contract.files import MODEL_MOUNT_PATH
 from warmpool.contract.nodecache import (
+    CACHE_DOMAINS_DIR,
+    CACHE_GRANTED_DIR,
     CACHE_PARTIAL_DIR,
-    CACHE_REVISIONS_DIR,
-    CACHE_REVISIONS_MOUNT_PATH,
     CACHE_ROOT_MOUNT_PATH,
 )
 from warmpool_operator.api.types import WarmModelSpec
@@ -30,10 +30,13 @@ Obj = dict[str, Any]
 
 @dataclass(frozen=True)
 class CacheRevision:
-    """Where the worker pods find the revision: the node cache root and the revision's digest."""
+    """Where the worker pods find the revision: the node cache root, the revision's digest, and the
+    trust domain whose link to it they mount (the WarmModel's namespace; the node agent links a
+    revision there only once that namespace's own source sent every byte of it)."""
 
     root: str
     digest: str  # sha256:<64 hex>
+    domain: str  # the WarmModel's namespace
     #: spec.model.startOnPartialCache: the pods start on the revision's partial view
     partial: bool = False
 
@@ -42,32 +45,32 @@ class CacheRevision:
         return self.digest.removeprefix("sha256:")
 
     @property
-    def revisions_dir(self) -> str:
-        return f"{self.root.rstrip('/')}/{CACHE_REVISIONS_DIR}"
+    def host_dir(self) -> str:
+        """The node directory the pod's volume names: the cache root (only the operator's init
+        container mounts it whole; the worker mounts ``link`` in it)."""
+        return self.root.rstrip("/")
 
     @property
-    def host_dir(self) -> str:
-        """The node directory the pods mount: the whole cache for a partial start, else revisions/."""
-        return self.root.rstrip("/") if self.partial else self.revisions_dir
+    def link(self) -> str:
+        """The domain's link to the revision (to its partial view, for a partial start), relative to
+        the cache root: the worker's ``subPath``, which the kubelet resolves when the container starts."""
+        kind = CACHE_PARTIAL_DIR if self.partial else CACHE_GRANTED_DIR
+        return f"{CACHE_DOMAINS_DIR}/{self.domain}/{kind}/{self.hex}"
 
     @property
     def model_path(self) -> str:
         """The worker's --model inside the container."""
-        if self.partial:
-            return f"{CACHE_ROOT_MOUNT_PATH}/{CACHE_PARTIAL_DIR}/{self.hex}"
         return MODEL_MOUNT_PATH
 
     @property
     def wait_mount(self) -> str:
-        return CACHE_ROOT_MOUNT_PATH if self.partial else CACHE_REVISIONS_MOUNT_PATH
+        return CACHE_ROOT_MOUNT_PATH
 
     @property
     def waited_path(self) -> str:
-        """What the init container waits for (inside its mount): the published revision, or for a
-        partial start the link to its view."""
-        if self.partial:
-            return self.model_path
-        return f"{CACHE_REVISIONS_MOUNT_PATH}/{self.hex}"
+        """What the init container waits for (inside its mount): the domain's link to the published
+        revision, or for a partial start to its view."""
+        return f"{CACHE_ROOT_MOUNT_PATH}/{self.link}"
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,7 @@ def test_a_warmmodel_starting_on_the_partial_cache_loads_layers_before_the_publi
 ) -> None:
     """``spec.model.startOnPartialCache``: the agent fills a partial view in the order a worker needs
     it (``start_order``), the pod's init container waits only for the view's link, and the pod's
-    worker (``--partial-cache``, the whole cache mounted) loads its first layer while the rest of the
+    worker (``--partial-cache``, only the view mounted) loads its first layer while the rest of the
     revision is still held at the source; once released, the revision is published under the same
     inodes and the pool goes warm on it, byte for byte the source's files."""
     from warmpool_dev.testing_models import make_tiny_llama
@@ -280,10 +280,10 @@ def test_a_warmmodel_starting_on_the_partial_cache_loads_layers_before_the_publi
         finally:
             server.state.release.set()
         world.wait_ready("partial", warm=1, timeout=240)
-    lease_version = 1  # the only fill of this revision on this node
-    record = read_progress(progress_path(cache.staging / f"{manifest.digest_hex}.{lease_version}"))
+    record = read_progress(progress_path(cache.revision(manifest.digest_hex)))  # renamed with its view
     assert record is not None and record.state == STATE_PUBLISHED and record.complete
-    assert cache.partial_link(manifest.digest_hex).resolve() == cache.revision(manifest.digest_hex).resolve()
+    link = cache.partial_link(manifest.digest_hex, world.ns)  # the namespace's own link: what its pods mount
+    assert link.resolve() == cache.revision(manifest.digest_hex).resolve()
     assert_files_identical(cache.revision(manifest.digest_hex), root)
 
 

@@ -116,7 +116,7 @@ def test_worker_starts_on_a_partial_cache_and_answers_as_on_the_full_model(model
             assert greedy(worker) == expected
             first_layer, published_at = _phase(worker, "first_layer_ready"), outcome["published_at"]
             assert isinstance(published_at, float) and first_layer is not None and first_layer < published_at
-    record = read_progress(progress_path(layout.staging / f"{manifest.digest_hex}.1"))
+    record = read_progress(progress_path(layout.revision(manifest.digest_hex)))  # renamed with its view
     assert record is not None and record.state == STATE_PUBLISHED and record.complete
     assert link.resolve() == layout.revision(manifest.digest_hex).resolve()
     for f in manifest.files:  # the published revision is the source's bytes
@@ -146,10 +146,12 @@ def test_a_fill_failing_midway_fails_the_waiting_worker_with_the_file_and_layer(
     assert f"model load failed: {weights}: layer 1: tensor " in text, text[-3000:]
     assert "the node cache's fill of " in text and "failed: SourceError" in text
     assert "ready:" not in text
-    record = read_progress(progress_path(layout.staging / f"{manifest.digest_hex}.1"))
+    view = layout.staging / f"{manifest.digest_hex}.1"
+    record = read_progress(progress_path(view))
     assert record is not None and record.state == STATE_FAILED and "HTTP 503" in (record.error or "")
     assert not layout.revision(manifest.digest_hex).exists()
-    assert not (layout.staging / f"{manifest.digest_hex}.1").exists()  # the view is gone, its record says why
+    # The view's files are gone; its record stays inside it saying why (the worker's pod mounts the view).
+    assert [p.name for p in view.iterdir()] == [progress_path(view).name]
     assert not layout.partial_link(manifest.digest_hex).is_symlink()
 
 
@@ -162,7 +164,7 @@ def test_a_published_revision_keeps_its_record_until_evicted_and_the_link_follow
     with serve_directory(tmp_path / "src") as server:
         source = HttpSource(HttpSourceConfig(server.url, timeout_s=30, attempts=2, backoff_s=0.05))
         result = fill_revision(layout, source, options=FillOptions(partial_view=True))
-        record = progress_path(layout.staging / f"{manifest.digest_hex}.1")
+        record = progress_path(result.path)  # inside the revision, renamed with its view
         assert result.filled_here and link.resolve() == result.path.resolve() and record.is_file()
         link.unlink()  # e.g. published by a fill without a view: asking again with one names it
         again = fill_revision(layout, source, options=FillOptions(partial_view=True))

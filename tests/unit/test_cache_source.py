@@ -15,8 +15,6 @@ from warmpool import cachekeys
 from warmpool.contract.files import MODEL_MOUNT_PATH
 from warmpool.contract.nodecache import (
     CACHE_NODE_LABEL_PREFIX,
-    CACHE_PARTIAL_DIR,
-    CACHE_REVISIONS_MOUNT_PATH,
     CACHE_ROOT_MOUNT_PATH,
     CACHE_WAIT_CONTAINER,
 )
@@ -58,20 +56,20 @@ def test_disagreeing_agents_a_published_digest_wins_then_the_majority() -> None:
     assert resolved_revision(spec, {"cacheNodes": entries}) == DIGEST
 
 
-def test_pods_mount_the_revision_after_the_wait_and_prefer_nodes_holding_it() -> None:
-    cache = CacheRevision("/var/lib/warmpool/cache", DIGEST)
+def test_pods_mount_their_namespaces_link_to_the_revision_after_the_wait_and_prefer_nodes_holding_it() -> None:
+    cache = CacheRevision("/var/lib/warmpool/cache", DIGEST, "ns")
     target = Target(name="m", namespace="ns", spec=_spec(), cache=cache)
     pod = builders.build_pod_template(target)["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "model")
-    assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache/revisions"
+    assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache"
     worker = pod["containers"][0]
     mount = next(m for m in worker["volumeMounts"] if m["name"] == "model")
-    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == (MODEL_MOUNT_PATH, "ab" * 32, True)
+    link = f"domains/ns/revisions/{'ab' * 32}"  # made by the agent once "ns" verified every block
+    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == (MODEL_MOUNT_PATH, link, True)
     (wait,) = pod["initContainers"]
     assert wait["name"] == CACHE_WAIT_CONTAINER
-    assert wait["command"][-1] == f"{CACHE_REVISIONS_MOUNT_PATH}/{'ab' * 32}"
-    assert wait["volumeMounts"] == [{"name": "model", "mountPath": CACHE_REVISIONS_MOUNT_PATH,
-                                     "readOnly": True}]
+    assert wait["command"][-1] == f"{CACHE_ROOT_MOUNT_PATH}/{link}"
+    assert wait["volumeMounts"] == [{"name": "model", "mountPath": CACHE_ROOT_MOUNT_PATH, "readOnly": True}]
     term = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["preference"]["matchExpressions"] == [
         {"key": f"cache.warmpool.dev/sha256-{'ab' * 28}", "operator": "Exists"}]
@@ -84,20 +82,21 @@ def test_pods_mount_the_revision_after_the_wait_and_prefer_nodes_holding_it() ->
 
 def test_the_wait_which_sees_every_revision_runs_the_operators_image_not_the_tenants() -> None:
     spec = parse_spec({"model": dict(HTTP), "pod": {"image": "tenant.example/own-worker:1"}})
-    target = Target(name="m", namespace="ns", spec=spec, cache=CacheRevision("/c", DIGEST),
+    target = Target(name="m", namespace="ns", spec=spec, cache=CacheRevision("/c", DIGEST, "ns"),
                     default_worker_image="warmpool.local/worker:trusted")
     pod = builders.build_pod_template(target)["spec"]
     (wait,) = pod["initContainers"]
     assert wait["image"] == "warmpool.local/worker:trusted"
     worker = pod["containers"][0]
     assert worker["image"] == "tenant.example/own-worker:1"
-    # The tenant's container sees its own revision only.
-    assert [m.get("subPath") for m in worker["volumeMounts"] if m["name"] == "model"] == ["ab" * 32]
+    # The tenant's container sees its own revision only, through its own namespace's link.
+    assert [m.get("subPath") for m in worker["volumeMounts"] if m["name"] == "model"] == [
+        f"domains/ns/revisions/{'ab' * 32}"]
 
 
 def test_a_new_digest_rolls_the_pool_and_other_sources_are_unchanged() -> None:
-    a = builders.build_deployment(Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))
-    b = builders.build_deployment(Target("m", "ns", _spec(), CacheRevision("/c", OTHER)))
+    a = builders.build_deployment(Target("m", "ns", _spec(), CacheRevision("/c", DIGEST, "ns")))
+    b = builders.build_deployment(Target("m", "ns", _spec(), CacheRevision("/c", OTHER, "ns")))
     assert a["metadata"]["annotations"] != b["metadata"]["annotations"]  # the spec hash differs
     plain = builders.build_pod_template(Target("m", "ns", _spec({"hostPath": {"path": "/models/m"}})))
     assert "initContainers" not in plain["spec"] and "affinity" not in plain["spec"]
@@ -110,10 +109,10 @@ def test_without_a_digest_the_builders_refuse_an_object_store_source() -> None:
 
 def test_the_cache_root_must_be_an_allowed_host_path() -> None:
     spec = _spec()
-    assert host_paths.mounted_host_paths(spec, "/var/lib/warmpool/cache") == ("/var/lib/warmpool/cache/revisions",)
+    assert host_paths.mounted_host_paths(spec, "/var/lib/warmpool/cache") == ("/var/lib/warmpool/cache",)
     assert host_paths.refusal(spec, ("/var/lib/warmpool",), "/var/lib/warmpool/cache") is None
     refused = host_paths.refusal(spec, ("/models",), "/srv/cache")
-    assert refused is not None and "/srv/cache/revisions" in refused
+    assert refused is not None and "/srv/cache" in refused
 
 
 def test_node_label_fits_the_label_name_limit_and_refuses_non_digests() -> None:
@@ -132,23 +131,26 @@ def test_fingerprint_is_stable_and_tells_sources_apart() -> None:
     assert _spec(s3).model.object_store() == s3
 
 
-def test_a_partial_start_mounts_the_whole_cache_and_runs_the_worker_on_the_partial_link() -> None:
-    spec = parse_spec({"model": {**HTTP, "startOnPartialCache": True}})
-    cache = CacheRevision("/var/lib/warmpool/cache", DIGEST, partial=True)
-    pod = builders.build_pod_template(Target(name="m", namespace="ns", spec=spec, cache=cache))["spec"]
+def test_a_partial_start_mounts_only_its_own_view_never_the_cache_root() -> None:
+    spec = parse_spec({"model": {**HTTP, "startOnPartialCache": True}, "pod": {"image": "tenant.example/w:1"}})
+    cache = CacheRevision("/var/lib/warmpool/cache", DIGEST, "team-a", partial=True)
+    pod = builders.build_pod_template(Target(name="m", namespace="team-a", spec=spec, cache=cache))["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "model")
     assert volume["hostPath"]["path"] == "/var/lib/warmpool/cache"
     worker = pod["containers"][0]
-    mount = next(m for m in worker["volumeMounts"] if m["name"] == "model")
-    assert mount == {"name": "model", "mountPath": CACHE_ROOT_MOUNT_PATH, "readOnly": True}  # no subPath
-    link = f"{CACHE_ROOT_MOUNT_PATH}/{CACHE_PARTIAL_DIR}/{'ab' * 32}"
-    assert f"--model={link}" in worker["args"] and "--partial-cache" in worker["args"]
+    assert worker["image"] == "tenant.example/w:1"
+    link = f"domains/team-a/partial/{'ab' * 32}"
+    # The tenant's container mounts its namespace's link to the view (the kubelet binds the view's
+    # directory; the progress record is inside it), never the root with every tenant's blocks.
+    assert [m for m in worker["volumeMounts"] if m["name"] == "model"] == [
+        {"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True, "subPath": link}]
+    assert f"--model={MODEL_MOUNT_PATH}" in worker["args"] and "--partial-cache" in worker["args"]
     (wait,) = pod["initContainers"]
-    assert wait["command"][-1] == link  # the view's link, not the published revision
+    assert wait["command"][-1] == f"{CACHE_ROOT_MOUNT_PATH}/{link}"  # the view's link, not the published revision
     assert wait["volumeMounts"] == [{"name": "model", "mountPath": CACHE_ROOT_MOUNT_PATH, "readOnly": True}]
     assert host_paths.mounted_host_paths(spec, "/var/lib/warmpool/cache") == ("/var/lib/warmpool/cache",)
     # Without the field nothing changes: the published revision, no --partial-cache.
-    plain = builders.build_pod_template(Target("m", "ns", _spec(), CacheRevision("/c", DIGEST)))
+    plain = builders.build_pod_template(Target("m", "ns", _spec(), CacheRevision("/c", DIGEST, "ns")))
     assert "--partial-cache" not in plain["spec"]["containers"][0]["args"]
 
 

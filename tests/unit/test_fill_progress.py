@@ -12,6 +12,7 @@ from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import build_manifest
 from warmpool_nodecache.partial import PartialView
 
+from warmpool.contract.nodecache import FILL_PROGRESS_NAME
 from warmpool.fill_progress import (
     STATE_FAILED,
     STATE_PUBLISHED,
@@ -51,12 +52,15 @@ def test_a_range_is_covered_only_when_every_block_it_touches_is_present() -> Non
 
 
 def test_the_record_round_trips_and_bad_records_are_refused(tmp_path: Path) -> None:
-    path = progress_path(tmp_path / "abc.3")
-    assert path.name == "abc.3.fill-progress.json" and read_progress(path) is None
+    view = tmp_path / "abc.3"
+    view.mkdir()
+    path = progress_path(view)
+    # Inside the view: a worker's pod mounts the view alone, and must see its record.
+    assert path.parent == view and path.name == FILL_PROGRESS_NAME and read_progress(path) is None
     record = FillProgress("sha256:" + "1" * 64, BS, {"a": FileProgress(10, ((0, 1),)), "b": FileProgress(0)},
                           STATE_FAILED, "SourceError: gone", 12.5)
     write_progress(path, record)
-    assert read_progress(path) == record and [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert read_progress(path) == record and [p.name for p in view.iterdir()] == [path.name]
     text = record.to_text()
     for bad, why in [
         (text.replace('"failed"', '"done"'), "state"),
@@ -111,7 +115,7 @@ def test_the_view_lays_out_files_writes_committed_blocks_and_lists_them(tmp_path
     final.parent.mkdir(parents=True)
     view_dir.rename(final)
     view.published(final)
-    record = read_progress(progress_path(view_dir))
+    record = read_progress(progress_path(final))  # renamed with its view
     assert record is not None and record.state == STATE_PUBLISHED
     assert layout.partial_link(manifest.digest_hex).resolve() == final.resolve()
 

@@ -91,15 +91,20 @@ def test_a_header_running_past_the_first_block_is_reported_as_such(model: Path) 
         agent.safetensors_header((2**40).to_bytes(8, "little") + b"{}", "x")
 
 
-def test_cached_bytes_counts_the_blocks_present(model: Path, tmp_path: Path) -> None:
+def test_cached_bytes_counts_the_blocks_present_that_the_namespace_verified(model: Path, tmp_path: Path) -> None:
+    from warmpool_nodecache.trust import DomainBlocks
+
     manifest = build_manifest(model, block_size=BLOCK)
     layout = CacheLayout(tmp_path)
-    assert agent.cached_bytes(layout, manifest) == 0
+    assert agent.cached_bytes(layout, manifest, "team-a") == 0
     refs = list(manifest.block_refs())
     store = BlockStore(layout)
     for ref in refs[:2]:
         store.put(ref.sha256, (model / ref.path).read_bytes()[ref.offset: ref.offset + ref.length])
-    assert agent.cached_bytes(layout, manifest) == sum(r.length for r in refs[:2])
+        DomainBlocks(store, "team-a").vouch(ref.sha256)
+    assert agent.cached_bytes(layout, manifest, "team-a") == sum(r.length for r in refs[:2])
+    # Another namespace's status does not learn which of its hashes team-a's blocks match.
+    assert agent.cached_bytes(layout, manifest, "team-b") == 0
     assert agent.unique_bytes(manifest) <= manifest.total_bytes
 
 

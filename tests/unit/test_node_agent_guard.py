@@ -53,13 +53,14 @@ def test_the_reported_path_is_the_real_one(tmp_path: Path) -> None:
     layout = CacheLayout(tmp_path / "cache")
     digest = "b" * 64
     real = tmp_path / "disk" / "cache"
-    assert agent.revision_path(layout, digest) == str(real / "revisions" / digest)  # where it will be
+    assert agent.revision_path(layout, digest, "ns") == str(real / "revisions" / digest)  # where it will be
     view = layout.staging / f"{digest}.1"
     view.mkdir(parents=True)
-    point_link(layout.partial_link(digest), view)  # a partial view first
-    assert agent.revision_path(layout, digest) == str(tmp_path / "disk" / "cache" / "staging" / f"{digest}.1")
+    point_link(layout.partial_link(digest, "ns"), view)  # a partial view first
+    assert agent.revision_path(layout, digest, "ns") == str(tmp_path / "disk" / "cache" / "staging" / f"{digest}.1")
     layout.revision(digest).mkdir(parents=True)
-    assert agent.revision_path(layout, digest) == str(real / "revisions" / digest)
+    point_link(layout.granted_link(digest, "ns"), layout.revision(digest))  # published, and the namespace's
+    assert agent.revision_path(layout, digest, "ns") == str(real / "revisions" / digest)
 
 
 def test_a_failure_says_what_is_wrong_and_the_type_of_an_unexpected_one() -> None:

@@ -8,16 +8,19 @@ from __future__ import annotations
 from warmpool.contract.api import API_GROUP
 
 # --- The node agent and the operator, about object-store model sources ----------------
-#: Where worker pods of an http/s3 source see the node cache's published revisions (the
-#: cache's ``revisions/`` directory, read-only); the model is ``<this>/<digest hex>``.
-CACHE_REVISIONS_MOUNT_PATH = "/warmpool/cache-revisions"
 #: The cache root's subdirectory of published revisions (warmpool_nodecache.layout names it too).
 CACHE_REVISIONS_DIR = "revisions"
-#: The cache root's subdirectory of links to partial views: ``<this>/<digest hex>`` names a fill's
-#: view while it fills, then the published revision (spec.model.startOnPartialCache).
+#: The cache root's subdirectory of trust domains (one a namespace): ``<this>/<domain>/`` holds what
+#: that domain may use -- its links to revisions and partial views, and the blocks it verified.
+CACHE_DOMAINS_DIR = "domains"
+#: A domain's links to the published revisions it verified itself: ``<domains>/<domain>/<this>/<hex>``.
+CACHE_GRANTED_DIR = "revisions"
+#: A domain's links to partial views: ``<domains>/<domain>/<this>/<digest hex>`` names a fill's view
+#: while it fills, then the published revision (spec.model.startOnPartialCache).
 CACHE_PARTIAL_DIR = "partial"
-#: Where worker pods that start on a partial view see the whole node cache (read-only): the
-#: model is ``<this>/partial/<digest hex>``, and the fill's progress record is beside its view.
+#: Where the init container of an object-store pod sees the whole node cache (read-only, the
+#: operator's own image only); the worker container mounts only its revision (a ``subPath`` of
+#: its domain's link), never this.
 CACHE_ROOT_MOUNT_PATH = "/warmpool/node-cache"
 #: Node label saying the node's cache holds a published revision: key ``<prefix>/sha256-<56 hex>``
 #: (a label name is at most 63 characters; 56 hex digits = 224 bits still name one revision).
@@ -27,7 +30,7 @@ CACHE_NODE_LABEL_VALUE = "published"
 #: Name of the init container that holds a worker pod until its revision is published on the node.
 CACHE_WAIT_CONTAINER = "wait-cache"
 #: A fill's partial view of a revision (its files while blocks land, hottest first; see
-#: warmpool.fill_progress): the progress record's format tag, and the suffix that names the record
-#: beside the view's directory (``<view dir name><suffix>``, in the same parent directory).
+#: warmpool.fill_progress): the progress record's format tag, and the record's name inside the
+#: view's directory (inside, so a pod that mounts only the view sees it; a manifest may not name it).
 FILL_PROGRESS_FORMAT = "warmpool.fill-progress/v1"
-FILL_PROGRESS_SUFFIX = ".fill-progress.json"
+FILL_PROGRESS_NAME = ".warmpool-fill-progress"

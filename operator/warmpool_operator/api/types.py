@@ -239,9 +239,8 @@ class ModelSpec(ApiObject):
     """http/s3 sources with the builtin engine: worker pods start while their node's cache is
     still filling (the node agent fetches what a worker needs first, then the hottest layers) and
     wait for each layer's bytes as they load it, instead of waiting for the whole revision.  The
-    pods then mount the whole node cache read-only (every model's files on the node), where
-    otherwise they see only published revisions: use it where models on a node are not secret
-    from one another."""
+    worker mounts only its own revision's partial view (read-only), as it would the published
+    revision."""
 
     cel_rules = (
         Rule(

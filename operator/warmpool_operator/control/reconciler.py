@@ -405,7 +405,8 @@ class Reconciler:
                 "waiting for a node agent (warmpool node-agent) to read the revision's manifest from "
                 "spec.model's object store: no node has reported it in status.cacheNodes yet"
             )
-        return CacheRevision(self.shared.config.block_cache_root, digest, partial=spec.model.start_on_partial_cache)
+        return CacheRevision(self.shared.config.block_cache_root, digest, self.key[0],
+                             partial=spec.model.start_on_partial_cache)
 
     def _show(self, spec: WarmModelSpec, outcome: Outcome) -> None:
         """The pass's figures in the operator's own metrics (the forecast's as in status.forecast)."""

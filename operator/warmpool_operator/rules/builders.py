@@ -336,8 +336,8 @@ def torch_threads(resources: ResourceRequirements | None) -> int | None:
 
 
 def _model_volume(target: Target) -> tuple[Obj, Obj]:
-    """The model's volume and its read-only mount (at MODEL_MOUNT_PATH; a partial start of an
-    object-store source mounts the whole node cache instead: rules/object_store_pods.py)."""
+    """The model's volume and its read-only mount (at MODEL_MOUNT_PATH; for an object-store source
+    only the namespace's link to its revision in the node cache: rules/object_store_pods.py)."""
     mount: Obj = {"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True}
     model = target.spec.model
     if model.object_store() is not None:
@@ -514,8 +514,8 @@ def _pod_spec(target: Target, containers: list[Obj], volumes: list[Obj]) -> Obj:
         "terminationGracePeriodSeconds": 30,
     }
     if target.cache is not None:
-        # The operator's own worker image, never the WarmModel's: the wait sees the revisions of
-        # every tenant on the node, and must not run code a WarmModel author chose.
+        # The operator's own worker image, never the WarmModel's: the wait mounts the whole cache
+        # (every tenant's revisions on the node), and must not run code a WarmModel author chose.
         pod_spec["initContainers"] = [object_store_pods.wait_container(
             target.cache, target.default_worker_image, RESTRICTED_CONTAINER_SECURITY)]
         pod_spec["affinity"] = object_store_pods.preferred_affinity(target.cache)

@@ -26,7 +26,6 @@ import posixpath
 from collections.abc import Iterable
 
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
-from warmpool.contract.nodecache import CACHE_REVISIONS_DIR
 from warmpool_operator.api.types import WarmModelSpec
 
 #: The default prefixes: the node-local model cache root and a conventional models mount.
@@ -70,10 +69,8 @@ def is_allowed(path: str, prefixes: Iterable[str]) -> bool:
 def mounted_host_paths(spec: WarmModelSpec, cache_root: str = DEFAULT_BLOCK_CACHE_ROOT) -> tuple[str, ...]:
     """Every node directory the worker pods of ``spec`` would mount (as the builders write it)."""
     model = spec.model
-    if model.object_store() is not None:  # the node cache (rules/object_store_pods.py): its revisions, or all of it
-        if model.start_on_partial_cache:
-            return (cache_root.rstrip("/"),)
-        return (f"{cache_root.rstrip('/')}/{CACHE_REVISIONS_DIR}",)
+    if model.object_store() is not None:  # the node cache (rules/object_store_pods.py): the volume is its root
+        return (cache_root.rstrip("/"),)
     return own_host_paths(spec)
 
 

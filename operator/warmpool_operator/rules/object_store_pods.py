@@ -6,22 +6,26 @@ it reports the revision's digest (SHA-256 of its manifest), and per node the byt
 in ``status.cacheNodes``.  The operator cannot know the digest before an agent has read the
 manifest, so it waits for one (:func:`resolved_revision`), then builds pods that
 
-* mount the cache's ``revisions/`` directory read-only: an init container waits until the
-  revision's directory exists -- published, so complete -- and only then does the worker
-  container start, with that directory as its ``/warmpool/model`` (a ``subPath``, which the
-  kubelet binds when it creates the worker container, after the init container has seen it
-  whole: the worker never sees a half-filled revision, nor another revision).  The init
-  container, which sees every revision on the node, runs the operator's own worker image, never
-  the WarmModel's ``spec.pod.image``;
+* name the cache root as their volume, but mount only the WarmModel's namespace's link to the
+  revision, ``domains/<namespace>/revisions/<digest hex>``: an init container waits until the
+  link leads to a directory -- the agent makes it once the revision is published, so complete,
+  and that namespace's own source sent every block of it (warmpool_nodecache.trust: a digest is
+  not a capability) -- and only then does the worker container start, with that directory as its
+  ``/warmpool/model`` (a ``subPath``, which the kubelet resolves and binds when it creates the
+  worker container, after the init container has seen it whole: the worker never sees a
+  half-filled revision, nor another revision, nor another namespace's).  The init container,
+  which sees the whole cache, runs the operator's own worker image, never the WarmModel's
+  ``spec.pod.image``;
 * prefer (never require) nodes whose label says they hold the revision, so a pod lands where
   it downloads nothing, and still runs elsewhere, waiting on the fill there.
 
-With ``spec.model.startOnPartialCache`` the pods start before the publish: they mount the whole
-cache root read-only (so such a worker can read the node's other cached revisions: the opt-in's
-price, said in the CRD's description), the init container waits only for ``partial/<digest hex>`` (the agent's
-link to the revision's partial view, then to the published revision), and the worker runs with
-``--partial-cache`` on that link, waiting for each tensor's bytes before it touches them (the
-fill's progress record lies beside the view, inside the same mount).
+With ``spec.model.startOnPartialCache`` the pods start before the publish: the worker mounts
+``domains/<namespace>/partial/<digest hex>`` (the agent's link to its fill's partial view, then to
+the published revision; the kubelet binds the view's directory, which the publish renames with
+the same inode, so the mount stays valid), the init container waits only for that link, and the
+worker runs with ``--partial-cache``, waiting for each tensor's bytes before it touches them (the
+fill's progress record lies inside the view, so inside the same mount).  Either way the
+WarmModel's image sees its own revision's bytes and nothing else of the cache.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 
 from warmpool import cachekeys
 from warmpool.contract.files import MODEL_MOUNT_PATH
-from warmpool.contract.nodecache import CACHE_ROOT_MOUNT_PATH, CACHE_WAIT_CONTAINER
+from warmpool.contract.nodecache import CACHE_WAIT_CONTAINER
 from warmpool_operator.api.types import WarmModelSpec
 from warmpool_operator.model import CacheRevision, Obj
 
@@ -78,12 +82,10 @@ def reported_paths(spec: WarmModelSpec, status: Mapping[str, Any] | None) -> lis
 
 
 def model_volume(cache: CacheRevision) -> tuple[Obj, Obj]:
-    """The model volume (the cache's revisions directory, or its root for a partial start) and the
-    worker's mount of it (the revision itself, or the whole root)."""
+    """The model volume (the cache root) and the worker's mount of it: the namespace's link to the
+    revision (or to its partial view) alone, never the root."""
     volume: Obj = {"name": "model", "hostPath": {"path": cache.host_dir, "type": "DirectoryOrCreate"}}
-    if cache.partial:
-        return volume, {"name": "model", "mountPath": CACHE_ROOT_MOUNT_PATH, "readOnly": True}
-    mount: Obj = {"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True, "subPath": cache.hex}
+    mount: Obj = {"name": "model", "mountPath": MODEL_MOUNT_PATH, "readOnly": True, "subPath": cache.link}
     return volume, mount
 
 
