@@ -75,7 +75,8 @@ class AgentKube(KubeClient):
         return f"{WARMMODELS}{scope}/{PLURAL}"
 
     def pods_here_query(self, namespace: str | None) -> tuple[str, dict[str, str]]:
-        """Where the worker pods bound to this node are listed (the operator's, by their managed-by label)."""
+        """Where the worker pods bound to this node are listed: by the operator's managed-by label, a
+        filter only -- anyone may label a pod; whose a pod is, ``agent_owners`` checks."""
         path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
         return path, {"fieldSelector": f"spec.nodeName={self.node}",
                       "labelSelector": f"{LABEL_MANAGED_BY}={MANAGED_BY}"}

@@ -7,7 +7,9 @@ goes into its own ``status.cacheNodes`` entry and an Event on it, and the pass g
 others.
 
 1. WarmModels with an http/s3 source are listed (all namespaces, or one).  A manifest is read
-   only for a WarmModel that needs this node -- a worker pod of it bound here -- or, before any
+   only for a WarmModel that needs this node -- a worker pod of it bound here (a pod is its only
+   when its ownerReferences lead, checked, through a ReplicaSet and a Deployment to it:
+   ``agent_owners``; the pod's labels count for nothing) -- or, before any
    node has reported its revision, by the one agent holding its read Lease (``agent_reads``).
    Reads run beside the pass, a bounded number at once, each bounded in size and time.  This
    node's entry in the WarmModel's ``status.cacheNodes`` is applied -- digest, bytes cached /
@@ -42,14 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP
-from warmpool.contract.pods import CONFIGMAP_SUFFIX, LABEL_MODEL
+from warmpool.contract.pods import CONFIGMAP_SUFFIX
 from warmpool.kube import KubeError
 from warmpool.lease import LeaseLostError, Observed
-from warmpool_nodecache import agent, cluster_ranges
+from warmpool_nodecache import agent, cluster_ranges, trust
 from warmpool_nodecache import agent_notices as notices
 from warmpool_nodecache.agent_fill import fill_blocking, keep_renewing
 from warmpool_nodecache.agent_housekeeping import Housekeeping
 from warmpool_nodecache.agent_kube import AgentKube, agent_lease, lease_name
+from warmpool_nodecache.agent_owners import PodOwners
 from warmpool_nodecache.agent_reads import FirstReads, read_manifest, revision_reported
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import Manifest
@@ -125,9 +128,11 @@ class Agent:
     first_reads: FirstReads = field(init=False)
     reads: asyncio.Semaphore = field(init=False)
     housekeeping: Housekeeping = field(init=False)
+    owners: PodOwners = field(init=False)
 
     def __post_init__(self) -> None:
         self.notices = notices.Notices(self.kube, self.config.node)
+        self.owners = PodOwners(self.kube)
         self.housekeeping = Housekeeping(self.kube, self.layout, self.notices, self.config.budget_bytes)
         # The read Lease outlives a pass or two, so a holder that is slow between passes keeps it.
         self.first_reads = FirstReads(self.kube, self.config.lease_namespace, self.config.node,
@@ -188,11 +193,13 @@ class Agent:
 
     async def tick(self) -> None:
         objects = await self.kube.warmmodels(self.config.namespace)
-        pods = await self.kube.pods_here(self.config.namespace)
-        here = {(str(meta.get("namespace")), str((meta.get("labels") or {}).get(LABEL_MODEL)))
-                for meta in (p.get("metadata") or {} for p in pods)}
+        # Only pods a listed WarmModel's Deployment owns count (agent_owners): labels prove nothing.
+        models = {str(meta.get("uid")): (str(meta.get("namespace")), str(meta.get("name")))
+                  for meta in (o.get("metadata") or {} for o in objects)}
+        owned = await self.owners.owned(await self.kube.pods_here(self.config.namespace), models)
+        here = {model for _, model in owned}
         # Every revision a pod here mounts, an older revision's pods during a rollout included.
-        wanted: set[str] = agent.mounted_revisions(pods)
+        wanted: set[str] = agent.mounted_revisions(pod for pod, _ in owned)
         keys: set[str] = set()
         unread: set[str] = set()  # WarmModels with pods here whose revision is not known yet
         for obj in objects:
@@ -234,15 +241,17 @@ class Agent:
             wanted.add(manifest.digest_hex)
             busy = known.fill is not None and not known.fill.done()
             retry = time.monotonic() >= known.retry_at
-            published = self.layout.revision(manifest.digest_hex)
-            if not published.is_dir() and not busy and retry:
+            # Published and verified by this WarmModel's trust domain (trust.py); a revision another
+            # domain published is verified from this one's own source by the fill before it is linked.
+            granted = trust.granted(self.layout, manifest.digest_hex, ref.domain)
+            if not granted and not busy and retry:
                 known.fill = asyncio.create_task(self._fill(ref, known, manifest), name=f"fill {ref.key}")
-            elif ref.partial and published.is_dir() and not busy:
+            elif ref.partial and granted and not busy:
                 # Published without a partial view (before startOnPartialCache was set, or by a
-                # fill that did not make one): pods started on partial/<hex> find it there too.
-                link = self.layout.partial_link(manifest.digest_hex)
+                # fill that did not make one): pods started on the domain's partial link find it there too.
+                link = self.layout.partial_link(manifest.digest_hex, ref.domain)
                 if not link.is_dir():
-                    point_link(link, published)
+                    point_link(link, self.layout.revision(manifest.digest_hex))
         if manifest is not None or known.error is not None or known.fill_error is not None:
             await self._report(ref, known)
 
@@ -308,9 +317,9 @@ class Agent:
             m = known.manifest
             entry["revision"] = m.digest
             entry["bytesTotal"] = agent.unique_bytes(m)
-            entry["bytesCached"] = await asyncio.to_thread(agent.cached_bytes, self.layout, m)
-            entry["published"] = self.layout.revision(m.digest_hex).is_dir()
-            path = await asyncio.to_thread(agent.revision_path, self.layout, m.digest_hex)
+            entry["bytesCached"] = await asyncio.to_thread(agent.cached_bytes, self.layout, m, ref.domain)
+            entry["published"] = trust.granted(self.layout, m.digest_hex, ref.domain)
+            path = await asyncio.to_thread(agent.revision_path, self.layout, m.digest_hex, ref.domain)
             if path is not None:
                 entry["path"] = path
             if entry["published"]:  # by this fill or another agent's: an earlier failure is over
@@ -335,7 +344,7 @@ class Agent:
         lease = agent_lease(self.kube, self.config.lease_namespace, name, self.config.lease_duration_s,
                             self.fill_leases_seen.setdefault(name, Observed()))
         try:
-            if self.layout.revision(manifest.digest_hex).is_dir():
+            if trust.granted(self.layout, manifest.digest_hex, ref.domain):
                 self.fill_leases_seen.pop(name, None)
                 return
             if not await lease.try_acquire():
@@ -354,7 +363,7 @@ class Agent:
             try:
                 partial = self.config.partial_view or ref.partial
                 result = await asyncio.to_thread(fill_blocking, self.layout, known.source, manifest, heat, fence,
-                                                 partial, self.config.lease_duration_s)
+                                                 partial, self.config.lease_duration_s, ref.domain)
             finally:
                 renewer.cancel()
             if result.bytes_fetched:

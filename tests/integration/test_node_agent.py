@@ -47,7 +47,6 @@ from warmpool import cachekeys
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
 from warmpool.contract.http import PATH_READYZ
 from warmpool.contract.nodecache import CACHE_WAIT_CONTAINER
-from warmpool.contract.pods import ANNOTATION_CACHE_REVISION, LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from warmpool.lease import Lease, LeaseLostError, Observed
 
 pytestmark = pytest.mark.integration
@@ -291,9 +290,12 @@ def test_eviction_spares_a_revision_a_pod_on_the_node_names_and_no_process_maps(
     world: World, agents: list[Agent], tmp_path: Path,
 ) -> None:
     """The chart's agent sees no other container's process (no hostPID): the pod's
-    warmpool.dev/cache-revision annotation is what keeps its revision, here one no WarmModel
-    names any more (an older revision's pod during a rollout) and nothing maps."""
+    warmpool.dev/cache-revision annotation is what keeps its revision, here one its WarmModel's
+    source no longer names (an older revision's pod during a rollout) and nothing maps.  The pod
+    counts because a WarmModel's Deployment owns it (through its ReplicaSet), not for its labels."""
     from warmpool_dev.testing_models import make_tiny_llama
+
+    from tests.support.owned_pods import deployment_body, owner, pod_body, replicaset_body
 
     cache = CacheLayout(tmp_path / "cache")
     revisions: list[Manifest] = []
@@ -304,15 +306,16 @@ def test_eviction_spares_a_revision_a_pod_on_the_node_names_and_no_process_maps(
             fill_revision(cache, HttpSource(HttpSourceConfig(server.url, timeout_s=10)))
         revisions.append(manifest)
     named, unnamed = revisions
-    pod = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "old-revision-pod",
-                     "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_MODEL: "gone"},
-                     "annotations": {ANNOTATION_CACHE_REVISION: named.digest}},
-        "spec": {"nodeName": OTHER_NODE, "tolerations": [{"operator": "Exists"}],
-                 "containers": [{"name": "worker", "image": "warmpool.local/none:never-run"}]},
-    }
-    world.apply(pod)
+    # A WarmModel the operator refuses (its hostPath is not allowed: it makes no child of its own),
+    # owning by hand a Deployment, its ReplicaSet and the old revision's pod.
+    world.apply({"apiVersion": API_GROUP_VERSION, "kind": KIND, "metadata": {"name": "gone"},
+                 "spec": {"model": {"hostPath": {"path": "/not-an-allowed-host-path/m"}}}})
+    world.apply(deployment_body("gone-old", "gone", world.wm("gone")["metadata"]["uid"]))
+    deployment_uid = world.get("deployment", "gone-old")["metadata"]["uid"]
+    world.apply(replicaset_body("gone-old-1", "gone", "gone-old", deployment_uid))
+    rs_uid = world.get("replicaset", "gone-old-1")["metadata"]["uid"]
+    world.apply(pod_body("old-revision-pod", "gone", OTHER_NODE, named.digest,
+                         [owner("apps/v1", "ReplicaSet", "gone-old-1", rs_uid)]))
     # The kwok node: no container runs, so no process maps anything and only the annotation counts.
     agents.append(Agent(world.cluster, world.ns, OTHER_NODE, cache.root, tmp_path / "agent-0.log",
                         budget_bytes=0, interval_s=1))
