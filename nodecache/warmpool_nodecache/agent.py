@@ -49,7 +49,7 @@ class ModelRef:
     source: dict[str, Any]  # {"http": {...}} or {"s3": {...}}, camelCase as in the API
     fingerprint: str
     secret_name: str | None  # s3: the Secret with the keys
-    #: spec.model.startOnPartialCache: fill as a partial view, and keep partial/<hex> naming the revision
+    #: spec.model.startOnPartialCache: fill as a partial view; the namespace's partial/<hex> names the revision
     partial: bool = False
 
     @property

@@ -79,7 +79,7 @@ class AgentConfig:
     progress_interval_s: float = 10.0
     #: Fill each revision as a partial view (``partial.py``), in the order a worker started on it
     #: needs (``agent.start_order``), so a worker run with ``--partial-cache`` on
-    #: ``<cache root>/partial/<digest hex>`` can start before the publish.
+    #: ``<cache root>/domains/<namespace>/partial/<digest hex>`` can start before the publish.
     partial_view: bool = False
     #: Where sources may be read from (``--cluster-network``, ``--source-allow-network``; with
     #: ``policy.discovered`` the agent finds the cluster's networks itself: ``cluster_ranges``).

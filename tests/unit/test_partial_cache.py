@@ -44,7 +44,7 @@ def test_the_directory_must_appear_within_the_bound(tmp_path: Path) -> None:
 def test_a_listed_range_returns_at_once_and_a_missing_one_times_out_naming_it(tmp_path: Path) -> None:
     view = _view(tmp_path, ((0, 1),))
     link = tmp_path / "partial-abc"
-    link.symlink_to(view)  # as <cache>/partial/<digest>: the record is found beside the link's target
+    link.symlink_to(view)  # as <cache>/domains/<ns>/partial/<digest>: the record is found inside the link's target
     gate = PartialCache.open(link, FAST)
     assert gate is not None and not gate.complete()
     gate.wait(link / "model.safetensors", 0, BS, "the header")
