@@ -25,6 +25,7 @@ from warmpool_worker.builtin.engine.decoding import GREEDY_BELOW_TEMPERATURE, Sa
 from warmpool_worker.engine_api import GenerationStep
 from warmpool_worker.http_app import BadRequest
 
+from tests.support.hostile_bodies import MALFORMED, body_with
 from tests.unit.test_batch_scheduler import Serving, _prompt, _request
 
 pytestmark = pytest.mark.unit
@@ -44,80 +45,6 @@ def _refused(raw: bytes) -> BadRequest:
     return caught.value
 
 
-def _body(**fields: object) -> bytes:
-    return json.dumps({"prompt": "hello", **fields}).encode()
-
-
-# (what, body, the field the 400 names; None where the body is not JSON at all)
-MALFORMED: list[tuple[str, bytes, str | None]] = [
-    ("not JSON", b"{not json", None),
-    ("not UTF-8", b'{"prompt": "\xff\xfe"}', None),
-    ("empty body", b"", None),
-    ("nested past the recursion limit", b"[" * 100_000 + b"]" * 100_000, None),
-    ("a 5,000-digit max_tokens", b'{"prompt": "hello", "max_tokens": ' + b"9" * 5000 + b"}", "max_tokens"),
-    ("a negative 5,000-digit max_tokens", b'{"prompt": "x", "max_tokens": -' + b"9" * 5000 + b"}", "max_tokens"),
-    ("a 5,000-digit token id", b'{"prompt": [1, ' + b"7" * 5000 + b"]}", "prompt"),
-    ("max_tokens NaN", b'{"prompt": "x", "max_tokens": NaN}', "max_tokens"),
-    ("max_tokens Infinity", b'{"prompt": "x", "max_tokens": Infinity}', "max_tokens"),
-    ("max_tokens a float", _body(max_tokens=16.0), "max_tokens"),
-    ("max_tokens a boolean", _body(max_tokens=True), "max_tokens"),
-    ("max_tokens negative", _body(max_tokens=-5), "max_tokens"),
-    ("max_tokens a list", _body(max_tokens=[16]), "max_tokens"),
-    ("temperature NaN", b'{"prompt": "x", "temperature": NaN}', "temperature"),
-    ("temperature Infinity", b'{"prompt": "x", "temperature": Infinity}', "temperature"),
-    ("temperature -Infinity", b'{"prompt": "x", "temperature": -Infinity}', "temperature"),
-    ("temperature 1e999 (Infinity spelled as a number)", b'{"prompt": "x", "temperature": 1e999}', "temperature"),
-    ("temperature above 2", _body(temperature=2.0000001), "temperature"),
-    ("temperature negative", _body(temperature=-1e-40), "temperature"),
-    ("temperature a boolean", _body(temperature=False), "temperature"),
-    ("temperature a string", _body(temperature="0.5"), "temperature"),
-    ("temperature an object", _body(temperature={"value": 0.5}), "temperature"),
-    ("stream a string", _body(stream="true"), "stream"),
-    ("stream a number", _body(stream=1), "stream"),
-    ("model not a string", _body(model=["tiny"]), "model"),
-    ("prompt missing", json.dumps({"max_tokens": 4}).encode(), "prompt"),
-    ("prompt a number", json.dumps({"prompt": 42}).encode(), "prompt"),
-    ("prompt an object", json.dumps({"prompt": {"text": "hi"}}).encode(), "prompt"),
-    ("prompt booleans as token ids", json.dumps({"prompt": [True, False]}).encode(), "prompt"),
-    ("prompt floats as token ids", json.dumps({"prompt": [1.0, 2.0]}).encode(), "prompt"),
-    ("prompt a negative token id", json.dumps({"prompt": [3, -1]}).encode(), "prompt"),
-    ("prompt nested junk", json.dumps({"prompt": [[[1]], {"a": None}]}).encode(), "prompt"),
-    ("prompt mixed ids and text", json.dumps({"prompt": [1, "two"]}).encode(), "prompt"),
-    ("prompt empty", json.dumps({"prompt": ""}).encode(), "prompt"),
-    ("prompt an empty list", json.dumps({"prompt": []}).encode(), "prompt"),
-    ("prompt a batch of two", json.dumps({"prompt": ["a", "b"]}).encode(), "prompt"),
-    ("prompt a lone surrogate", b'{"prompt": "abc\\ud800"}', "prompt"),
-    ("n above 1", _body(n=3), "n"),
-    ("n zero", _body(n=0), "n"),
-    ("n a boolean", _body(n=True), "n"),
-    ("best_of above 1", _body(best_of=5), "best_of"),
-    ("echo true", _body(echo=True), "echo"),
-    ("echo a string", _body(echo="yes"), "echo"),
-    ("logprobs asked for", _body(logprobs=2), "logprobs"),
-    ("logprobs out of range", _body(logprobs=10**9), "logprobs"),
-    ("suffix given", _body(suffix="the end"), "suffix"),
-    ("stop given", _body(stop="\n"), "stop"),
-    ("stop five sequences", _body(stop=["a", "b", "c", "d", "e"]), "stop"),
-    ("stop a number", _body(stop=7), "stop"),
-    ("top_p below 1", _body(top_p=0.9), "top_p"),
-    ("top_p above 1", _body(top_p=1.5), "top_p"),
-    ("top_p NaN", b'{"prompt": "x", "top_p": NaN}', "top_p"),
-    ("top_p a boolean", _body(top_p=True), "top_p"),
-    ("top_k set", _body(top_k=40), "top_k"),
-    ("top_k below -1", _body(top_k=-2), "top_k"),
-    ("top_k a float", _body(top_k=4.5), "top_k"),
-    ("presence_penalty set", _body(presence_penalty=1.0), "presence_penalty"),
-    ("presence_penalty out of range", _body(presence_penalty=1e308), "presence_penalty"),
-    ("frequency_penalty Infinity", b'{"prompt": "x", "frequency_penalty": -Infinity}', "frequency_penalty"),
-    ("seed given", _body(seed=1234), "seed"),
-    ("seed 5,000 digits", b'{"prompt": "x", "seed": ' + b"1" * 5000 + b"}", "seed"),
-    ("logit_bias given", _body(logit_bias={"50256": -100}), "logit_bias"),
-    ("logit_bias a list", _body(logit_bias=[1, 2]), "logit_bias"),
-    ("stream_options asking for usage", _body(stream=True, stream_options={"include_usage": True}), "stream_options"),
-    ("stream_options a string", _body(stream_options="usage"), "stream_options"),
-]
-
-
 @pytest.mark.parametrize(("body", "field"), [(b, f) for _, b, f in MALFORMED], ids=[w for w, _, _ in MALFORMED])
 def test_every_malformed_body_is_a_400_naming_the_field(body: bytes, field: str | None) -> None:
     refused = _refused(body)
@@ -130,13 +57,13 @@ def test_every_malformed_body_is_a_400_naming_the_field(body: bytes, field: str 
 
 
 def test_a_request_for_another_model_is_a_404() -> None:
-    refused = _refused(_body(model="someone-elses-model"))
+    refused = _refused(body_with(model="someone-elses-model"))
     assert (refused.status, refused.kind, refused.param) == (404, "model_not_found", "model")
 
 
 @pytest.mark.parametrize("temperature", [0, 1e-40, 5e-324, GREEDY_BELOW_TEMPERATURE, 0.7, MAX_TEMPERATURE])
 def test_every_temperature_in_range_is_accepted(temperature: float) -> None:
-    assert _parsed(_body(temperature=temperature)).temperature == temperature
+    assert _parsed(body_with(temperature=temperature)).temperature == temperature
 
 
 def test_nulls_and_no_op_values_ask_for_the_defaults() -> None:
