@@ -135,7 +135,9 @@ def test_hostile_clients_beside_well_behaved_ones(worker: Worker, model: Path) -
         # a charset the header makes up (JSON is UTF-8 whatever it claims)
         _assert_400_naming(worker, _HUGE_MAX_TOKENS, "max_tokens",
                            {"Content-Type": "application/json; charset=no-such-charset"})
-        _assert_400_naming(worker, json.dumps({"prompt": [3, 10**25], "max_tokens": 1}).encode(), None)
+        # token ids the body's checks pass and the engine's vocabulary does not
+        for ids in ([3, 99999], [3, 10**25]):
+            _assert_400_naming(worker, json.dumps({"prompt": ids, "max_tokens": 1}).encode(), "prompt")
     finally:
         for thread in threads[:-1]:
             thread.join(WAIT_S)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from warmpool_dev.testing_models import make_tiny_llama
+from warmpool_worker.builtin.batch_scheduler import KVCacheTooSmall
 from warmpool_worker.builtin.completion_request import (
     DEFAULT_MAX_TOKENS,
     MAX_TEMPERATURE,
@@ -194,3 +195,14 @@ def test_a_request_whose_callback_fails_ends_alone(serving: Serving) -> None:
     assert [c.error for c in running] == [None, None]
     assert [c.tokens for c in running] == alone
     assert serving.scheduler.counts() == (0, 0)
+
+
+def test_a_request_larger_than_the_whole_kv_cache_is_refused_naming_max_tokens(model_dir: Path) -> None:
+    """Refused at submission, as its own error type: the HTTP side answers a 400 naming max_tokens."""
+    small = Serving(model_dir, kv_cache_bytes=64 * 1024)  # 768 bytes a position: under 100 positions
+    try:
+        with pytest.raises(KVCacheTooSmall, match="--kv-cache-bytes"):
+            small.scheduler.submit(_request(_prompt(20), 300).job)
+        assert small.alone(_prompt(20), 8) == small.alone(_prompt(20), 8)  # it goes on serving
+    finally:
+        small.scheduler.stop()

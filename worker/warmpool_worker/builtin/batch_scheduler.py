@@ -45,6 +45,10 @@ class SchedulerStopped(RuntimeError):
     """The worker is stopping: a request still in the batch or its queue ends with this (503)."""
 
 
+class KVCacheTooSmall(RequestError):
+    """The prompt and max_tokens need more KV-cache positions than the whole cache holds (400)."""
+
+
 class SleepRefused(Exception):
     """The batch did not drain in time: the engine stays awake; the message says what ran."""
 
@@ -129,7 +133,7 @@ class BatchScheduler:
         total = engine.kv_blocks().total
         if sequence.blocks_needed > total:
             block_tokens = engine.kv_blocks().block_tokens
-            raise RequestError(
+            raise KVCacheTooSmall(
                 f"the prompt and max_tokens need {sequence.blocks_needed * block_tokens} KV-cache positions, more "
                 f"than this worker's whole cache holds ({total * block_tokens}, --kv-cache-bytes): ask for fewer")
         job.sequence = sequence

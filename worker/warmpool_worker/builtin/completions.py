@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from warmpool_worker.builtin.batch_scheduler import BatchJob, BatchScheduler, SchedulerStopped
+from warmpool_worker.builtin.batch_scheduler import BatchJob, BatchScheduler, KVCacheTooSmall, SchedulerStopped
 from warmpool_worker.builtin.completion_request import CompletionRequest, check_room, load_body, parse_completion
 from warmpool_worker.config import ServingLimits
 from warmpool_worker.engine_api import (
@@ -188,8 +188,10 @@ class CompletionsApi:
             job_ended = asyncio.Event()
             try:
                 self.scheduler.submit(self._job(ident, prompt_ids, parsed, steps, generation, job_ended))
-            except RequestError as error:
-                raise BadRequest(400, str(error)) from None
+            except KVCacheTooSmall as error:
+                raise BadRequest(400, str(error), param="max_tokens") from None
+            except RequestError as error:  # the engine's checks beyond the body's: the prompt's token ids
+                raise BadRequest(400, str(error), param="prompt") from None
             ended = job_ended
             first = await steps.get()
             if isinstance(first, BaseException):
