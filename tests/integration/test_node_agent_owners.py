@@ -101,6 +101,7 @@ async def test_a_bare_labelled_pod_pins_nothing_and_a_warmmodel_owned_pod_does(
             with contextlib.suppress(KubeError):  # no controller makes it here: pods need it to be admitted
                 await _create(kube, f"/api/v1/namespaces/{namespace}/serviceaccounts",
                               {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})
+            await _create(kube, "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
             body = http_warmmodel("m", server.url, node)
             body["metadata"]["namespace"] = namespace
             wm = await _create(kube, f"/apis/{API_GROUP_VERSION}/namespaces/{namespace}/{PLURAL}", body)
@@ -134,3 +135,4 @@ async def test_a_bare_labelled_pod_pins_nothing_and_a_warmmodel_owned_pod_does(
             assert named.digest_hex in agent.housekeeping.pins
             assert cache.granted_link(named.digest_hex, namespace).is_dir()  # verified from its own source
     api_server.kubectl("delete", "namespace", namespace, "--wait=false")
+    api_server.kubectl("delete", "node", node, "--wait=false", check=False)
