@@ -11,13 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from kopf._core.engines import posting
 from warmpool_operator.control import reconciler as reconciling
 from warmpool_operator.control.forecasting import Predicted
 from warmpool_operator.control.reconciler import Permanent, Reconciler
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.model import Obj
-from warmpool_operator.rules import builders
+from warmpool_operator.rules import builders, zero
 from warmpool_operator.rules import status as st
 from warmpool_operator.rules.observation import PodObservation
 from warmpool_operator.settings import OperatorConfig
@@ -46,6 +47,7 @@ from warmpool.contract.pods import (
     CONTROL_SECRET_KEY,
     LABEL_AWAKE,
 )
+from warmpool.contract.zero import held_annotation, held_value
 from warmpool.kube import KubeError
 
 IPS = ["10.0.0.1", "10.0.0.2"]
@@ -348,3 +350,26 @@ async def test_a_pool_with_no_pod_to_scrape_asks_for_a_pass_every_few_rounds_one
         await world.rec.scrape_round()
         assert world.rec._wake.is_set()
         world.rec._wake.clear()
+
+
+async def test_a_bad_held_annotation_is_not_counted_the_pass_completes_and_one_warning_names_it(world: World) -> None:
+    """A count of "\u00b2" passes str.isdigit() and int() then raised: one such annotation failed every pass."""
+    await world.make(pool={"scaleToZero": {"afterIdleSeconds": 600, "holdTimeoutSeconds": 60}})
+    await world.run()
+    stored = await world.kube.get_obj(PLURAL, world.ns, "m")
+    assert stored is not None
+    bad, good = held_annotation("x"), held_annotation("activator-0")
+    meta = {**stored["metadata"], "annotations": {bad: "\u00b2 1", good: held_value(3, world.clock())}}
+    world.rec.body = await world.kube.put(PLURAL, {**stored, "metadata": meta})  # as the registry's watch does
+    await world.run()
+    assert (await world.status()).get("held") == 3  # the good one counted
+    assert [(e.type, bad in e.message, "ASCII digits" in e.message) for e in _held_ignored(world)] == [
+        ("Warning", True, True)]
+    # Once per distinct value, not every pass.
+    await world.run()
+    assert len(_held_ignored(world)) == 1
+
+
+def _held_ignored(world: World) -> list[posting.K8sEvent]:
+    world.events.reasons()  # drains kopf's queue into .seen
+    return [e for e in world.events.seen if e.reason == zero.REASON_HELD_IGNORED]

@@ -19,11 +19,15 @@ from warmpool_operator.rules.observation import ColdStarts
 from warmpool.contract.pods import AWAKE_TRUE, LABEL_AWAKE
 from warmpool.contract.zero import (
     ENDPOINTSLICE_MANAGER,
+    HELD_CLOCK_SKEW_SECONDS,
+    HELD_COUNT_MAX,
     LABEL_ENDPOINTSLICE_MANAGED_BY,
     LABEL_SERVICE_NAME,
+    BadHeldValue,
     held_annotation,
     held_value,
     parse_held,
+    read_held,
 )
 
 pytestmark = pytest.mark.unit
@@ -53,13 +57,55 @@ def test_held_counts_sum_the_live_replicas_and_leave_out_stale_garbage_and_forei
         held_annotation("activator-garbage"): "many",
         "example.com/held": "9 1800000000",
     }
-    assert zero.held_requests(annotations, _policy().hold_timeout_seconds, NOW) == zero.Held(requests=5, replicas=2)
+    held = zero.held_requests(annotations, _policy().hold_timeout_seconds, NOW)
+    assert (held.requests, held.replicas) == (5, 2)
+    assert [bad.key for bad in held.ignored] == [held_annotation("activator-garbage")]
     assert zero.held_requests({}, _policy().hold_timeout_seconds, NOW) == zero.Held()
 
 
-@pytest.mark.parametrize("value", ["", "3", "3 x", "-1 5", "1.5 5", "1 2 3 4", None, 7])
+@pytest.mark.parametrize("value", ["", "3", "3 x", "-1 5", "1.5 5", "1 2 3 4", None, 7,
+                                   # Other scripts' digits: str.isdigit() takes them all, int() some.
+                                   "\u00b2 1", "1 \u00b2", "\u0663 5", "\uff13 5", "3 \u0661\u0668\u0660\u0660",
+                                   "+1 5", " 1 5", "1  5", "1\t5", "1_0 5", "1e3 5", "nan 5", "inf 5",
+                                   f"{HELD_COUNT_MAX + 1} 5", "9" * 5000 + " 5", "1 " + "9" * 400, "1 99999999999"])
 def test_a_malformed_held_value_is_none(value: object) -> None:
     assert parse_held(value) is None
+
+
+@pytest.mark.parametrize(("value", "why"), [("\u00b2 1", "count: '\\xb2' is not a whole number in ASCII digits"),
+                                            ("3 soon", "time: 'soon' is not a whole number in ASCII digits"),
+                                            (f"{HELD_COUNT_MAX + 1} 1", f"count: {HELD_COUNT_MAX + 1} is outside"),
+                                            ("many", "'many' is not '<count> <unix time>[ <traceparent>]'")])
+def test_a_bad_held_value_says_what_is_wrong(value: str, why: str) -> None:
+    with pytest.raises(BadHeldValue) as raised:
+        read_held(value)
+    assert str(raised.value).startswith(why)
+
+
+def test_a_bad_held_value_is_ignored_and_listed_not_raised() -> None:
+    """What wedged every pass: "\u00b2" passes str.isdigit(), then int() raises."""
+    key = held_annotation("x")
+    held = zero.held_requests({key: "\u00b2 1", held_annotation("y"): held_value(2, NOW)}, 60, NOW)
+    assert (held.requests, held.replicas) == (2, 1)
+    (bad,) = held.ignored
+    assert (bad.key, bad.value) == (key, "\u00b2 1") and "ASCII digits" in bad.why
+
+
+def test_a_held_time_ahead_of_the_operators_clock_is_not_believed() -> None:
+    """Another pod's clock never keeps a count fresh: a time past now plus the skew is ignored."""
+    near, far = held_annotation("near"), held_annotation("far")
+    annotations = {near: held_value(2, NOW + HELD_CLOCK_SKEW_SECONDS),
+                   far: held_value(3, NOW + HELD_CLOCK_SKEW_SECONDS + 1)}
+    held = zero.held_requests(annotations, 60, NOW)
+    assert held.requests == 2
+    assert [(bad.key, "ahead of the operator's clock" in bad.why) for bad in held.ignored] == [(far, True)]
+    # Ten years on, the far value is no fresher than an honest one written then: stale.
+    assert zero.held_requests({far: annotations[far]}, 60, NOW + 10 * 365 * 86400).requests == 0
+
+
+def test_the_count_bound_covers_every_count_the_api_allows_an_activator_to_hold() -> None:
+    assert api.MAX_ZERO_HELD_REQUESTS <= HELD_COUNT_MAX
+    assert parse_held(held_value(api.MAX_ZERO_HELD_REQUESTS, NOW)) == (api.MAX_ZERO_HELD_REQUESTS, NOW, None)
 
 
 def test_held_values_round_trip() -> None:

@@ -5,7 +5,9 @@ deadline).  Spans are read back from OpenTelemetry's in-memory exporter."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -18,6 +20,7 @@ from warmpool_operator.control import zero as zero_step
 from warmpool_operator.io.tracing import Tracing
 from warmpool_operator.model import Target
 from warmpool_operator.rules import builders, zero
+from warmpool_worker.cli import build_parser, serve_config
 from warmpool_worker.tracing import ColdStartRecorder, TracingConfig, WorkerTracing
 
 from warmpool.contract.telemetry import ENV_OTEL_ENDPOINT, SPAN_COLD_START, SPAN_RECONCILE
@@ -211,9 +214,27 @@ def test_the_worker_parents_its_cold_start_on_the_hold_only_if_it_started_by_the
     worker.provider.shutdown()
 
 
-@pytest.mark.parametrize("value", ["", "garbage", HOLD, f"{HOLD} soon", "00-xyz 5"])
+@pytest.mark.parametrize("value", ["", "garbage", HOLD, f"{HOLD} soon", "00-xyz 5",
+                                   # str.isdigit() vouches for all of these deadlines; float() took some
+                                   f"{HOLD} \u00b2", f"{HOLD} \u0661\u0668\u0660\u0660", f"{HOLD} \uff11",
+                                   f"{HOLD} +1", f"{HOLD}  1", f"{HOLD} 1e3", f"{HOLD} nan", f"{HOLD} inf",
+                                   f"{HOLD} -1", f"{HOLD} " + "9" * 5000, f"{HOLD} 99999999999"])
 def test_an_empty_or_garbled_template_value_gives_the_pod_its_own_trace(value: str) -> None:
+    assert parse_cold_start_trace(value) is None
     assert TracingConfig.from_env({ENV_COLD_START_TRACE: value}).cold_start_parent is None
+
+
+def test_a_worker_starts_with_a_bad_cold_start_annotation_and_logs_that_it_ignored_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """The worker's start path (its CLI edge builds the configuration from the environment): a
+    template annotation whose deadline is "\u00b2" once raised out of it, and the pod crash-looped."""
+    monkeypatch.setenv(ENV_COLD_START_TRACE, f"{HOLD} \u00b2")
+    monkeypatch.setenv(ENV_OTEL_ENDPOINT, "http://127.0.0.1:1")
+    with caplog.at_level(logging.WARNING):
+        config = serve_config(build_parser().parse_args(["serve", "--model", str(tmp_path)]))
+    assert config.tracing.enabled and config.tracing.cold_start_parent is None
+    (said,) = [r.getMessage() for r in caplog.records if ENV_COLD_START_TRACE in r.getMessage()]
+    assert "ignored" in said and "\\xb2" in said
 
 
 def test_the_pass_that_takes_the_pool_to_zero_forgets_the_stamp(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ vLLM metric names the sidecar reads in warmpool_worker.engine_signals, and so on
 * ``files``: ConfigMap keys, file formats, token length bins, mount paths in worker pods;
 * ``telemetry``: OpenTelemetry's variables, service, span and attribute names, log formats;
 * ``nodecache``: what the node agent, the operator and worker pods agree on about the node cache;
+* ``numerals``: the strict grammar of numbers another part writes as text (ASCII digits, finite);
 * ``zero``: scale to zero: the activator's held-requests annotation, port and the Service's EndpointSlices.
 
 Import a name from its topic (``from warmpool.contract.http import PATH_READYZ``); this package

@@ -7,6 +7,9 @@ Part of the contract: names both sides must agree on, each defined once (see war
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from warmpool.contract.numerals import NumeralError, parse_ascii_int, shown
 from warmpool.contract.telemetry import valid_traceparent
 
 #: app.kubernetes.io/component of the activator's pods and Service.
@@ -19,6 +22,15 @@ DEFAULT_ACTIVATOR_PORT = 8012
 #: pods they start join its trace).  One key per activator replica, so two replicas never
 #: overwrite each other's count; a replica removes its key once it holds nothing for the pool.
 HELD_ANNOTATION_PREFIX = "held.warmpool.dev/"
+#: The most requests one held annotation may report.  A replica holds at most its pool's
+#: ``maxHeldRequests`` (the API allows up to 10,000); a larger count is not an activator's.
+HELD_COUNT_MAX = 100_000
+#: How far past the reader's own clock a held annotation's time may be (two nodes' clocks differ by
+#: less).  A later time is not believed: it would keep its count fresh for ever.  The operator
+#: judges by its own clock, and the admission policy refuses such a write by the API server's.
+HELD_CLOCK_SKEW_SECONDS = 60
+#: The largest unix time either annotation may carry (the year 2286): a longer number is garbage.
+MAX_UNIX_SECONDS = 9_999_999_999
 
 #: On the pod template of a pool that left zero for held requests: "<traceparent> <unix deadline>",
 #: the hold its pods start for.  The worker reads it through ``ENV_COLD_START_TRACE`` (the
@@ -51,16 +63,46 @@ def held_value(count: int, wall: float, traceparent: str | None = None) -> str:
     return f"{count} {int(wall)}" + (f" {traceparent}" if traceparent else "")
 
 
-def parse_held(value: object) -> tuple[int, float, str | None] | None:
-    """(requests held, unix time written, traceparent or None) of one annotation value; None if it
-    is not one (a traceparent that is not W3C's is left out)."""
-    if not isinstance(value, str):
-        return None
-    parts = value.split()
-    if len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit():
-        return None
+class HeldValue(NamedTuple):
+    """One held annotation's value."""
+
+    requests: int
+    #: unix time the activator wrote it (by its own clock: the reader judges it by its own)
+    written: float
+    #: the W3C traceparent of the oldest hold, or None
+    trace: str | None
+
+
+class BadHeldValue(ValueError):
+    """A held annotation's value that is not one; the message says what is wrong."""
+
+
+def read_held(value: object) -> HeldValue:
+    """The value of one held annotation ("<count> <unix time>[ <traceparent>]", ASCII digits, the
+    count at most HELD_COUNT_MAX); raises :class:`BadHeldValue` naming what is wrong.  A third field
+    that is not a W3C traceparent is left out, not refused.  Whether the time is believable is the
+    reader's to judge, by its own clock (HELD_CLOCK_SKEW_SECONDS)."""
+    parts = value.split(" ") if isinstance(value, str) else []
+    if len(parts) not in (2, 3):
+        raise BadHeldValue(f"{shown(value)} is not '<count> <unix time>[ <traceparent>]'")
+    try:
+        count = parse_ascii_int(parts[0], HELD_COUNT_MAX)
+    except NumeralError as error:
+        raise BadHeldValue(f"count: {error}") from None
+    try:
+        written = parse_ascii_int(parts[1], MAX_UNIX_SECONDS)
+    except NumeralError as error:
+        raise BadHeldValue(f"time: {error}") from None
     trace = parts[2] if len(parts) == 3 and valid_traceparent(parts[2]) else None
-    return int(parts[0]), float(parts[1]), trace
+    return HeldValue(count, float(written), trace)
+
+
+def parse_held(value: object) -> HeldValue | None:
+    """:func:`read_held`, or None where the reason does not matter."""
+    try:
+        return read_held(value)
+    except BadHeldValue:
+        return None
 
 
 def cold_start_trace_value(traceparent: str, deadline: float) -> str:
@@ -69,9 +111,17 @@ def cold_start_trace_value(traceparent: str, deadline: float) -> str:
 
 def parse_cold_start_trace(value: object) -> tuple[str, float] | None:
     """(traceparent, unix deadline) of the pod template's annotation; None if it is not one."""
-    if not isinstance(value, str):
+    parts = value.split(" ") if isinstance(value, str) else []
+    if len(parts) != 2 or not valid_traceparent(parts[0]):
         return None
-    parts = value.split()
-    if len(parts) != 2 or not valid_traceparent(parts[0]) or not parts[1].isdigit():
+    try:
+        return parts[0], float(parse_ascii_int(parts[1], MAX_UNIX_SECONDS))
+    except NumeralError:
         return None
-    return parts[0], float(parts[1])
+
+
+#: The activator's refusals that protect it (and so every pool it holds for) from one client.
+ERROR_BODY_TOO_LARGE = "warmpool_body_too_large"  # 413: a body larger than a worker accepts
+ERROR_SLOW_CLIENT = "warmpool_slow_client"  # 408: a body not sent within the activator's deadline
+ERROR_BUSY = "warmpool_busy"  # 503 with Retry-After: the activator's byte or connection bound is reached
+ERROR_NOT_SERVING_API = "warmpool_not_serving_api"  # 404: only the serving API (/v1/...) is forwarded

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from warmpool.contract.http import CONTROL_FIELD_TRACEPARENT
+from warmpool.contract.numerals import shown
 from warmpool.contract.pods import ENV_POD_NAME
 from warmpool.contract.telemetry import (
     ATTR_BUCKET,
@@ -114,8 +115,7 @@ class TracingConfig:
             service_name=env.get(ENV_OTEL_SERVICE_NAME, "").strip() or TRACE_SERVICE_WORKER,
             pod=env.get(ENV_POD_NAME, "").strip(),
             request_ratio=ratio,
-            # Unset, empty (a template without the annotation) or garbled: the pod's own trace.
-            cold_start_parent=parse_cold_start_trace(env.get(ENV_COLD_START_TRACE, "")),
+            cold_start_parent=_cold_start_parent(env.get(ENV_COLD_START_TRACE, "")),
         )
 
     def cold_start_traceparent(self, process_start: float) -> str | None:
@@ -123,6 +123,17 @@ class TracingConfig:
         if self.cold_start_parent is None or process_start > self.cold_start_parent[1]:
             return None
         return self.cold_start_parent[0]
+
+
+def _cold_start_parent(raw: str) -> tuple[str, float] | None:
+    """The hold of the pod template's annotation.  Unset or empty (a template without it): the
+    pod's own trace; garbled: the same, said once in the log.  The value is advisory (it only
+    parents a trace), so a bad one never stops the worker from starting."""
+    parent = parse_cold_start_trace(raw)
+    if raw and parent is None:
+        log.warning("%s=%s is not '<traceparent> <unix deadline>': ignored; the cold start gets a trace "
+                    "of its own", ENV_COLD_START_TRACE, shown(raw))
+    return parent
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ class ZeroMemory:
     #: the pod template's cold-start trace written when the pool last left zero, until it goes
     #: back: a later pass (its cache not yet showing the write, or the oldest hold gone) keeps it
     cold_start_stamp: str | None = None
+    #: the bad held annotations (key, value) already announced: one Warning Event per distinct
+    #: value, and only those still present are kept (the set stays as small as the annotations)
+    announced_ignored: frozenset[tuple[str, str]] = frozenset()
 
     def settling(self, now: float) -> bool:
         """Whether the pods of a pool just gone to zero must still run: every node's kube-proxy
@@ -155,6 +158,7 @@ def decide(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: O
     assert policy is not None
     annotations = (owner.get("metadata") or {}).get("annotations") or {}
     held = zero.held_requests(annotations, policy.hold_timeout_seconds, wall)
+    announce_ignored(memory, owner, held.ignored)
     if memory.at_zero is None:
         memory.at_zero = live is not None and int((live.get("spec") or {}).get("replicas") or 0) == 0
     if held.requests:
@@ -181,10 +185,22 @@ def decide(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: O
     return zero.ZeroState(made.at_zero, held.requests)
 
 
-def _event(owner: Mapping[str, Any], reason: str, message: str) -> None:
-    kopf.event(owner, type="Normal", reason=reason, message=message[:1024])  # type: ignore[arg-type]
+def announce_ignored(memory: ZeroMemory, owner: Mapping[str, Any], ignored: Sequence[zero.IgnoredHeld]) -> None:
+    """A Warning Event for each bad held annotation value not announced before: the key, and why
+    it was not counted (the admission policy refuses such values too; one that got past it, or an
+    activator whose clock runs far ahead, costs one Event per value, not one per pass)."""
+    present = frozenset((bad.key, bad.value) for bad in ignored)
+    for bad in ignored:
+        if (bad.key, bad.value) not in memory.announced_ignored:
+            _event(owner, zero.REASON_HELD_IGNORED, f"annotation {bad.key} not counted: {bad.why}", type_="Warning")
+    memory.announced_ignored = present
+
+
+def _event(owner: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+    kopf.event(owner, type=type_, reason=reason, message=message[:1024])  # type: ignore[arg-type]
     meta = owner.get("metadata") or {}
-    log.info("%s/%s: %s", meta.get("namespace"), meta.get("name"), message)
+    level = logging.WARNING if type_ == "Warning" else logging.INFO
+    log.log(level, "%s/%s: %s", meta.get("namespace"), meta.get("name"), message)
 
 
 async def route(kube: Kube, cache: Cache, target: Target, owner: Mapping[str, Any], settled: Settled,

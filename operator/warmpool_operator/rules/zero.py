@@ -18,10 +18,12 @@ from warmpool.contract.zero import (
     ACTIVATOR_SLICE_SUFFIX,
     ENDPOINTSLICE_MANAGER,
     HELD_ANNOTATION_PREFIX,
+    HELD_CLOCK_SKEW_SECONDS,
     LABEL_ENDPOINTSLICE_MANAGED_BY,
     LABEL_SERVICE_NAME,
     PODS_SLICE_SUFFIX,
-    parse_held,
+    BadHeldValue,
+    read_held,
 )
 from warmpool_operator.api.types import ScaleToZeroSpec
 from warmpool_operator.model import Obj, Target
@@ -35,6 +37,8 @@ STALE_GRACE_SECONDS = 30.0
 REASON_SCALED_TO_ZERO = "ScaledToZero"
 REASON_SCALED_FROM_ZERO = "ScaledFromZero"
 REASON_STARTING_ON_DEMAND = "StartingOnDemand"
+#: A Warning Event: a held annotation's value was not counted (once per distinct value).
+REASON_HELD_IGNORED = "HeldAnnotationIgnored"
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,15 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class IgnoredHeld:
+    """A held annotation not counted: its key, its value, and why."""
+
+    key: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Held:
     """Requests held for one pool, summed over the activator replicas that still report them."""
 
@@ -56,21 +69,39 @@ class Held:
     #: the traceparent of a hold (of the first replica by name that sends one): the passes that
     #: serve the held requests, and the pods they start, join its trace
     trace: str | None = None
+    #: the annotations not counted because their values are bad (a stale one is not bad: its
+    #: activator died)
+    ignored: tuple[IgnoredHeld, ...] = ()
 
 
 def held_requests(annotations: Mapping[str, Any], hold_timeout_seconds: float, now_wall: float) -> Held:
-    """What the ``held.warmpool.dev/<activator>`` annotations say (stale ones left out)."""
+    """What the ``held.warmpool.dev/<activator>`` annotations say.  Stale ones are left out; bad
+    ones too, and listed: a value not in the contract's format, a count above its bound, or a time
+    later than this operator's clock plus HELD_CLOCK_SKEW_SECONDS (another pod's clock never keeps
+    a count fresh)."""
     bound = hold_timeout_seconds + STALE_GRACE_SECONDS
     total = replicas = 0
     trace: str | None = None
+    ignored: list[IgnoredHeld] = []
     for key in sorted(annotations):
-        parsed = parse_held(annotations[key]) if key.startswith(HELD_ANNOTATION_PREFIX) else None
-        if parsed is None or parsed[0] == 0 or now_wall - parsed[1] > bound:
+        if not key.startswith(HELD_ANNOTATION_PREFIX):
             continue
-        total += parsed[0]
+        value = annotations[key]
+        try:
+            held = read_held(value)
+        except BadHeldValue as error:
+            ignored.append(IgnoredHeld(key, str(value), str(error)))
+            continue
+        if held.written - now_wall > HELD_CLOCK_SKEW_SECONDS:
+            ignored.append(IgnoredHeld(key, str(value), f"its time is {held.written - now_wall:.0f}s ahead of the "
+                                       f"operator's clock (at most {HELD_CLOCK_SKEW_SECONDS}s is believed)"))
+            continue
+        if held.requests == 0 or now_wall - held.written > bound:
+            continue
+        total += held.requests
         replicas += 1
-        trace = trace or parsed[2]
-    return Held(total, replicas, trace)
+        trace = trace or held.trace
+    return Held(total, replicas, trace, tuple(ignored))
 
 
 @dataclass(frozen=True)
