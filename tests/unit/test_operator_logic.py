@@ -15,6 +15,7 @@ from warmpool_operator.rules.observation import ColdStarts, PodObservation
 from warmpool.contract.api import CONDITION_TYPES, Tier
 from warmpool.contract.files import HEATMAP_FORMAT
 from warmpool.contract.metrics import (
+    METRIC_ENGINE_BATCH_FINISHED,
     METRIC_LAYER_HEAT,
     METRIC_LAYERS_RESIDENT,
     METRIC_LAYERS_TOTAL,
@@ -22,6 +23,7 @@ from warmpool.contract.metrics import (
     METRIC_MODEL_INFO,
     METRIC_PHASE_DURATION,
     METRIC_READY,
+    METRIC_REQUEST_PROMPT_TOKENS,
     METRIC_TIER,
 )
 from warmpool.tiering import Thresholds
@@ -241,3 +243,19 @@ def test_heat_aggregation_is_rate_limited_and_per_digest() -> None:
     from warmpool.heatmap import HeatMap
 
     assert HeatMap.from_json(doc).heat == {0: 11.0, 3: 5.0}  # the worker reads what we write
+
+
+def test_labels_in_other_scripts_digits_or_pythons_loose_forms_are_garbage() -> None:
+    """int() and float() take Arabic-Indic and fullwidth digits, "+1", " 1" and "1_0"; a worker's
+    labels are read by the strict ASCII grammar (warmpool/contract/numerals.py) instead."""
+    loose = ["\u0663", "\uff13", " 3", "+3", "3_0", "\u00b2"]
+    lines = [f'{METRIC_LAYER_HEAT}{{layer="{label}"}} 5' for label in loose]
+    lines += [f'{METRIC_REQUEST_PROMPT_TOKENS}_bucket{{le="{label}"}} 7' for label in [*loose, "nan", "infinity"]]
+    lines += [f'{METRIC_ENGINE_BATCH_FINISHED}{{batch="{label}"}} 9' for label in loose]
+    lines += [f'{METRIC_LAYER_HEAT}{{layer="2"}} 1', f'{METRIC_REQUEST_PROMPT_TOKENS}_bucket{{le="1e+06"}} 2',
+              f'{METRIC_REQUEST_PROMPT_TOKENS}_bucket{{le="+Inf"}} 3', f'{METRIC_ENGINE_BATCH_FINISHED}{{batch="1"}} 4']
+    s = scrape.parse_metrics(body(0.5, extra="\n".join(lines) + "\n"))
+    assert s.ok
+    assert s.heat == {2: 1.0}
+    assert s.prompt_buckets == {1e6: 2.0, float("inf"): 3.0}
+    assert s.batch_finished == {1: 4.0}

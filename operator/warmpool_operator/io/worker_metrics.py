@@ -53,6 +53,7 @@ from warmpool.contract.metrics import (
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
 )
+from warmpool.contract.numerals import NumeralError, ascii_int_or_none, parse_ascii_decimal
 from warmpool.tiering import clean_ratio
 from warmpool_operator.model import Sample
 
@@ -62,6 +63,8 @@ METRIC_PREFIX = "warmpool_"
 #: Most layers a model can report (the largest checkpoints have ~130): a sanity bound on
 #: layer counts and indices, so a number like 1e300 never becomes a 300-digit integer.
 MAX_LAYERS = 100_000
+#: How the text format writes an unbounded histogram bucket's ``le``.
+PROMETHEUS_INF = "+Inf"
 #: Largest per-layer heat kept: a sum over every pod of a pool stays finite (no ``inf``).
 MAX_LAYER_HEAT = 1e15
 
@@ -90,21 +93,18 @@ def _layer_count(value: float) -> int:
 
 
 def _layer_index(text: str) -> int | None:
-    """A layer index (or count) from a label: a plain integer in ``[0, MAX_LAYERS]``, else None."""
-    try:
-        number = int(text)
-    except ValueError:
-        return None
-    return number if 0 <= number <= MAX_LAYERS else None
+    """A layer index (or count) from a label: ASCII digits in ``[0, MAX_LAYERS]``, else None."""
+    return ascii_int_or_none(text, MAX_LAYERS)
 
 
 def _bucket_bound(text: str) -> float | None:
     """A histogram bucket's ``le`` bound (``+Inf`` included), None for garbage."""
+    if text == PROMETHEUS_INF:
+        return math.inf
     try:
-        bound = float(text)
-    except ValueError:
+        return parse_ascii_decimal(text, minimum=0.0)
+    except NumeralError:
         return None
-    return bound if bound >= 0 else None
 
 
 @dataclass
@@ -183,7 +183,8 @@ def _read(reading: _Reading, name: str, labels: Mapping[str, str], value: float,
 
 def _batch_edge(label: str) -> int | None:
     """A batch-size bucket label, when it is one of the contract's edges (anything else is garbage)."""
-    return int(label) if label.isascii() and label.isdigit() and int(label) in BATCH_SIZE_EDGES else None
+    edge = ascii_int_or_none(label, max(BATCH_SIZE_EDGES))
+    return edge if edge in BATCH_SIZE_EDGES else None
 
 
 def parse_metrics(text: str) -> Sample:
