@@ -28,6 +28,7 @@ import urllib.parse
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 
+from warmpool.contract.numerals import ascii_int_or_none
 from warmpool_nodecache.netguard import AddressPolicy, resolve
 from warmpool_nodecache.source_errors import SourceError, SourceLimitError
 
@@ -35,6 +36,8 @@ MIB = 1024 * 1024
 #: Bytes of an error answer read, then dropped (its text never reaches a status).
 ERROR_BODY_BYTES = 64 * 1024
 _CHUNK = 256 * 1024
+#: The largest Content-Length believed (a signed 64-bit byte count); the caps apply below it.
+MAX_CONTENT_LENGTH = 2**63 - 1
 
 
 class SourceUnreachableError(SourceError):
@@ -171,11 +174,17 @@ class _PinnedHTTPS(_PinnedHTTP):
         self.watchdog.watch(self.sock)  # the TLS socket owns the descriptor now
 
 
+def content_length(header: str | None) -> int | None:
+    """A Content-Length in ASCII digits, else None (unknown).  A server's header is a stranger's
+    text: "\u00b2" passes str.isdigit() and then int() raises, and int() takes " 12" and "+12"."""
+    return ascii_int_or_none(header, MAX_CONTENT_LENGTH)
+
+
 def _read_body(response: http.client.HTTPResponse, cap: int, wanted: bool, what: str) -> bytes:
     """A wanted answer's body, refused past ``cap`` bytes; any other's cut at ERROR_BODY_BYTES."""
     limit = cap if wanted else ERROR_BODY_BYTES
     length = response.getheader("Content-Length")
-    known = int(length) if length is not None and length.strip().isdigit() else None
+    known = content_length(length)
     if wanted and known is not None and known > cap:
         raise SourceLimitError(f"{what}: the answer is larger than the {cap}-byte limit; not read")
     if wanted and known is not None:

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from warmpool.contract.files import MANIFEST_FILENAME
-from warmpool_nodecache.http_exchange import ReadLimits, Reply, SourceUnreachableError, exchange, parse_url
+from warmpool_nodecache.http_exchange import (
+    ReadLimits,
+    Reply,
+    SourceUnreachableError,
+    content_length,
+    exchange,
+    parse_url,
+)
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.source_errors import SourceError, SourceLimitError, SourceMissingError
 
@@ -107,10 +114,10 @@ class HttpSource:
         return self._request("GET", MANIFEST_FILENAME, {}, self.config.limits.max_manifest_bytes).body
 
     def size(self, path: str) -> int:
-        length = self._request("HEAD", path, {}, 0).headers.get("content-length")
-        if length is None or not length.isdigit():
-            raise SourceError(f"{self._url(path)}: HEAD gave no Content-Length")
-        return int(length)
+        length = content_length(self._request("HEAD", path, {}, 0).headers.get("content-length"))
+        if length is None:
+            raise SourceError(f"{self._url(path)}: HEAD gave no Content-Length in ASCII digits")
+        return length
 
     def fetch_range(self, path: str, offset: int, length: int) -> bytes:
         if length <= 0:

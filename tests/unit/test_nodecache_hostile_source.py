@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,16 @@ from warmpool_nodecache.netguard import AddressPolicy, AddressRefusedError
 from warmpool_nodecache.s3 import S3Credentials, S3Source, S3SourceConfig
 from warmpool_nodecache.source import HttpSource, HttpSourceConfig, ReadLimits, SourceError, SourceLimitError
 
-from tests.support.hostile_server import SECRET, HostileServer, endless, fixed, hostile_server, redirect, trickle
+from tests.support.hostile_server import (
+    SECRET,
+    Behaviour,
+    HostileServer,
+    endless,
+    fixed,
+    hostile_server,
+    redirect,
+    trickle,
+)
 from warmpool.contract.files import MANIFEST_FILENAME
 
 pytestmark = pytest.mark.unit
@@ -241,3 +251,31 @@ def test_the_limits_are_checked(tmp_path: Path) -> None:
 
         with pytest.raises(ManifestError, match="block_size 131072 is above the 65536-byte limit"):
             asyncio.run(read_manifest(_http(server.url), LIMITS))
+
+
+def _declaring(length: str, body: bytes) -> Behaviour:
+    """A 200 declaring the Content-Length ``length`` (sent as is), then ``body`` and the end of the connection."""
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", length)
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        if handler.command == "GET":
+            handler.wfile.write(body)
+
+    return answer
+
+
+# A header arrives as Latin-1, its spaces trimmed: of the other scripts' digits, only these reach the reader.
+@pytest.mark.parametrize("length", ["\u00b2", "1\u00b3", "+12", "1_2", "0x10", "9" * 5000])
+def test_a_content_length_not_in_ascii_digits_is_no_length(hostile: HostileServer, length: str) -> None:
+    """A "\u00b2" passes str.isdigit() and then int() raised out of the reader; int() took the rest."""
+    hostile.state.routes["/m/w.bin"] = _declaring(length, b"")
+    with pytest.raises(SourceError, match="HEAD gave no Content-Length in ASCII digits"):
+        _http(f"{hostile.url}/m").size("w.bin")
+
+
+def test_a_body_under_a_content_length_of_other_digits_is_read_to_its_end_under_the_cap(hostile: HostileServer) -> None:
+    hostile.state.routes[f"/m/{MANIFEST_FILENAME}"] = _declaring("\u00b2", b"{}")
+    assert _http(f"{hostile.url}/m").fetch_manifest() == b"{}"
