@@ -192,3 +192,11 @@ def test_accounted_pid_outside_tree() -> None:
 def test_bad_capacity() -> None:
     with pytest.raises(ValueError):
         ConfiguredCapacityProbe(0)
+
+
+@pytest.mark.parametrize(("device", "visible"), [("cuda:\u00b2", "0"), ("cuda:0", "\u00b2"), ("cuda:\u0661", "\uff11")])
+def test_device_numbers_in_other_scripts_digits_are_not_read(monkeypatch: pytest.MonkeyPatch, device: str,
+                                                              visible: str) -> None:
+    """A "\u00b2" passed str.isdigit() and int() then raised: the worker did not start."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert make_probe(device) is not None

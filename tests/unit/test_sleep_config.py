@@ -13,7 +13,8 @@ def test_levels_accepted(raw: object) -> None:
     assert parse_level(raw) == int(str(raw))
 
 
-@pytest.mark.parametrize("raw", [0, 3, True, None, "deep", 1.5, 1.0, "", [1]])
+@pytest.mark.parametrize("raw", [0, 3, True, None, "deep", 1.5, 1.0, "", [1],
+                                 "\u00b2", "\u0661", "\uff11", "+1", "01x", "9" * 5000])
 def test_bad_level_is_a_400_naming_level(raw: object) -> None:
     with pytest.raises(BadRequest) as caught:
         parse_level(raw)

@@ -93,5 +93,6 @@ def test_an_explicit_omp_num_threads_is_kept_and_garbage_ignored(tmp_path: Path)
     proc = _proc_self_cgroup(tmp_path, "0::/")
     assert choose_threads(None, root, proc, {"OMP_NUM_THREADS": "3"}) == ThreadChoice(3, "OMP_NUM_THREADS=3")
     assert choose_threads(2, root, proc, {"OMP_NUM_THREADS": "3"}).source == "--threads"
-    for garbage in ("zero", "0", "-2", "1.5"):
+    # "\u00b2" passed str.isdigit() and int() then raised: the worker did not start.
+    for garbage in ("zero", "0", "-2", "1.5", "\u00b2", "\u0663", "\uff13", "+3", "3_0", "9" * 5000):
         assert choose_threads(None, root, proc, {"OMP_NUM_THREADS": garbage}).threads == 1  # the cgroup's

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmpool.contract.numerals import ascii_int_or_none, shown
+
 log = logging.getLogger(__name__)
 
 #: Where cgroup v2 is mounted (inside a container: the container's own cgroup).
@@ -31,6 +33,8 @@ PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 CPU_MAX_FILE = "cpu.max"
 #: The OpenMP variable torch reads at start-up: set explicitly, it is a choice we keep.
 OMP_ENV = "OMP_NUM_THREADS"
+#: The most threads an OMP_NUM_THREADS may ask for (far more cores than any node has).
+MAX_THREADS = 4096
 
 
 def threads_from_cpu_max(cpu_max: str | None, cpu_count: int) -> int:
@@ -126,7 +130,8 @@ def choose_threads(requested: int | None, root: Path = CGROUP_ROOT,
         return ThreadChoice(requested, "--threads")
     omp = environ.get(OMP_ENV, "").strip()
     if omp:
-        if omp.isdigit() and int(omp) > 0:
-            return ThreadChoice(int(omp), f"{OMP_ENV}={omp}")
-        log.warning("ignoring %s=%r: not a positive integer", OMP_ENV, omp)
+        threads = ascii_int_or_none(omp, MAX_THREADS, minimum=1)
+        if threads is not None:
+            return ThreadChoice(threads, f"{OMP_ENV}={omp}")
+        log.warning("ignoring %s=%s: not a whole number in [1, %d] in ASCII digits", OMP_ENV, shown(omp), MAX_THREADS)
     return cgroup_threads(available_cpus(), root, proc_self_cgroup)

@@ -34,7 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from warmpool.contract.numerals import ascii_int_or_none
+
 log = logging.getLogger(__name__)
+#: The largest device number read from ``cuda:N`` or CUDA_VISIBLE_DEVICES; anything else (a GPU
+#: UUID, other scripts' digits) leaves the index as it was.
+MAX_DEVICE_INDEX = 1023
 
 
 @dataclass(frozen=True)
@@ -302,7 +307,7 @@ class ChainProbe:
 
 def _cuda_index(device: str) -> int:
     _, _, index = device.partition(":")
-    return int(index) if index.isdigit() else 0
+    return ascii_int_or_none(index, MAX_DEVICE_INDEX) or 0
 
 
 def make_probe(
@@ -316,7 +321,8 @@ def make_probe(
         index = _cuda_index(device)
         # NVML numbers devices physically; CUDA_VISIBLE_DEVICES may renumber them for torch
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-        nvml_index = int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
+        physical = ascii_int_or_none(visible[index].strip(), MAX_DEVICE_INDEX) if index < len(visible) else None
+        nvml_index = index if physical is None else physical
         steps.append(NvmlProbe(nvml_index).read)
         steps.append(lambda: torch_cuda_reading(index))
     steps.append(cgroup_reading)

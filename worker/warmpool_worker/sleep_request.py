@@ -9,16 +9,16 @@ from aiohttp import web
 from warmpool_worker.http_app import BadRequest
 
 from warmpool.contract.http import CONTROL_FIELD_SLEEP_LEVEL, SLEEP_LEVELS
+from warmpool.contract.numerals import ascii_int_or_none, shown
 
 
 def parse_level(raw: object) -> int:
     """A sleep level from a body or a query (1 or 2), or a 400 naming the field."""
-    if isinstance(raw, str) and raw.strip().isdigit():
-        raw = int(raw)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw not in SLEEP_LEVELS:
-        raise BadRequest(400, f"{CONTROL_FIELD_SLEEP_LEVEL} must be one of {list(SLEEP_LEVELS)}, got {raw!r}",
+    level = ascii_int_or_none(raw, max(SLEEP_LEVELS)) if isinstance(raw, str) else raw
+    if isinstance(level, bool) or not isinstance(level, int) or level not in SLEEP_LEVELS:
+        raise BadRequest(400, f"{CONTROL_FIELD_SLEEP_LEVEL} must be one of {list(SLEEP_LEVELS)}, got {shown(raw)}",
                          param=CONTROL_FIELD_SLEEP_LEVEL)
-    return raw
+    return level
 
 
 async def requested_level(request: web.Request) -> int:
