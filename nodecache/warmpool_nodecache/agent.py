@@ -33,8 +33,10 @@ from warmpool_nodecache.spec import DEFAULT_POLICY, credentials_from_secret_data
 from warmpool_nodecache.trust import DomainBlocks
 
 #: A decoder layer's tensor names ("model.layers.7.mlp..."): the same families the worker's
-#: prefetch knows (warmpool_worker.prefetch, which the agent's image does not ship).
-_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
+#: prefetch knows (warmpool_worker.prefetch, which the agent's image does not ship).  The index is
+#: ASCII digits, at most five (the operator's bound on layers): names come from a tenant's file,
+#: and "layers.99999999999." made the layer order a list of a hundred billion layers.
+_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.([0-9]{1,5})\.", re.ASCII)
 #: A safetensors header larger than this is refused (the format's own readers cap it alike).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 

@@ -91,6 +91,18 @@ def test_a_header_running_past_the_first_block_is_reported_as_such(model: Path) 
         agent.safetensors_header((2**40).to_bytes(8, "little") + b"{}", "x")
 
 
+def test_a_tensor_name_cannot_size_the_layer_order() -> None:
+    """A tenant's checkpoint names its tensors: "layers.99999999999." made the layer order (a list
+    of every index) a hundred billion long, past 4,300 digits int() raised, and other scripts'
+    digits were read as indices.  Such tensors are no layer's (they are fetched as core bytes)."""
+    span = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+    header = {"__data_start__": 8, "model.layers.1.w": span, "model.layers.99999999999.w": span,
+              "model.layers." + "9" * 5000 + ".w": span, "model.layers.\u0663.w": span}
+    num_layers, ranges = agent.layer_ranges({"m.safetensors": header})
+    assert (num_layers, sorted(ranges)) == (2, [1])
+    assert len(agent.core_spans({"m.safetensors": header})) == 3
+
+
 def test_cached_bytes_counts_the_blocks_present_that_the_namespace_verified(model: Path, tmp_path: Path) -> None:
     from warmpool_nodecache.trust import DomainBlocks
 

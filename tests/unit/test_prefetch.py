@@ -78,6 +78,15 @@ def test_layer_of_common_families() -> None:
     assert layer_of("lm_head.weight") is None
 
 
+@pytest.mark.parametrize("name", ["model.layers.\u0663.mlp.weight", "model.layers.\uff13.mlp.weight",
+                                  "model.layers.123456.mlp.weight", "model.layers." + "9" * 5000 + ".mlp.weight"])
+def test_a_layer_index_is_at_most_five_ascii_digits(name: str) -> None:
+    """Tensor names come from a tenant's checkpoint: other scripts' digits are not an index, and a
+    huge one is not a layer (int() raised past 4,300 digits; smaller ones sized the layer order)."""
+    assert layer_of(name) is None
+    assert layer_of("model.layers.99999.mlp.weight") == 99999
+
+
 def test_map_covers_every_byte_by_layer(tmp_path: Path) -> None:
     model = make_checkpoint(tmp_path / "m", shards=2)
     weights = map_weights(model)

@@ -63,8 +63,9 @@ ADVISE_STEP_BYTES = 256 * 1024
 #: Weight files that are not safetensors but worth prefetching whole (llama.cpp's format).
 WHOLE_FILE_SUFFIXES = (".gguf",)
 #: A decoder layer's index in a tensor name, for the common families (Llama `model.layers.N.`,
-#: GPT-2/Falcon `transformer.h.N.`, MPT/others `blocks.N.`).
-_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
+#: GPT-2/Falcon `transformer.h.N.`, MPT/others `blocks.N.`); N in ASCII digits, at most five (the
+#: operator's bound on layers), as the node agent reads it (warmpool_nodecache.agent).
+_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.([0-9]{1,5})\.", re.ASCII)
 
 CORE = "core"
 
