@@ -3,12 +3,15 @@ digits only, within bounds, finite; everything else a NumeralError saying what i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from warmpool.contract.numerals import (
     MAX_INTEGER_DIGITS,
     NumeralError,
     ascii_int_or_none,
+    bucket_bound,
     parse_ascii_decimal,
     parse_ascii_int,
     shown,
@@ -84,3 +87,8 @@ def test_a_message_repeats_a_strangers_text_escaped_and_short() -> None:
     assert shown("\u00b2") == "'\\xb2'"
     assert shown("x" * 1000).endswith("...") and len(shown("x" * 1000)) < 110
     assert "\n" not in shown("1\n2")
+
+
+def test_a_histogram_bound_is_plus_inf_or_a_plain_non_negative_decimal() -> None:
+    assert [bucket_bound(text) for text in ("+Inf", "0.5", "1e+06", "0")] == [math.inf, 0.5, 1e6, 0.0]
+    assert [bucket_bound(text) for text in ("inf", "Inf", "nan", "-1", "\u0663", "1_0", " 1", None)] == [None] * 8

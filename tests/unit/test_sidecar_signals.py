@@ -155,3 +155,18 @@ def test_the_builtin_worker_observes_tokens_per_request_at_the_contracts_edges()
 def test_token_edges_are_the_graph_friendly_sizes() -> None:
     expected = sorted({1 << shift for shift in range(4, 18)} | {3 << shift for shift in range(3, 16)})
     assert list(TOKEN_LENGTH_EDGES) == expected
+
+
+@pytest.mark.parametrize("bound", ["\u0663", "\uff13", "3_0", "nan", "infinity", "-3"])
+def test_an_engine_bucket_bound_not_in_plain_ascii_is_left_out(bound: str) -> None:
+    """float() took other scripts' digits, "3_0", "nan" and "infinity" as bounds."""
+
+    def histogram(extra: str) -> object:
+        text = ('vllm:request_prompt_tokens_bucket{le="100.0"} 1\n' + extra
+                + 'vllm:request_prompt_tokens_bucket{le="+Inf"} 2\n'
+                'vllm:request_prompt_tokens_count 2\nvllm:request_prompt_tokens_sum 300\n')
+        return parse_metrics(text).signals.prompt_lengths
+
+    plain = histogram("")
+    assert plain is not None
+    assert histogram(f'vllm:request_prompt_tokens_bucket{{le="{bound}"}} 2\n') == plain

@@ -21,6 +21,8 @@ import re
 MAX_INTEGER_DIGITS = 19
 #: Characters of a decimal's text: more than any finite double needs in plain notation.
 MAX_DECIMAL_CHARS = 64
+#: How the Prometheus text format writes an unbounded histogram bucket's ``le``.
+PROMETHEUS_INF = "+Inf"
 #: The most of a refused text a message repeats (a stranger's text; room for a held value with its trace).
 _SHOWN_CHARS = 100
 
@@ -70,3 +72,14 @@ def parse_ascii_decimal(text: object, minimum: float = -math.inf, maximum: float
     if not minimum <= number <= maximum:
         raise NumeralError(f"{number:g} is outside [{minimum:g}, {maximum:g}]")
     return number
+
+
+def bucket_bound(text: object) -> float | None:
+    """A Prometheus histogram bucket's ``le`` label: PROMETHEUS_INF, or a non-negative plain decimal;
+    None for anything else ("nan", "inf", "1_0", other scripts' digits)."""
+    if text == PROMETHEUS_INF:
+        return math.inf
+    try:
+        return parse_ascii_decimal(text, minimum=0.0)
+    except NumeralError:
+        return None

@@ -55,6 +55,7 @@ from warmpool.contract.metrics import (
     METRIC_REQUESTS_QUEUED,
     METRIC_REQUESTS_TOTAL,
 )
+from warmpool.contract.numerals import bucket_bound
 
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # -> METRIC_GENERATED_TOKENS
 VLLM_GENERATION_TOKENS_HISTOGRAM = "vllm:request_generation_tokens"  # -> METRIC_REQUEST_GENERATED_TOKENS
@@ -107,9 +108,8 @@ class _HistogramParts:
     def add(self, suffix: str, sample: Sample) -> None:
         value = float(sample.value)
         if suffix == "_bucket":
-            try:
-                le = float(sample.labels.get("le", ""))
-            except ValueError:
+            le = bucket_bound(sample.labels.get("le", ""))
+            if le is None:
                 return  # a bucket without a readable bound is garbage: the histogram is refused below
             self.buckets[le] = self.buckets.get(le, 0.0) + value
         elif suffix == "_count":

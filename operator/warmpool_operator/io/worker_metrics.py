@@ -53,7 +53,7 @@ from warmpool.contract.metrics import (
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
 )
-from warmpool.contract.numerals import NumeralError, ascii_int_or_none, parse_ascii_decimal
+from warmpool.contract.numerals import ascii_int_or_none, bucket_bound
 from warmpool.tiering import clean_ratio
 from warmpool_operator.model import Sample
 
@@ -63,8 +63,6 @@ METRIC_PREFIX = "warmpool_"
 #: Most layers a model can report (the largest checkpoints have ~130): a sanity bound on
 #: layer counts and indices, so a number like 1e300 never becomes a 300-digit integer.
 MAX_LAYERS = 100_000
-#: How the text format writes an unbounded histogram bucket's ``le``.
-PROMETHEUS_INF = "+Inf"
 #: Largest per-layer heat kept: a sum over every pod of a pool stays finite (no ``inf``).
 MAX_LAYER_HEAT = 1e15
 
@@ -95,16 +93,6 @@ def _layer_count(value: float) -> int:
 def _layer_index(text: str) -> int | None:
     """A layer index (or count) from a label: ASCII digits in ``[0, MAX_LAYERS]``, else None."""
     return ascii_int_or_none(text, MAX_LAYERS)
-
-
-def _bucket_bound(text: str) -> float | None:
-    """A histogram bucket's ``le`` bound (``+Inf`` included), None for garbage."""
-    if text == PROMETHEUS_INF:
-        return math.inf
-    try:
-        return parse_ascii_decimal(text, minimum=0.0)
-    except NumeralError:
-        return None
 
 
 @dataclass
@@ -159,7 +147,7 @@ def _read(reading: _Reading, name: str, labels: Mapping[str, str], value: float,
     elif name == METRIC_REQUESTS_IN_FLIGHT and _finite(value):
         reading.sample.requests_in_flight = max(0.0, value)
     elif name == METRIC_REQUEST_PROMPT_TOKENS + "_bucket" and _non_negative(value):
-        bound = _bucket_bound(labels.get("le", ""))
+        bound = bucket_bound(labels.get("le", ""))
         if bound is not None:
             reading.sample.prompt_buckets[bound] = value
     elif name == METRIC_REQUEST_PROMPT_TOKENS + "_count" and _non_negative(value):
@@ -172,7 +160,7 @@ def _read(reading: _Reading, name: str, labels: Mapping[str, str], value: float,
             seconds = name == METRIC_ENGINE_BATCH_SECONDS
             (reading.sample.batch_seconds if seconds else reading.sample.batch_finished)[edge] = value
     elif name == METRIC_WAKE_DURATION + "_bucket" and _non_negative(value):
-        bound = _bucket_bound(labels.get("le", ""))
+        bound = bucket_bound(labels.get("le", ""))
         if bound is not None:
             reading.sample.wake_buckets[bound] = value
     elif name == METRIC_MODEL_INFO and value == 1:
