@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kopf
 import pytest
 from warmpool_operator.api import types as api
 from warmpool_operator.control import zero as zero_step
@@ -255,3 +256,24 @@ def test_pods_turned_ready_are_routed_first_only_for_a_pool_that_left_zero() -> 
     assert zero_step.ready_first(target, zero_step.ZeroMemory(), refs, pods) == []
     plain = api.parse_spec({"model": {"hostPath": {"path": "/models/m"}}})
     assert zero_step.ready_first(Target(name="m", namespace="ns", spec=plain), left, refs, pods) == []
+
+
+def test_each_bad_held_value_is_announced_once_and_a_clock_ahead_once_while_it_stays_ahead(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    warned: list[str] = []
+    # kopf posts Events from its own handler context only; here the message is what counts.
+    monkeypatch.setattr(kopf, "event", lambda *_, message, **__: warned.append(message))
+    memory, owner = zero_step.ZeroMemory(), {"metadata": {"name": "m", "namespace": "ns"}}
+    skewed, garbled = held_annotation("skewed"), held_annotation("garbled")
+
+    def passes(*values: tuple[str, str, float]) -> None:
+        for key, value, now in values:
+            zero_step.announce_ignored(memory, owner, zero.held_requests({key: value}, 60, now).ignored)
+
+    ahead = HELD_CLOCK_SKEW_SECONDS + 30
+    # The skewed activator rewrites its value every few seconds, each time ahead: one Event.
+    passes(*((skewed, held_value(1, NOW + step + ahead), NOW + step) for step in range(0, 60, 10)))
+    assert len(warned) == 1 and skewed in warned[0] and "ahead of the operator's clock" in warned[0]
+    # Garbage: one Event per distinct value, however many passes see it.
+    passes((garbled, "\u00b2 1", NOW), (garbled, "\u00b2 1", NOW), (garbled, "\u00b3 1", NOW))
+    assert len(warned) == 3 and all(garbled in message for message in warned[1:])

@@ -82,8 +82,8 @@ class ZeroMemory:
     #: the pod template's cold-start trace written when the pool last left zero, until it goes
     #: back: a later pass (its cache not yet showing the write, or the oldest hold gone) keeps it
     cold_start_stamp: str | None = None
-    #: the bad held annotations (key, value) already announced: one Warning Event per distinct
-    #: value, and only those still present are kept (the set stays as small as the annotations)
+    #: the bad held annotations already announced (``IgnoredHeld.news``): one Warning Event per
+    #: distinct bad value, and only those still present are kept (as small as the annotations)
     announced_ignored: frozenset[tuple[str, str]] = frozenset()
 
     def settling(self, now: float) -> bool:
@@ -187,11 +187,12 @@ def decide(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: O
 
 def announce_ignored(memory: ZeroMemory, owner: Mapping[str, Any], ignored: Sequence[zero.IgnoredHeld]) -> None:
     """A Warning Event for each bad held annotation value not announced before: the key, and why
-    it was not counted (the admission policy refuses such values too; one that got past it, or an
-    activator whose clock runs far ahead, costs one Event per value, not one per pass)."""
-    present = frozenset((bad.key, bad.value) for bad in ignored)
+    it was not counted (the admission policy refuses such values too; one that got past it costs
+    one Event per value, and an activator whose clock runs far ahead one while it stays ahead, not
+    one per pass or per rewrite)."""
+    present = frozenset(bad.news for bad in ignored)
     for bad in ignored:
-        if (bad.key, bad.value) not in memory.announced_ignored:
+        if bad.news not in memory.announced_ignored:
             _event(owner, zero.REASON_HELD_IGNORED, f"annotation {bad.key} not counted: {bad.why}", type_="Warning")
     memory.announced_ignored = present
 

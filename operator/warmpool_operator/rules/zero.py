@@ -58,6 +58,14 @@ class IgnoredHeld:
     key: str
     value: str
     why: str
+    #: its time is ahead of the operator's clock (the activator rewrites it every few seconds, each
+    #: time with a new time: the same news until it is no longer ahead)
+    ahead: bool = False
+
+    @property
+    def news(self) -> tuple[str, str]:
+        """What makes two of them the same news (one Event each)."""
+        return (self.key, "<ahead of the clock>" if self.ahead else self.value)
 
 
 @dataclass(frozen=True)
@@ -93,8 +101,9 @@ def held_requests(annotations: Mapping[str, Any], hold_timeout_seconds: float, n
             ignored.append(IgnoredHeld(key, str(value), str(error)))
             continue
         if held.written - now_wall > HELD_CLOCK_SKEW_SECONDS:
-            ignored.append(IgnoredHeld(key, str(value), f"its time is {held.written - now_wall:.0f}s ahead of the "
-                                       f"operator's clock (at most {HELD_CLOCK_SKEW_SECONDS}s is believed)"))
+            why = (f"its time is {held.written - now_wall:.0f}s ahead of the operator's clock (at most "
+                   f"{HELD_CLOCK_SKEW_SECONDS}s is believed)")
+            ignored.append(IgnoredHeld(key, str(value), why, ahead=True))
             continue
         if held.requests == 0 or now_wall - held.written > bound:
             continue
