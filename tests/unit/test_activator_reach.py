@@ -1,0 +1,100 @@
+"""The activator's reading of NetworkPolicies (activator/reach.py): a caller passes only where the
+pool's namespace's policies would let it open the pool's worker port directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from warmpool_operator.activator.callers import Callers
+from warmpool_operator.activator.reach import Caller, Target, admits, selector_matches
+from warmpool_operator.rules.builders import pod_labels
+
+from warmpool.contract.http import DEFAULT_WORKER_PORT, WORKER_PORT_NAME
+
+pytestmark = pytest.mark.unit
+
+POOL = Target("team-b", pod_labels("m"), DEFAULT_WORKER_PORT, WORKER_PORT_NAME)
+SAME = Caller("10.0.0.2", "team-b", {"app": "gateway"}, {"team": "b"})
+OTHER = Caller("10.0.0.3", "team-a", {"app": "gateway"}, {"team": "a"})
+STRANGER = Caller("192.0.2.9")
+
+
+def policy(ingress: list[dict[str, Any]] | None, selector: dict[str, Any] | None = None,
+           types: list[str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"podSelector": {} if selector is None else selector}
+    if ingress is not None:
+        spec["ingress"] = ingress
+    if types is not None:
+        spec["policyTypes"] = types
+    return {"spec": spec}
+
+
+def test_no_policy_selecting_the_pods_admits_everyone_as_kubernetes_does() -> None:
+    assert admits([], POOL, OTHER) and admits([], POOL, STRANGER)
+    other_pods = policy([], selector={"matchLabels": {"app": "db"}})
+    assert admits([other_pods], POOL, OTHER)
+    egress_only = policy(None, types=["Egress"])
+    assert admits([egress_only], POOL, OTHER)
+
+
+def test_a_selecting_policy_admits_only_its_peers_on_its_ports() -> None:
+    own_namespace = policy([{"from": [{"podSelector": {}}], "ports": [{"port": WORKER_PORT_NAME}]}])
+    assert admits([own_namespace], POOL, SAME)
+    assert not admits([own_namespace], POOL, OTHER)
+    assert not admits([own_namespace], POOL, STRANGER)
+    deny_all = policy([])
+    assert not admits([deny_all], POOL, SAME)
+    other_port = policy([{"from": [{"podSelector": {}}], "ports": [{"port": 9090}]}])
+    assert not admits([other_port], POOL, SAME)
+    port_range = policy([{"ports": [{"port": 8000, "endPort": 8100}]}])
+    assert admits([port_range], POOL, OTHER)
+    udp = policy([{"ports": [{"port": DEFAULT_WORKER_PORT, "protocol": "UDP"}]}])
+    assert not admits([udp], POOL, OTHER)
+    # Policies add up: one that admits is enough.
+    assert admits([deny_all, own_namespace], POOL, SAME)
+
+
+def test_namespace_and_pod_selectors_and_ip_blocks() -> None:
+    team_a = policy([{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}])
+    assert admits([team_a], POOL, OTHER) and not admits([team_a], POOL, SAME)
+    team_a_gateways = policy([{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}},
+                                          "podSelector": {"matchLabels": {"app": "db"}}}]}])
+    assert not admits([team_a_gateways], POOL, OTHER)
+    block = policy([{"from": [{"ipBlock": {"cidr": "192.0.2.0/24", "except": ["192.0.2.9/32"]}}]}])
+    assert not admits([block], POOL, STRANGER)
+    assert admits([block], POOL, Caller("192.0.2.10"))
+    # A caller that is no pod we know matches no pod or namespace selector, even {}.
+    everyone_in_cluster = policy([{"from": [{"namespaceSelector": {}}]}])
+    assert admits([everyone_in_cluster], POOL, OTHER) and not admits([everyone_in_cluster], POOL, STRANGER)
+
+
+def test_the_node_is_always_admitted_and_unknown_selector_operators_match_nothing() -> None:
+    assert admits([policy([])], POOL, Caller("10.244.0.1", is_node=True))
+    assert selector_matches({"matchExpressions": [{"key": "app", "operator": "In", "values": ["gateway"]}]},
+                            {"app": "gateway"})
+    assert selector_matches({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["x"]}]}, {})
+    assert not selector_matches({"matchExpressions": [{"key": "app", "operator": "Exists"}]}, {})
+    assert selector_matches({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}, {})
+    assert not selector_matches({"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]},
+                                {"app": "2"})
+
+
+def test_callers_are_told_apart_by_the_pods_and_nodes_the_watches_bring() -> None:
+    callers = Callers()
+    callers.namespace("ADDED", {"metadata": {"name": "team-b", "labels": {"team": "b"}}})
+    callers.pod("ADDED", {"metadata": {"uid": "1", "namespace": "team-b", "labels": {"app": "gateway"}},
+                          "status": {"podIP": "10.0.0.2", "podIPs": [{"ip": "10.0.0.2"}]}})
+    # A hostNetwork pod has its node's address: it tells nothing about who calls from there.
+    callers.pod("ADDED", {"metadata": {"uid": "2", "namespace": "team-b", "labels": {}},
+                          "spec": {"hostNetwork": True}, "status": {"podIP": "10.244.0.1"}})
+    callers.node("ADDED", {"metadata": {"name": "n"}, "status": {"addresses": [
+        {"type": "InternalIP", "address": "10.244.0.1"}, {"type": "Hostname", "address": "n"}]}})
+    assert callers.caller("10.0.0.2") == Caller("10.0.0.2", "team-b", {"app": "gateway"}, {"team": "b"})
+    assert callers.caller("10.244.0.1").is_node and callers.namespace_of("10.244.0.1") is None
+    callers.pod("DELETED", {"metadata": {"uid": "1", "namespace": "team-b"}})
+    assert callers.caller("10.0.0.2") == Caller("10.0.0.2")
+    callers.network_policy("ADDED", {"metadata": {"uid": "p", "namespace": "team-b"}, **policy([])})
+    assert not callers.may_reach("10.0.0.2", POOL) and callers.may_reach("10.244.0.1", POOL)
+    callers.network_policy("DELETED", {"metadata": {"uid": "p", "namespace": "team-b"}})
+    assert callers.may_reach("10.0.0.2", POOL)
