@@ -28,6 +28,12 @@ DEFAULT_WORKER_PORT = 8080
 #: The worker container's port name, which its Service targets and the chart's NetworkPolicy opens.
 WORKER_PORT_NAME = "http"
 DEFAULT_ENGINE_HEALTH_PATH = "/health"
+#: The largest request body a worker accepts (aiohttp's default ``client_max_size``, which the
+#: worker's servers keep): the activator refuses a larger one with 413 before it holds anything.
+MAX_REQUEST_BODY_BYTES = 1024 * 1024
+#: The serving API, the only part of a worker anything but the operator is meant to reach: paths
+#: under it are what the activator forwards.
+SERVING_API_PREFIX = "/v1/"
 
 #: POST /control/tier: the bearer token's header and the body's keys ({"tier": "truncated", "ttl_seconds": 60}).
 CONTROL_TOKEN_HEADER = "Authorization"  # "Bearer <token>"
