@@ -2,7 +2,8 @@
 activator's own aiohttp server, a pod played by an aiohttp server), and its held counts written to
 a WarmModel on a real API server.  The pools are fed the watch events the real watches would bring
 (the API server refuses loopback addresses in an EndpointSlice; the watches themselves run in the
-real-node test, tests/e2e/test_e2e_zero.py)."""
+real-node test, tests/e2e/test_e2e_zero.py).  The tenancy checks (who may reach which pool, what is
+forwarded, the bounds) are in tests/integration/test_activator_tenancy.py."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.activator import proxy
 from warmpool_operator.activator.demand import Demand
-from warmpool_operator.activator.pools import Misdirected, Pools
+from warmpool_operator.activator.limits import RETRY_AFTER_SECONDS
+from warmpool_operator.activator.pools import NOT_A_POOL, Misdirected, Pools
 from warmpool_operator.io.tracing import Tracing
 
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
@@ -67,6 +69,21 @@ class Upstream:
         return response
 
 
+def owner_reference(wm: dict[str, Any]) -> dict[str, Any]:
+    """The owner reference the operator puts on a WarmModel's children."""
+    return {"apiVersion": API_GROUP_VERSION, "kind": KIND, "name": wm["metadata"]["name"],
+            "uid": wm["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def owned_service(wm: dict[str, Any], name: str, cluster_ip: str, owned: bool = True) -> dict[str, Any]:
+    """A WarmModel's Service as its watch event brings it (owned, unless said otherwise)."""
+    meta: dict[str, Any] = {"name": name, "namespace": wm["metadata"]["namespace"],
+                            "labels": {LABEL_MODEL: wm["metadata"]["name"]}}
+    if owned:
+        meta["ownerReferences"] = [owner_reference(wm)]
+    return {"metadata": meta, "spec": {"clusterIP": cluster_ip, "clusterIPs": [cluster_ip]}}
+
+
 async def _serve(app: web.Application, **options: Any) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(app, **options)
     await runner.setup()
@@ -86,17 +103,16 @@ class Rig:
         self.upstream = Upstream()
         self.runners: list[web.AppRunner] = []
 
-    async def start(self, scale_to_zero: dict[str, Any], tracing: Tracing | None = None) -> Rig:
+    async def start(self, scale_to_zero: dict[str, Any], tracing: Tracing | None = None,
+                    **activator_options: Any) -> Rig:
         body = {"apiVersion": API_GROUP_VERSION, "kind": KIND, "metadata": {"name": "m", "namespace": self.namespace},
                 "spec": {"model": {"hostPath": {"path": "/models/m"}},
                          "pool": {"replicas": 0, "minWarm": 0, "scaleToZero": scale_to_zero}}}
         self.wm = await self.client.request("POST", self._path(), body=body)
         self.pools.warmmodel("ADDED", self.wm)
-        self.pools.service("ADDED", {"metadata": {"name": "m", "namespace": self.namespace,
-                                                  "labels": {LABEL_MODEL: "m"}},
-                                     "spec": {"clusterIP": CLUSTER_IP, "clusterIPs": [CLUSTER_IP]}})
+        self.pools.service("ADDED", owned_service(self.wm, "m", CLUSTER_IP))
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False)
-        self.activator = proxy.Activator(self.pools, self.demand, self.session, tracing=tracing)
+        self.activator = proxy.Activator(self.pools, self.demand, self.session, tracing=tracing, **activator_options)
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self.activator.handle)
         runner, self.url = await _serve(app, handler_cancellation=True)
@@ -113,7 +129,8 @@ class Rig:
         """The operator's pods slice of the Service, as its watch event would bring it."""
         host_port = [u.removeprefix("http://").rsplit(":", 1) for u in urls]
         self.pools.endpoint_slice("MODIFIED", {
-            "metadata": {"name": "m-pods", "namespace": self.namespace, "labels": {LABEL_SERVICE_NAME: "m"}},
+            "metadata": {"name": "m-pods", "namespace": self.namespace, "labels": {LABEL_SERVICE_NAME: "m"},
+                         "ownerReferences": [owner_reference(self.wm)]},
             "ports": [{"name": "http", "port": int(host_port[0][1]) if host_port else 8000}],
             "endpoints": [{"addresses": [host], "conditions": {"ready": True}} for host, _ in host_port]})
 
@@ -158,29 +175,46 @@ async def rig(api_server: ClusterHandle) -> AsyncIterator[Rig]:
         await client.close()
 
 
-def test_a_request_is_resolved_by_the_services_cluster_ip_or_dns_name() -> None:
+def _warmmodel(namespace: str, name: str, scale_to_zero: bool = True) -> dict[str, Any]:
+    pool: dict[str, Any] = {"scaleToZero": {"afterIdleSeconds": 60}} if scale_to_zero else {}
+    return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}"},
+            "spec": {"pool": pool}}
+
+
+def test_a_request_is_resolved_by_the_services_cluster_ip_or_dns_name_and_refused_alike_otherwise() -> None:
     pools = Pools()
     for namespace in ("team-a", "team-b"):
-        pools.service("ADDED", {"metadata": {"name": "chat", "namespace": namespace, "labels": {LABEL_MODEL: "chat"}},
-                                "spec": {"clusterIP": f"10.96.0.{len(namespace)}"}})
-    pools.service("ADDED", {"metadata": {"name": "solo", "namespace": "team-a", "labels": {LABEL_MODEL: "solo"}},
-                            "spec": {"clusterIP": "10.96.1.1"}})
-    assert pools.resolve("10.96.1.1:8000") == ("team-a", "solo")
-    assert pools.resolve("chat.team-b") == ("team-b", "chat")
-    assert pools.resolve("CHAT.team-a.svc.cluster.local:80") == ("team-a", "chat")
-    assert pools.resolve("solo") == ("team-a", "solo")
-    with pytest.raises(Misdirected, match="in namespaces team-a, team-b"):
-        pools.resolve("chat")
-    with pytest.raises(Misdirected, match="no WarmModel Service 'chat' in namespace 'team-c'"):
-        pools.resolve("chat.team-c")
-    with pytest.raises(Misdirected, match="ClusterIP"):
-        pools.resolve("10.96.9.9")
-    with pytest.raises(Misdirected, match="no Host header"):
-        pools.resolve("")
+        wm = _warmmodel(namespace, "chat")
+        pools.warmmodel("ADDED", wm)
+        pools.service("ADDED", owned_service(wm, "chat", f"10.96.0.{len(namespace)}"))
+    solo = _warmmodel("team-a", "solo")
+    pools.warmmodel("ADDED", solo)
+    pools.service("ADDED", owned_service(solo, "solo", "10.96.1.1"))
+    plain = _warmmodel("team-a", "plain", scale_to_zero=False)
+    pools.warmmodel("ADDED", plain)
+    pools.service("ADDED", owned_service(plain, "plain", "10.96.1.2"))
+    # A Service anyone could make: the model's label, but no owner reference to the WarmModel.
+    pools.service("ADDED", owned_service(_warmmodel("team-a", "chat"), "forged", "10.96.1.3", owned=False))
+    assert pools.resolve("10.96.1.1:8000", None) == ("team-a", "solo")
+    assert pools.resolve("chat.team-b", "team-a") == ("team-b", "chat")
+    assert pools.resolve("CHAT.team-a.svc.cluster.local:80", None) == ("team-a", "chat")
+    # A bare name is looked up in the caller's own namespace, as cluster DNS would.
+    assert pools.resolve("chat", "team-b") == ("team-b", "chat")
+    assert pools.resolve("solo", "team-a") == ("team-a", "solo")
+    refused = ["chat", "solo.team-b", "chat.team-c", "10.96.9.9", "", "plain.team-a", "10.96.1.3",
+               "forged.team-a"]
+    answers = set()
+    for host in refused:
+        with pytest.raises(Misdirected) as raised:
+            pools.resolve(host, None if host == "chat" else "team-a")
+        answers.add(str(raised.value))
+    # One answer for every refusal: it names no namespace, Service or reason a stranger could map.
+    assert answers == {NOT_A_POOL}
+    assert "team-" not in NOT_A_POOL
     # A Service deleted: its name and address name nothing any more.
-    pools.service("DELETED", {"metadata": {"name": "solo", "namespace": "team-a", "labels": {LABEL_MODEL: "solo"}}})
+    pools.service("DELETED", owned_service(solo, "solo", "10.96.1.1"))
     with pytest.raises(Misdirected):
-        pools.resolve("10.96.1.1")
+        pools.resolve("10.96.1.1", None)
 
 
 async def test_a_held_request_is_counted_on_the_warmmodel_and_forwarded_once_a_pod_is_warm(rig: Rig) -> None:
@@ -205,7 +239,7 @@ async def test_a_held_request_is_counted_on_the_warmmodel_and_forwarded_once_a_p
     await rig.wait(removed, "the held annotation removed once nothing is held")
 
 
-async def test_with_tracing_on_the_hold_is_written_beside_its_count_and_the_forward_joins_the_clients_trace(
+async def test_with_tracing_on_the_hold_is_written_beside_its_count_and_never_carries_the_clients_trace(
         rig: Rig) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -232,12 +266,16 @@ async def test_with_tracing_on_the_hold_is_written_beside_its_count_and_the_forw
     assert set(spans) == {SPAN_HELD_REQUEST, SPAN_HOLD, SPAN_FORWARD}
     ids = {name: (f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}") for name, s in spans.items()}
     parents = {name: f"{s.parent.span_id:016x}" if s.parent else None for name, s in spans.items()}
-    # One trace, the client's: held_request under the client's span, the hold and the forward under it.
-    assert {trace_id for trace_id, _ in ids.values()} == {client_trace} == {hold_trace, forward_trace}
-    assert parents == {SPAN_HELD_REQUEST: client_span, SPAN_HOLD: ids[SPAN_HELD_REQUEST][1],
-                       SPAN_FORWARD: ids[SPAN_HELD_REQUEST][1]}
-    # What the operator reads is the hold; what the pod reads is the forward (the client's header replaced).
-    assert ids[SPAN_HOLD][1] == hold_span and ids[SPAN_FORWARD][1] == forward_span
+    # The request's own spans are the client's trace: held_request under the client's span, the
+    # forward under it, and the pod's side of the answer joins it (the client's header replaced).
+    assert ids[SPAN_HELD_REQUEST][0] == ids[SPAN_FORWARD][0] == client_trace == forward_trace
+    assert parents[SPAN_HELD_REQUEST] == client_span and parents[SPAN_FORWARD] == ids[SPAN_HELD_REQUEST][1]
+    assert ids[SPAN_FORWARD][1] == forward_span
+    # What the operator reads (and may stamp on a pod template) is never the client's trace: the hold
+    # is the root of a trace of the activator's own, linked to the request it holds.
+    assert hold_trace != client_trace and parents[SPAN_HOLD] is None
+    assert ids[SPAN_HOLD] == (hold_trace, hold_span)
+    assert [f"{link.context.span_id:016x}" for link in spans[SPAN_HOLD].links] == [ids[SPAN_HELD_REQUEST][1]]
     assert (spans[SPAN_HELD_REQUEST].attributes or {})[ATTR_OUTCOME] == 200
     assert (spans[SPAN_HELD_REQUEST].attributes or {})[ATTR_WARMMODEL] == f"{rig.namespace}/m"
 
@@ -251,7 +289,7 @@ async def test_past_max_held_requests_is_429_with_retry_after_and_past_the_hold_
 
     await rig.wait(both_held, "two requests held")
     async with rig.post("one too many") as response:
-        assert response.status == 429 and response.headers["Retry-After"] == str(proxy.RETRY_AFTER_SECONDS)
+        assert response.status == 429 and response.headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
         error = (await response.json())["error"]
         assert error["type"] == ERROR_HOLD_FULL and "maxHeldRequests" in error["message"]
     for task in first:
@@ -304,7 +342,9 @@ async def test_a_pod_that_refuses_is_skipped_for_the_next_and_none_left_is_502(r
             assert response.status == 200
     rig.pods_slice([dead])
     async with rig.post("none") as response:
-        assert response.status == 502 and "no pod took the request" in (await response.json())["error"]["message"]
+        message = (await response.json())["error"]["message"]
+        assert response.status == 502 and "no pod took the request" in message
+        assert "127.0.0" not in message, "the 502 named a pod's address"
 
 
 async def test_a_count_left_by_this_replicas_previous_container_is_removed(rig: Rig) -> None:

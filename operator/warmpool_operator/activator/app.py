@@ -2,9 +2,11 @@
 first pod that turns warm (the chart runs it as its own Deployment, two replicas).
 
 It watches WarmModels, the operator's Services and its pod EndpointSlices (activator/pools.py),
-serves the pools' traffic on ``--port`` (activator/proxy.py), writes its held counts to the
-WarmModels (activator/demand.py), and answers /healthz and /readyz (ready once its watches
-listed) on ``--health-port`` and Prometheus metrics on ``--metrics-port``; with
+and, to tell who is calling and what the pools' NetworkPolicies let them reach, pods, namespaces
+and nodes cluster-wide and the NetworkPolicies of the pools' namespaces (activator/callers.py);
+serves the pools' traffic on ``--port`` (activator/proxy.py) within its bounds (activator/limits.py),
+writes its held counts to the WarmModels (activator/demand.py), and answers /healthz and /readyz
+(ready once its watches listed) on ``--health-port`` and Prometheus metrics on ``--metrics-port``; with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, a trace per held request (activator/proxy.py).  On SIGTERM it stops
 being ready, goes on serving what it holds for up to ``--drain-seconds``, removes its held-count
 annotations and exits: a client whose request it still held then sees its connection close at
@@ -33,16 +35,20 @@ from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS, TRACE_SERV
 from warmpool.contract.zero import DEFAULT_ACTIVATOR_PORT, ENDPOINTSLICE_MANAGER, LABEL_ENDPOINTSLICE_MANAGED_BY
 from warmpool.kube import KubeClient, client_from_environment
 from warmpool.logformat import configure_logging
+from warmpool_operator.activator.callers import Callers
 from warmpool_operator.activator.demand import Demand
+from warmpool_operator.activator.limits import ByteBudget, ConnectionGuard
 from warmpool_operator.activator.pools import Pools
-from warmpool_operator.activator.proxy import Activator, describe
+from warmpool_operator.activator.proxy import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_BYTE_BUDGET, Activator
 from warmpool_operator.io.list_watch import list_watch
 from warmpool_operator.io.tracing import Tracing
 
 log = logging.getLogger("warmpool.activator")
 
-#: The most a request body may be (a chat with a long context is a few MB of JSON).
-MAX_BODY_BYTES = 32 * 1024 * 1024
+#: Connections open at once, over all pools (each costs a few KiB until its head arrives).
+DEFAULT_MAX_CONNECTIONS = 1000
+#: Seconds a connection may take to send a request head (after it opened, or after its last answer).
+DEFAULT_HEADER_TIMEOUT_SECONDS = 10.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="on SIGTERM, how long held and in-flight requests may still finish")
     parser.add_argument("--pod-name", default=os.environ.get("POD_NAME") or os.uname().nodename,
                         help="this replica's name in its held-count annotation (default: $POD_NAME)")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help="connections open at once over all pools; past it: 503 with Retry-After")
+    parser.add_argument("--max-held-bytes", type=int, default=DEFAULT_BYTE_BUDGET,
+                        help="bytes of request bodies kept at once over all pools; past it: 503 with Retry-After")
+    parser.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_SECONDS,
+                        help="seconds a connection may take to send a request head; then it is closed")
+    parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_SECONDS,
+                        help="seconds a request body may take to arrive; then 408")
     parser.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
     parser.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT)
     return parser
@@ -66,24 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
 def _collections(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """(kind, collection path, label selector) of every watch, per namespace or cluster-wide."""
     scopes = [""] if args.all_namespaces else [f"/namespaces/{ns}" for ns in args.namespace]
-    out = []
+    # Callers may be pods of any namespace (a gateway's, say): who they are is read cluster-wide.
+    out = [("pod", "/api/v1/pods", ""), ("namespace", "/api/v1/namespaces", ""), ("node", "/api/v1/nodes", "")]
     for scope in scopes:
         out += [
             ("warmmodel", f"/apis/{API_GROUP}/{API_VERSION}{scope}/{PLURAL}", ""),
             ("service", f"/api/v1{scope}/services", f"{LABEL_MANAGED_BY}={MANAGED_BY}"),
             ("endpointslice", f"/apis/discovery.k8s.io/v1{scope}/endpointslices",
              f"{LABEL_ENDPOINTSLICE_MANAGED_BY}={ENDPOINTSLICE_MANAGER}"),
+            ("networkpolicy", f"/apis/networking.k8s.io/v1{scope}/networkpolicies", ""),
         ]
     return out
 
 
-async def _health_app(synced: list[asyncio.Event], activator: Activator, stopping: asyncio.Event) -> web.Application:
+async def _health_app(synced: list[asyncio.Event], stopping: asyncio.Event) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     async def readyz(_: web.Request) -> web.Response:
+        # Readiness only: what is held, for whom, is in the metrics (whose port the chart restricts).
         ready = all(event.is_set() for event in synced) and not stopping.is_set()
-        return web.json_response({"ready": ready, "held": describe(activator)}, status=200 if ready else 503)
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
@@ -93,6 +110,7 @@ async def _health_app(synced: list[asyncio.Event], activator: Activator, stoppin
 
 async def serve(args: argparse.Namespace, client: KubeClient, tracing: Tracing | None = None) -> None:
     pools = Pools()
+    callers = Callers()
     demand = Demand(client, args.pod_name)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -105,7 +123,10 @@ async def serve(args: argparse.Namespace, client: KubeClient, tracing: Tracing |
             demand.adopt((str(meta.get("namespace")), str(meta.get("name"))), meta.get("annotations") or {})
 
     handlers = {"warmmodel": (warmmodel, lambda: None), "service": (pools.service, lambda: None),
-                "endpointslice": (pools.endpoint_slice, pools.relisted_endpoint_slices)}
+                "endpointslice": (pools.endpoint_slice, pools.relisted_endpoint_slices),
+                "pod": (callers.pod, callers.relisted_pods), "namespace": (callers.namespace, lambda: None),
+                "node": (callers.node, callers.relisted_nodes),
+                "networkpolicy": (callers.network_policy, callers.relisted_network_policies)}
     synced: list[asyncio.Event] = []
     watches: list[asyncio.Task[None]] = []
     for kind, path, selector in _collections(args):
@@ -116,18 +137,21 @@ async def serve(args: argparse.Namespace, client: KubeClient, tracing: Tracing |
     # No pooled connection outlives a pod: each forward dials afresh (milliseconds on the node's network).
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-        activator = Activator(pools, demand, session, tracing=tracing)
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        guard = ConnectionGuard(args.max_connections, args.header_timeout)
+        activator = Activator(pools, demand, session, tracing=tracing, callers=callers, guard=guard,
+                              budget=ByteBudget(args.max_held_bytes), body_timeout_s=args.body_timeout)
+        app = web.Application()  # bodies are read by the handler, under its own bounds
         app.router.add_route("*", "/{path:.*}", activator.handle)
         # handler_cancellation: a client that hangs up cancels its handler, which drops it from the hold.
         runners = [web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)]
-        sites = [(runners[0], args.port)]
+        await runners[0].setup()
+        assert runners[0].server is not None
+        data_server = await loop.create_server(guard.protocol_factory(runners[0].server), args.bind, args.port,
+                                               reuse_address=True)
         if args.health_port > 0:
-            runners.append(web.AppRunner(await _health_app(synced, activator, stopping), access_log=None))
-            sites.append((runners[1], args.health_port))
-        for runner, port in sites:
-            await runner.setup()
-            await web.TCPSite(runner, args.bind, port).start()
+            runners.append(web.AppRunner(await _health_app(synced, stopping), access_log=None))
+            await runners[1].setup()
+            await web.TCPSite(runners[1], args.bind, args.health_port).start()
         log.info("activator %s serving on %s:%d (watching %s)", args.pod_name, args.bind, args.port,
                  "every namespace" if args.all_namespaces else ", ".join(args.namespace))
         await stopping.wait()
@@ -136,6 +160,7 @@ async def serve(args: argparse.Namespace, client: KubeClient, tracing: Tracing |
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(args.drain_seconds):
                 await activator.none_held.wait()
+        data_server.close()
         for runner in runners:
             await runner.cleanup()
         for task in watches:
@@ -148,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     for port in (args.port, args.health_port, args.metrics_port):
         if not 0 <= port <= 65535:
             print(f"warmpool activator: port {port} is not 0-65535", file=sys.stderr)
+            return 2
+    for flag, value in (("--max-connections", args.max_connections), ("--max-held-bytes", args.max_held_bytes),
+                        ("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout)):
+        if not value > 0:
+            print(f"warmpool activator: {flag} must be above 0, got {value}", file=sys.stderr)
             return 2
     if args.port == 0:
         print("warmpool activator: --port must not be 0", file=sys.stderr)

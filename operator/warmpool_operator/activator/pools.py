@@ -1,10 +1,17 @@
-"""What the activator knows of the cluster: which WarmModel a request is for, how long it may be
+"""What the activator knows of the pools: which WarmModel a request is for, how long it may be
 held, and where the pool's awake warm pods are.
 
-Three watches feed it (activator/app.py): the WarmModels (their ``spec.pool.scaleToZero``), the
-operator's Services (ClusterIP and name, to find a request's WarmModel by its Host header) and the
-operator's pod EndpointSlices (the awake warm pods the Service routes to once there are any).
-Each pool has an ``asyncio.Event`` set while it has pods, which held requests wait on.
+Three watches feed it (activator/app.py): the WarmModels (their uid, worker port and
+``spec.pool.scaleToZero``), the operator's Services (ClusterIP and name, to find the WarmModel a
+request names) and the operator's pod EndpointSlices (the awake warm pods the Service routes to
+once there are any).  Each pool has an ``asyncio.Event`` set while it has pods, which held
+requests wait on.
+
+Ownership, never labels or names alone (anyone may label a Service or make a slice ending in
+``-pods``): a Service counts only if it is named as the operator names the pool's Service and an
+owner reference names the WarmModel's uid; a pool's pods come only from the slice named as the
+operator names it, owned by that same uid.  What the request names is only a choice among pools:
+whether the caller may have that pool is activator/callers.py's decision.
 """
 
 from __future__ import annotations
@@ -15,11 +22,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmpool.contract.http import DEFAULT_WORKER_PORT, WORKER_PORT_NAME
 from warmpool.contract.pods import LABEL_MODEL
-from warmpool.contract.zero import LABEL_SERVICE_NAME, PODS_SLICE_SUFFIX
+from warmpool_operator.activator.reach import Target
 from warmpool_operator.api.types import DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS, DEFAULT_ZERO_MAX_HELD_REQUESTS
+from warmpool_operator.rules.builders import pod_labels, service_name
+from warmpool_operator.rules.zero import pods_slice_name
 
 PoolKey = tuple[str, str]  # (namespace, WarmModel name)
+
+#: What every refused resolution answers, whatever the reason (no such pool, not at zero, not
+#: owned, or not reachable by this caller): a different text per reason would tell a stranger
+#: which pools exist in which namespaces.
+NOT_A_POOL = ("the request's Host names no scale-to-zero WarmModel Service this client can reach: send "
+              "the Service's ClusterIP, <name> (in the client's own namespace) or <name>.<namespace>")
 
 
 @dataclass(frozen=True)
@@ -29,12 +45,21 @@ class HoldPolicy:
 
 
 class Misdirected(Exception):
-    """A request whose Host names no WarmModel this activator serves (or more than one)."""
+    """A request that names no pool this activator serves for its caller (the message is always
+    :data:`NOT_A_POOL`; the reason is logged, never answered)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(NOT_A_POOL)
+        self.reason = reason
 
 
 @dataclass
 class Pool:
     policy: HoldPolicy = field(default_factory=HoldPolicy)
+    #: the WarmModel's uid (None until its watch brought it): what owns its Service and slices
+    uid: str | None = None
+    scale_to_zero: bool = False
+    port: int = DEFAULT_WORKER_PORT
     #: base URLs of the awake warm pods ("http://10.1.0.7:8000")
     pods: list[str] = field(default_factory=list)
     has_pods: asyncio.Event = field(default_factory=asyncio.Event)
@@ -47,6 +72,16 @@ class Pool:
         return self.pods[self.turn]
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """A Service or an EndpointSlice as the watch brought it: its owners' uids and what it says."""
+
+    owners: frozenset[str]
+    model: str = ""
+    ips: tuple[str, ...] = ()
+    urls: tuple[str, ...] = ()
+
+
 def _policy(body: Mapping[str, Any]) -> HoldPolicy:
     zero = ((body.get("spec") or {}).get("pool") or {}).get("scaleToZero") or {}
     return HoldPolicy(
@@ -55,22 +90,30 @@ def _policy(body: Mapping[str, Any]) -> HoldPolicy:
     )
 
 
-def _key(body: Mapping[str, Any]) -> PoolKey:
-    meta = body.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    return body.get("metadata") or {}
 
 
-def _pod_urls(body: Mapping[str, Any]) -> list[str]:
+def _where(body: Mapping[str, Any]) -> tuple[str, str]:
+    return str(_meta(body).get("namespace") or ""), str(_meta(body).get("name") or "")
+
+
+def _owners(body: Mapping[str, Any]) -> frozenset[str]:
+    return frozenset(str(ref.get("uid")) for ref in _meta(body).get("ownerReferences") or []
+                     if isinstance(ref, Mapping) and ref.get("uid"))
+
+
+def _pod_urls(body: Mapping[str, Any]) -> tuple[str, ...]:
     ports = body.get("ports") or []
     if not ports or not ports[0].get("port"):
-        return []
+        return ()
     port = int(ports[0]["port"])
     urls = []
     for endpoint in body.get("endpoints") or []:
         if (endpoint.get("conditions") or {}).get("ready") is False:
             continue
-        urls += [f"http://{ip}:{port}" for ip in endpoint.get("addresses") or []]
-    return sorted(urls)
+        urls += [f"http://{ip}:{port}" for ip in endpoint.get("addresses") or [] if _is_ip(str(ip))]
+    return tuple(sorted(urls))
 
 
 class Pools:
@@ -78,84 +121,109 @@ class Pools:
 
     def __init__(self) -> None:
         self.pools: dict[PoolKey, Pool] = {}
-        #: ClusterIP -> pool, and Service name -> the namespaces that have one by that name
-        self.by_ip: dict[str, PoolKey] = {}
-        self.by_name: dict[str, set[str]] = {}
-        self._service_ips: dict[PoolKey, list[str]] = {}
+        self._services: dict[tuple[str, str], _Seen] = {}
+        self._slices: dict[tuple[str, str], _Seen] = {}
+        #: ClusterIP -> (namespace, Service name)
+        self.by_ip: dict[str, tuple[str, str]] = {}
 
     def pool(self, key: PoolKey) -> Pool:
         return self.pools.setdefault(key, Pool())
 
+    def target(self, key: PoolKey) -> Target:
+        """The pool's pods as a NetworkPolicy sees them (for the caller check)."""
+        return Target(key[0], pod_labels(key[1]), self.pool(key).port, WORKER_PORT_NAME)
+
     # ---------------------------------------------------------------- watch events
 
     def warmmodel(self, event: str, body: Mapping[str, Any]) -> None:
-        key = _key(body)
+        key = _where(body)
+        pool = self.pool(key)
         if event == "DELETED":
-            self.pool(key).policy = HoldPolicy()
-            return
-        self.pool(key).policy = _policy(body)
+            pool.policy, pool.uid, pool.scale_to_zero = HoldPolicy(), None, False
+        else:
+            spec = body.get("spec") or {}
+            pool.policy = _policy(body)
+            pool.uid = str(_meta(body).get("uid") or "") or None
+            pool.scale_to_zero = bool((spec.get("pool") or {}).get("scaleToZero"))
+            pool.port = int((spec.get("pod") or {}).get("port") or DEFAULT_WORKER_PORT)
+        self._refresh_pods(key)
 
     def service(self, event: str, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        model = (meta.get("labels") or {}).get(LABEL_MODEL)
-        if not model:
-            return
-        key = (str(meta.get("namespace")), str(model))
-        for ip in self._service_ips.pop(key, []):
-            self.by_ip.pop(ip, None)
+        where = _where(body)
+        old = self._services.pop(where, None)
+        for ip in old.ips if old else ():
+            if self.by_ip.get(ip) == where:
+                del self.by_ip[ip]
         if event == "DELETED":
-            self.by_name.get(key[1], set()).discard(key[0])
             return
         spec = body.get("spec") or {}
-        ips = [str(ip) for ip in (spec.get("clusterIPs") or [spec.get("clusterIP")]) if ip and ip != "None"]
-        self._service_ips[key] = ips
+        ips = tuple(str(ip) for ip in (spec.get("clusterIPs") or [spec.get("clusterIP")]) if ip and ip != "None")
+        model = str((_meta(body).get("labels") or {}).get(LABEL_MODEL) or "")
+        self._services[where] = _Seen(_owners(body), model=model, ips=ips)
         for ip in ips:
-            self.by_ip[ip] = key
-        self.by_name.setdefault(str(meta.get("name")), set()).add(key[0])
+            self.by_ip[ip] = where
 
     def endpoint_slice(self, event: str, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        service = (meta.get("labels") or {}).get(LABEL_SERVICE_NAME)
-        if not service or not name.endswith(PODS_SLICE_SUFFIX):
-            return
-        pool = self.pool((str(meta.get("namespace")), str(service)))
-        pool.pods = [] if event == "DELETED" else _pod_urls(body)
+        where = _where(body)
+        if event == "DELETED":
+            self._slices.pop(where, None)
+        else:
+            self._slices[where] = _Seen(_owners(body), urls=_pod_urls(body))
+        for key in list(self.pools):
+            if key[0] == where[0] and pods_slice_name(key[1]) == where[1]:
+                self._refresh_pods(key)
+
+    def relisted_endpoint_slices(self) -> None:
+        """A full list follows: forget every pool's pods (the list brings back those that remain)."""
+        self._slices.clear()
+        for key in self.pools:
+            self._refresh_pods(key)
+
+    def _refresh_pods(self, key: PoolKey) -> None:
+        """The pool's pods: those of the slice named as the operator names it, owned by its WarmModel."""
+        pool = self.pool(key)
+        seen = self._slices.get((key[0], pods_slice_name(key[1])))
+        owned = seen is not None and pool.uid is not None and pool.uid in seen.owners
+        pool.pods = list(seen.urls) if owned and seen is not None else []
         if pool.pods:
             pool.has_pods.set()
         else:
             pool.has_pods.clear()
 
-    def relisted_endpoint_slices(self) -> None:
-        """A full list follows: forget every pool's pods (the list brings back those that remain)."""
-        for pool in self.pools.values():
-            pool.pods = []
-            pool.has_pods.clear()
-
     # ---------------------------------------------------------------- requests
 
-    def resolve(self, host: str) -> PoolKey:
-        """The WarmModel a request's Host header names: the Service's ClusterIP, or its DNS name
-        (``<name>``, ``<name>.<namespace>``, ``<name>.<namespace>.svc[.<cluster domain>]``)."""
+    def resolve(self, host: str, caller_namespace: str | None) -> PoolKey:
+        """The scale-to-zero WarmModel a request's Host header names: its Service's ClusterIP, or
+        its DNS name (``<name>`` in the caller's own namespace, ``<name>.<namespace>``,
+        ``<name>.<namespace>.svc[.<cluster domain>]``)."""
         name = _strip_port(host.strip().lower())
         if not name:
-            raise Misdirected("the request has no Host header: send the WarmModel Service's name or ClusterIP")
+            raise Misdirected("no Host header")
         if _is_ip(name):
-            key = self.by_ip.get(name)
-            if key is None:
-                raise Misdirected(f"Host {host!r} is no scale-to-zero WarmModel Service's ClusterIP")
-            return key
-        labels = name.split(".")
-        if len(labels) >= 2:
-            if labels[1] not in self.by_name.get(labels[0], set()):
-                raise Misdirected(f"no WarmModel Service {labels[0]!r} in namespace {labels[1]!r}")
-            return labels[1], labels[0]
-        namespaces = sorted(self.by_name.get(labels[0], set()))
-        if len(namespaces) != 1:
-            where = f"in namespaces {', '.join(namespaces)}" if namespaces else "anywhere"
-            raise Misdirected(f"Host {host!r} names WarmModel Service {labels[0]!r} {where}: send "
-                              f"<name>.<namespace> or the ClusterIP")
-        return namespaces[0], labels[0]
+            found = self.by_ip.get(name)
+            if found is None:
+                raise Misdirected(f"Host {name} is no known Service's ClusterIP")
+            namespace, service = found
+        else:
+            labels = name.split(".")
+            if len(labels) >= 2:
+                namespace, service = labels[1], labels[0]
+            elif caller_namespace is not None:
+                namespace, service = caller_namespace, labels[0]
+            else:
+                raise Misdirected(f"Host {name!r} has no namespace and the caller is no pod we know")
+        seen = self._services.get((namespace, service))
+        if seen is None or not seen.model:
+            raise Misdirected(f"no Service {namespace}/{service} of a WarmModel")
+        key = (namespace, seen.model)
+        pool = self.pools.get(key)
+        if pool is None or pool.uid is None or service != service_name(seen.model):
+            raise Misdirected(f"Service {namespace}/{service} names WarmModel {seen.model!r}, which is not known")
+        if pool.uid not in seen.owners:
+            raise Misdirected(f"Service {namespace}/{service} is not owned by WarmModel {key[0]}/{key[1]}")
+        if not pool.scale_to_zero:
+            raise Misdirected(f"WarmModel {key[0]}/{key[1]} does not scale to zero")
+        return key
 
 
 def _strip_port(host: str) -> str:

@@ -11,20 +11,32 @@ With tracing on, each request is a ``held_request`` span (a child of the client'
 ``traceparent``, if it sent one) with a ``hold`` and a ``forward`` child.  The oldest open hold's
 traceparent goes beside the count (demand.py): the operator's passes for the held requests, and
 the cold starts of the pods they start, join its trace; the pod gets the forward's traceparent.
+A client's own ``traceparent`` parents its request's spans only: when it sent one, the hold whose
+traceparent is written for the operator is a new trace of the activator's, linked to the request,
+so nothing a client sends ever reaches a pod template.
+
+Before anything is held (tenancy, shared/design.md): the path must be the serving API (exactly
+``/v1/<segment>...``, no dot segments, no escapes, forwarded byte for byte as checked); the Host
+must name a scale-to-zero pool whose Service and slice its WarmModel owns (activator/pools.py); the
+caller must be one the pool's NetworkPolicies admit (activator/callers.py); and the body must fit
+the worker's limit and the activator's byte budget, in time (activator/limits.py).  Refusals name
+nothing of other pools, namespaces or pod addresses: the detail goes to the activator's log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
+from yarl import URL
 
+from warmpool.contract.http import MAX_REQUEST_BODY_BYTES
 from warmpool.contract.metrics import (
     LABEL_NAMESPACE,
     LABEL_OUTCOME,
@@ -42,8 +54,23 @@ from warmpool.contract.telemetry import (
     SPAN_HOLD,
     valid_traceparent,
 )
-from warmpool.contract.zero import ERROR_HOLD_FULL, ERROR_HOLD_TIMEOUT, ERROR_MISDIRECTED, ERROR_UPSTREAM
+from warmpool.contract.zero import (
+    ERROR_HOLD_FULL,
+    ERROR_HOLD_TIMEOUT,
+    ERROR_MISDIRECTED,
+    ERROR_NOT_SERVING_API,
+    ERROR_UPSTREAM,
+)
+from warmpool_operator.activator.callers import Callers
 from warmpool_operator.activator.demand import Demand
+from warmpool_operator.activator.limits import (
+    RETRY_AFTER_SECONDS,
+    ByteBudget,
+    ConnectionGuard,
+    Refused,
+    openai_error,
+    read_body,
+)
 from warmpool_operator.activator.pools import Misdirected, Pool, PoolKey, Pools
 from warmpool_operator.io.tracing import Tracing
 
@@ -66,8 +93,13 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "trailers", "transfer-encoding", "upgrade", "content-length", "host"})
 #: W3C trace context's header (lower case, as HOP_BY_HOP): a client's trace is the held request's parent.
 TRACEPARENT_HEADER = "traceparent"
-#: Retry-After of a 429: the hold is full, and a pod is on its way; a few seconds is a fair guess.
-RETRY_AFTER_SECONDS = 5
+#: The paths forwarded: the serving API's, segment by segment, with nothing a server or a client
+#: library would rewrite (no "." or ".." segment, no %-escape, no backslash, no empty segment).
+SERVING_PATH = re.compile(r"/v1(?:/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+", re.ASCII)
+#: Default bounds (the command line sets them): a body of the worker's limit, bytes held across
+#: all pools (64 bodies of the largest size), and how long a body may take to arrive.
+DEFAULT_BYTE_BUDGET = 64 * MAX_REQUEST_BODY_BYTES
+DEFAULT_BODY_TIMEOUT_SECONDS = 30.0
 #: A pod that refuses the connection (it just went away) is retried on the next one this often.
 FORWARD_TRIES = 3
 #: Connecting to a pod on the node's network takes milliseconds; a pod that does not answer in
@@ -75,18 +107,28 @@ FORWARD_TRIES = 3
 FORWARD_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=3.0)
 
 
-def openai_error(status: int, message: str, type_: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": type_, "code": status}}, status=status,
-                             headers=headers)
+def serving_path(raw: str) -> str | None:
+    """The request target to forward (path and query, exactly as sent), or None when its path is
+    not the serving API's in the one spelling that no server or client rewrites."""
+    path, _, query = raw.partition("?")
+    if not SERVING_PATH.fullmatch(path) or "#" in query or any(ch.isspace() for ch in query):
+        return None
+    return raw
 
 
 class Activator:
     """One replica's holds, per pool; the aiohttp handler is :meth:`handle`."""
 
     def __init__(self, pools: Pools, demand: Demand, session: aiohttp.ClientSession,
-                 clock: Callable[[], float] = time.monotonic, tracing: Tracing | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, tracing: Tracing | None = None,
+                 callers: Callers | None = None, guard: ConnectionGuard | None = None,
+                 budget: ByteBudget | None = None, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_SECONDS) -> None:
         self.pools, self.demand, self.session, self.clock = pools, demand, session, clock
         self.tracing = tracing or Tracing()
+        self.callers = callers or Callers()
+        self.guard = guard
+        self.budget = budget or ByteBudget(DEFAULT_BYTE_BUDGET)
+        self.body_timeout_s = body_timeout_s
         self.held: dict[PoolKey, int] = {}
         #: the traceparents of the holds open now, oldest first (tracing on): the operator's passes
         #: and the pods they start join the oldest one's trace
@@ -115,30 +157,59 @@ class Activator:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrived = self.clock()
+        if self.guard is not None:
+            self.guard.request_started(request.transport)
         try:
-            key = self.pools.resolve(request.host)
+            return await self._checked(request, arrived)
+        finally:
+            if self.guard is not None:
+                self.guard.request_finished(request.transport)
+
+    async def _checked(self, request: web.Request, arrived: float) -> web.StreamResponse:
+        target = serving_path(request.raw_path)
+        if target is None:
+            REQUESTS.labels("", "", "not_serving_api").inc()
+            return openai_error(404, "the activator forwards only the serving API (/v1/...)", ERROR_NOT_SERVING_API)
+        ip = request.remote or ""
+        try:
+            key = self.pools.resolve(request.host, self.callers.namespace_of(ip))
+            if not self.callers.may_reach(ip, self.pools.target(key)):
+                raise Misdirected(f"{ip} may not reach WarmModel {key[0]}/{key[1]}'s pods (its NetworkPolicies)")
         except Misdirected as error:
+            log.info("refused a request from %s for Host %r: %s", ip, request.host, error.reason)
             REQUESTS.labels("", "", "misdirected").inc()
             return openai_error(421, str(error), ERROR_MISDIRECTED)
-        client_trace = request.headers.get(TRACEPARENT_HEADER)
-        with self.tracing.span(SPAN_HELD_REQUEST, {ATTR_WARMMODEL: "/".join(key)},
-                               parent=client_trace if valid_traceparent(client_trace) else None):
-            response = await self._hold_and_forward(request, key, arrived)
-            self.tracing.set_attribute(ATTR_OUTCOME, response.status)
-            return response
+        taken: list[int] = []  # bytes of the budget this request holds, given back however it ends
+        try:
+            try:
+                body = await read_body(request, MAX_REQUEST_BODY_BYTES, self.body_timeout_s, self.budget, taken)
+            except Refused as refused:
+                REQUESTS.labels(*key, "refused_body").inc()
+                refused.response.force_close()
+                return refused.response
+            client_trace = request.headers.get(TRACEPARENT_HEADER)
+            with self.tracing.span(SPAN_HELD_REQUEST, {ATTR_WARMMODEL: "/".join(key)},
+                                   parent=client_trace if valid_traceparent(client_trace) else None):
+                response = await self._hold_and_forward(request, target, body, key, arrived,
+                                                        client_traced=valid_traceparent(client_trace))
+                self.tracing.set_attribute(ATTR_OUTCOME, response.status)
+                return response
+        finally:
+            self.budget.give(sum(taken))
 
-    async def _hold_and_forward(self, request: web.Request, key: PoolKey, arrived: float) -> web.StreamResponse:
-        body = await request.read()
+    async def _hold_and_forward(self, request: web.Request, target: str, body: bytes, key: PoolKey,
+                                arrived: float, client_traced: bool) -> web.StreamResponse:
         pool = self.pools.pool(key)
         if pool.pods:  # the switch to the pods is under way: this connection was opened before it
-            return await self._forward_or_error(request, body, key, pool, arrived, held=False)
+            return await self._forward_or_error(request, target, body, key, pool, arrived, held=False)
         policy = pool.policy
         if self.held.get(key, 0) >= policy.max_held:
             REQUESTS.labels(*key, "rejected_full").inc()
             return openai_error(429, f"WarmModel {key[0]}/{key[1]} is at zero and {policy.max_held} requests are "
                                 f"already held for it (maxHeldRequests): retry in {RETRY_AFTER_SECONDS}s",
                                 ERROR_HOLD_FULL, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        with self.tracing.span(SPAN_HOLD):
+        # A client's trace never reaches a pod template: its hold is then a trace of our own, linked.
+        with self.tracing.span(SPAN_HOLD, new_trace=client_traced):
             trace = self.tracing.traceparent()
             self._hold(key, +1, trace)
             try:
@@ -157,32 +228,32 @@ class Activator:
             finally:
                 self._hold(key, -1, trace)
         HOLD_SECONDS.labels(*key).observe(self.clock() - arrived)
-        return await self._forward_or_error(request, body, key, pool, arrived, held=True)
+        return await self._forward_or_error(request, target, body, key, pool, arrived, held=True)
 
-    async def _forward_or_error(self, request: web.Request, body: bytes, key: PoolKey, pool: Pool, arrived: float,
-                                held: bool) -> web.StreamResponse:
+    async def _forward_or_error(self, request: web.Request, target: str, body: bytes, key: PoolKey, pool: Pool,
+                                arrived: float, held: bool) -> web.StreamResponse:
         with self.tracing.span(SPAN_FORWARD):
-            return await self._forward_to_a_pod(request, body, key, pool, arrived if held else None)
+            return await self._forward_to_a_pod(request, target, body, key, pool, arrived if held else None)
 
-    async def _forward_to_a_pod(self, request: web.Request, body: bytes, key: PoolKey, pool: Pool,
+    async def _forward_to_a_pod(self, request: web.Request, target: str, body: bytes, key: PoolKey, pool: Pool,
                                 arrived: float | None) -> web.StreamResponse:
-        last = "no pod address"
         for _ in range(FORWARD_TRIES):
             base = pool.next_pod()
             if base is None:
                 break
             try:
-                response = await self._forward(request, body, base, key, arrived)
+                response = await self._forward(request, target, body, base, key, arrived)
             except (aiohttp.ClientConnectionError, TimeoutError) as error:
-                last = f"{base}: {type(error).__name__}: {error}"
-                log.info("%s/%s: forwarding to %s failed before an answer (%s): next pod", *key, base, last)
+                log.info("%s/%s: forwarding to %s failed before an answer (%s: %s): next pod", *key, base,
+                         type(error).__name__, error)
                 continue
             REQUESTS.labels(*key, "forwarded").inc()
             return response
         REQUESTS.labels(*key, "error").inc()
-        return openai_error(502, f"WarmModel {key[0]}/{key[1]}: no pod took the request ({last})", ERROR_UPSTREAM)
+        return openai_error(502, f"WarmModel {key[0]}/{key[1]}: no pod took the request (the activator's log has "
+                            "the detail)", ERROR_UPSTREAM)
 
-    async def _forward(self, request: web.Request, body: bytes, base: str, key: PoolKey,
+    async def _forward(self, request: web.Request, target: str, body: bytes, base: str, key: PoolKey,
                        arrived: float | None) -> web.StreamResponse:
         """Send the request to one pod and stream its answer back; raises only before the answer began."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -190,7 +261,8 @@ class Activator:
         if trace is not None:  # the pod's side of the answer joins the held request's trace
             headers = {k: v for k, v in headers.items() if k.lower() != TRACEPARENT_HEADER}
             headers[TRACEPARENT_HEADER] = trace
-        async with self.session.request(request.method, base + request.rel_url.path_qs, data=body or None,
+        # The target as checked, byte for byte: encoded=True keeps the client library from rewriting it.
+        async with self.session.request(request.method, URL(base + target, encoded=True), data=body or None,
                                         headers=headers, timeout=FORWARD_TIMEOUT, allow_redirects=False) as upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for name, value in upstream.headers.items():
@@ -212,7 +284,3 @@ class Activator:
                     request.transport.close()
             return response
 
-
-def describe(activator: Activator) -> dict[str, Any]:
-    """What /readyz reports besides readiness: the requests held, by pool."""
-    return {f"{ns}/{name}": n for (ns, name), n in activator.held.items() if n}

@@ -70,18 +70,28 @@ class Tracing:
 
     @contextmanager
     def span(self, name: str, attributes: Mapping[str, str | int] | None = None,
-             parent: str | None = None) -> Iterator[None]:
+             parent: str | None = None, new_trace: bool = False) -> Iterator[None]:
         """A span named ``name``: the child of ``parent`` (a W3C traceparent from another process)
-        when given, else of the current span (a no-op with tracing off)."""
+        when given, else of the current span; with ``new_trace``, the root of a trace of its own
+        that links to the current span (a no-op with tracing off)."""
         if self._tracer is None:
             yield
             return
+        from opentelemetry import trace
+        from opentelemetry.context import Context
+
         context = None
+        links = []
         if parent is not None:
             from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
             context = TraceContextTextMapPropagator().extract({CONTROL_FIELD_TRACEPARENT: parent})
-        with self._tracer.start_as_current_span(name, context=context, attributes=dict(attributes or {})):
+        elif new_trace:
+            context = Context()
+            current = trace.get_current_span().get_span_context()
+            links = [trace.Link(current)] if current.is_valid else []
+        with self._tracer.start_as_current_span(name, context=context, links=links,
+                                                attributes=dict(attributes or {})):
             yield
 
     def set_attribute(self, key: str, value: str | int) -> None:
