@@ -17,6 +17,8 @@ SELECTOR = f"app={LABELS['app']}"
 HEALTH_PORT = 8081
 METRICS_PORT = 9090
 REPLICAS = 2
+#: The cluster-wide read of callers (pods, namespaces, nodes) the activator needs, shared by namespaces.
+CALLERS_ROLE = "warmpool-activator-local-callers"
 
 
 def activator_objects(image: str, namespace: str, drain_seconds: float = 5.0) -> list[dict[str, Any]]:
@@ -40,9 +42,18 @@ def activator_objects(image: str, namespace: str, drain_seconds: float = 5.0) ->
             {"apiGroups": [API_GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch"]},
             {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
         ]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}]},
+        # Who is calling: pods, namespaces and nodes, read cluster-wide (one role, a binding per namespace).
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": CALLERS_ROLE},
+         "rules": [{"apiGroups": [""], "resources": ["pods", "namespaces", "nodes"],
+                    "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": f"{CALLERS_ROLE}-{namespace}"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CALLERS_ROLE},
          "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}]},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
             "replicas": REPLICAS, "selector": {"matchLabels": LABELS},
