@@ -30,7 +30,7 @@ from warmpool_worker.http_app import error_response, json_errors
 from warmpool_worker.metrics import CONTENT_TYPE, WorkerMetrics
 from warmpool_worker.worker_status import WorkerStatus
 
-from warmpool.contract.http import PATH_HEALTH, PATH_LIVEZ, PATH_METRICS, PATH_READYZ
+from warmpool.contract.http import MAX_REQUEST_BODY_BYTES, PATH_HEALTH, PATH_LIVEZ, PATH_METRICS, PATH_READYZ
 
 if TYPE_CHECKING:
     from warmpool_worker.tracing import TraceSink
@@ -65,7 +65,8 @@ class WorkerServer:
     def app(self) -> web.Application:
         # The tracing middleware exists only with tracing on: off, a request pays nothing for it.
         middlewares = [json_errors] if self.traces is None else [self.trace_requests, json_errors]
-        app = web.Application(middlewares=middlewares)
+        # The body limit the activator also holds clients to (one number, in the contract).
+        app = web.Application(middlewares=middlewares, client_max_size=MAX_REQUEST_BODY_BYTES)
         app.router.add_get(PATH_LIVEZ, self.livez)
         app.router.add_get(PATH_READYZ, self.readyz)
         app.router.add_get(PATH_HEALTH, self.health)

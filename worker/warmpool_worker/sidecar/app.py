@@ -64,6 +64,7 @@ from warmpool_worker.worker_status import WarmupStatus
 
 from warmpool.contract.api import Tier
 from warmpool.contract.http import (
+    MAX_REQUEST_BODY_BYTES,
     PATH_LIVEZ,
     PATH_METRICS,
     PATH_READYZ,
@@ -231,7 +232,8 @@ class Sidecar:
 
     # -- HTTP -------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[json_errors])
+        # The body limit the activator also holds clients to (one number, in the contract).
+        app = web.Application(middlewares=[json_errors], client_max_size=MAX_REQUEST_BODY_BYTES)
         app.router.add_get(PATH_LIVEZ, self.livez)
         app.router.add_get(PATH_READYZ, self.readyz)
         app.router.add_get(PATH_METRICS, self.metrics_handler)
