@@ -4,6 +4,12 @@ on, and there only its cache labels; the operator may patch only its own worker 
 only the awake label and the tier and deletion-cost annotations, and write only its WarmModels'
 control Secrets; the activator may change only its own held-requests annotation on WarmModels.
 
+On an API server alone (the api_server fixture, no node): the operator writes and deletes only the
+EndpointSlices of its WarmModels' Services, and its own writes (its real code, as its service
+account) pass every policy; none of the three service accounts changes an owner reference or
+makes an object owned other than as the operator's children are; the activator's held value has
+the contract's format, count bound and a time no later than the API server's clock plus the skew.
+
 The service accounts act with tokens the API server issues: the agent's bound to a pod on the
 session's kwok node (the token then carries that node's name, as a DaemonSet pod's does), the
 operator's a plain one.  Nothing runs: kwok plays the pods' kubelet."""
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import dataclasses
 import json
 import ssl
@@ -24,13 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
+from kubernetes_asyncio import config
 from warmpool_devcluster import kwok
 from warmpool_devcluster.testing import ClusterHandle
+from warmpool_operator.api.types import parse_spec
+from warmpool_operator.control import children
+from warmpool_operator.control import zero as zero_control
+from warmpool_operator.control.status_patch import write_status
 from warmpool_operator.io import control_key
+from warmpool_operator.io.kube import Kube
+from warmpool_operator.model import Target
+from warmpool_operator.rules import builders
+from warmpool_operator.rules import zero as zero_rules
 
 from tests.integration.test_helm_chart import CHART, helm
+from tests.support.api_world import ApiCluster, RecordingKube
 from tests.support.node_agent import Agent, agent_processes
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
 from warmpool.contract.nodecache import CACHE_NODE_LABEL_HEX, CACHE_NODE_LABEL_PREFIX, CACHE_NODE_LABEL_VALUE
@@ -45,7 +63,15 @@ from warmpool.contract.pods import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
-from warmpool.contract.zero import held_annotation, held_value
+from warmpool.contract.zero import (
+    ACTIVATOR_SLICE_SUFFIX,
+    HELD_CLOCK_SKEW_SECONDS,
+    HELD_COUNT_MAX,
+    LABEL_ENDPOINTSLICE_MANAGED_BY,
+    LABEL_SERVICE_NAME,
+    held_annotation,
+    held_value,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +188,8 @@ def active(check: Any, what: str) -> tuple[bool, str]:
 
 
 def test_the_policies_type_check_clean(cluster: ClusterHandle, release: Release) -> None:
-    """CEL type errors in a policy are warnings, not failures: the API server's type check must find none."""
+    """CEL type errors in a policy are warnings, not failures: the API server's type check must find none
+    (its status controller runs in the controller manager: a whole cluster's test)."""
     for obj in release.objects:
         if obj["kind"] != "ValidatingAdmissionPolicy":
             continue
@@ -387,3 +414,419 @@ def test_the_activator_changes_only_its_own_held_annotation(cluster: ClusterHand
     assert not allowed, out
     live = json.loads(cluster.kubectl("get", PLURAL, "m", "-n", namespace, "-o", "json").stdout)
     assert live["spec"]["pool"]["replicas"] == 0 and not (live["metadata"].get("annotations") or {})
+
+
+# --------------------------------------------------------------------------- on an API server alone
+#
+# The rules below need no node: the chart's identities, RBAC and policies on a private API server
+# (the api_server fixture), the service accounts acting with tokens it issues, and the operator's
+# own code (control/children.py, control/zero.py) making its real writes as its service account.
+
+#: Cluster-wide, every service account of the chart present.
+API_VALUES: dict[str, Any] = {"watch": {"allNamespaces": True}, "nodeAgent": {"enabled": True},
+                              "activator": {"enabled": True}}
+#: A node of the API server's own (it runs no kubelet): the node agent's pod is bound to it.
+AGENT_NODE = "node-a"
+SCALE_TO_ZERO_SPEC: dict[str, Any] = {"model": {"hostPath": {"path": "/models/m"}},
+                                      "pool": {"replicas": 1, "minWarm": 0, "scaleToZero": {"afterIdleSeconds": 60}}}
+REFUSED_OWNER_CHANGE = "may not change an object's ownerReferences"
+REFUSED_OWNER_SHAPE = "makes objects owned by one WarmModel"
+REFUSED_SLICE = "may write only the EndpointSlices of its WarmModels' Services"
+REFUSED_SLICE_CHANGE = "may change or delete only the EndpointSlices it made"
+REFUSED_SLICE_SERVICE = "may write an EndpointSlice only for a Service its WarmModel owns"
+
+
+@pytest.fixture()
+def api_release(api_server: ClusterHandle, tmp_path: Path) -> Iterator[Release]:
+    """The chart installed on the API server alone, its release namespace the test's own (with the
+    default ServiceAccount the controller would make: pods are admitted only with one)."""
+    namespace = f"ap-{uuid.uuid4().hex[:8]}"
+    api_server.kubectl("create", "namespace", namespace)
+    api_server.kubectl("create", "serviceaccount", "default", "-n", namespace)
+    # Namespaces stay: deleting one needs the namespace controller, which this server lacks.
+    with installed(api_server, namespace, tmp_path, API_VALUES) as made:
+        assert {o["kind"] for o in made.objects} == set(KINDS), sorted({o["kind"] for o in made.objects})
+        yield made
+
+
+def plain_pod(cluster: ClusterHandle, namespace: str, name: str, sa: str = "default",
+              labels: dict[str, str] | None = None, node: str | None = None) -> dict[str, Any]:
+    """A pod nothing runs, as the admin makes it."""
+    spec: dict[str, Any] = {"serviceAccountName": sa, "automountServiceAccountToken": False,
+                            "containers": [{"name": "c", "image": "warmpool.invalid/none:0"}]}
+    if node is not None:
+        spec["nodeName"] = node
+    manifest = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels or {}}, "spec": spec}
+    made: dict[str, Any] = json.loads(cluster.kubectl("create", "-f", "-", "-o", "json",
+                                                     input=json.dumps(manifest)).stdout)
+    return made
+
+
+def admin_create(cluster: ClusterHandle, obj: dict[str, Any]) -> dict[str, Any]:
+    made: dict[str, Any] = json.loads(cluster.kubectl("create", "-f", "-", "-o", "json",
+                                                     input=json.dumps(obj)).stdout)
+    return made
+
+
+def warmmodel(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any]:
+    return admin_create(cluster, {"apiVersion": API_GROUP_VERSION, "kind": KIND,
+                                  "metadata": {"name": name, "namespace": namespace},
+                                  "spec": SCALE_TO_ZERO_SPEC})
+
+
+def owner_ref(kind: str, name: str, uid: str | None = None, controller: bool | None = True,
+              api_version: str = API_GROUP_VERSION) -> dict[str, Any]:
+    ref: dict[str, Any] = {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid or str(uuid.uuid4())}
+    if controller is not None:
+        ref["controller"] = controller
+    return ref
+
+
+class AsApi(As):
+    """:class:`As` with any API path and the verbs the rules here need; a refusal reads
+    "<code>: <the Status's message>" (its JSON escapes the policies' < and >)."""
+
+    def send(self, method: str, path: str, body: Any = None,
+             content_type: str = "application/merge-patch+json") -> tuple[bool, str]:
+        allowed, out = self._send(method, path, body, content_type)
+        if allowed:
+            return allowed, out
+        code, _, text = out.partition(": ")
+        with contextlib.suppress(ValueError, TypeError):
+            text = str(json.loads(text)["message"])
+        return allowed, f"{code}: {text}"
+
+
+def slices_path(namespace: str, name: str | None = None) -> str:
+    return f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices" + (f"/{name}" if name else "")
+
+
+def test_the_operator_writes_and_deletes_only_its_warmmodels_endpointslices(api_server: ClusterHandle,
+                                                                             api_release: Release) -> None:
+    """A stolen operator token cannot redirect a Service that is not a WarmModel's: no slice that is
+    not labelled, named and owned as the operator's own, and none of someone else's changed or deleted."""
+    ns = api_release.namespace
+    wm = warmmodel(api_server, ns, "m")
+    operator = AsApi(api_server, token(api_server, ns, api_release.sa("")))
+    # What the operator itself would write for WarmModel m (control/zero.py's desired slice, adopted).
+    ours = operator_slice(ns, wm)
+    # Someone else's Service and its slice (the EndpointSlice controller's).
+    admin_create(api_server, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "victim", "namespace": ns},
+                              "spec": {"selector": {"app": "victim"}, "ports": [{"name": "http", "port": 80}]}})
+    theirs = admin_create(api_server, {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": "victim-abcde", "namespace": ns,
+                     "labels": {LABEL_SERVICE_NAME: "victim",
+                                LABEL_ENDPOINTSLICE_MANAGED_BY: "endpointslice-controller.k8s.io"}},
+        "endpoints": [{"addresses": ["10.0.0.9"]}], "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]})
+
+    def victim_slice() -> tuple[bool, str]:
+        return undone_slice(operator, api_server, retarget(ours, "victim", owner_name="victim"))
+
+    # Labelled, named and owned as the operator's, by a WarmModel "victim" (of a uid that does not
+    # exist): the Service of that name is not that WarmModel's.
+    _, refused = active(victim_slice, "an EndpointSlice for a Service that is not a WarmModel's")
+    assert REFUSED_SLICE_SERVICE in refused, refused
+    # Another WarmModel's Service, with that WarmModel's name but not its uid: refused alike.
+    other = warmmodel(api_server, ns, "m2")
+    admin_create(api_server, {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "m2", "namespace": ns, "ownerReferences": [owner_ref(KIND, "m2", uid=other["metadata"]["uid"])]},
+        "spec": {"ports": [{"name": "http", "port": 80}]}})
+    allowed, out = active(lambda: undone_slice(operator, api_server, retarget(ours, "m2", owner_name="m2")),
+                          "a slice of WarmModel m2's Service owned by another uid")
+    assert REFUSED_SLICE_SERVICE in out, out
+    # Owned by WarmModel m, but for Service victim: refused (by the slice rule and the Service rule).
+    allowed, out = operator.send("POST", slices_path(ns), retarget(ours, "victim"), "application/json")
+    assert not allowed and refused_by(out, REFUSED_SLICE, REFUSED_SLICE_SERVICE), out
+    for tampered in (
+        without_label(ours, LABEL_ENDPOINTSLICE_MANAGED_BY),  # the EndpointSlice controller would manage it
+        renamed(ours, "m-extra"),  # a third slice of m's Service
+        with_owners(ours, [owner_ref("Service", "m")]),
+        with_owners(ours, [*ours["metadata"]["ownerReferences"], owner_ref(KIND, "m2", controller=False)]),
+        with_owners(ours, []),
+    ):
+        allowed, out = operator.send("POST", slices_path(ns), tampered, "application/json")
+        # (an owner that is not one WarmModel controlling it: the owner rule refuses that too)
+        assert not allowed and refused_by(out, REFUSED_SLICE, REFUSED_OWNER_SHAPE), (tampered["metadata"], out)
+    # Someone else's slice: not changed, not taken over (the owner rule refuses that too), not deleted.
+    for patch in ({"endpoints": [{"addresses": ["10.0.0.66"]}]},
+                  {"metadata": {"labels": ours["metadata"]["labels"],
+                                "ownerReferences": ours["metadata"]["ownerReferences"]}}):
+        allowed, out = operator.send("PATCH", slices_path(ns, "victim-abcde"), patch)
+        assert not allowed and refused_by(out, REFUSED_SLICE_CHANGE, REFUSED_OWNER_CHANGE, REFUSED_SLICE_SERVICE), (
+            patch, out)
+    allowed, out = operator.send("DELETE", slices_path(ns, "victim-abcde"))
+    assert not allowed and REFUSED_SLICE_CHANGE in out, out
+    live = json.loads(api_server.kubectl("get", "endpointslice", "victim-abcde", "-n", ns, "-o", "json").stdout)
+    assert live["endpoints"] == theirs["endpoints"] and live["metadata"]["labels"] == theirs["metadata"]["labels"]
+
+    # Its own slice, made: it may not be pointed at another Service nor given another owner.
+    allowed, out = operator.send("POST", slices_path(ns), ours, "application/json")
+    assert allowed, out
+    allowed, out = operator.send("PATCH", slices_path(ns, ours["metadata"]["name"]),
+                                 {"metadata": {"labels": {LABEL_SERVICE_NAME: "victim"}}})
+    assert not allowed and refused_by(out, REFUSED_SLICE, REFUSED_SLICE_SERVICE), out
+    allowed, out = operator.send("PATCH", slices_path(ns, ours["metadata"]["name"]),
+                                 {"metadata": {"labels": {LABEL_ENDPOINTSLICE_MANAGED_BY: None}}})
+    assert not allowed and REFUSED_SLICE in out, out
+
+
+def refused_by(answer: str, *rules: str) -> bool:
+    """Whether ``answer`` is a refusal by one of ``rules`` (the API server names the first policy
+    that denies, in an order of its own, when several do)."""
+    return answer.startswith("403") and any(rule in answer for rule in rules)
+
+
+def undone_slice(operator: AsApi, cluster: ClusterHandle, slice_obj: dict[str, Any]) -> tuple[bool, str]:
+    """Create ``slice_obj`` as the operator; one that went through (a policy not enforced yet) is deleted."""
+    meta = slice_obj["metadata"]
+    allowed, out = operator.send("POST", slices_path(meta["namespace"]), slice_obj, "application/json")
+    if allowed:
+        cluster.kubectl("delete", "endpointslice", meta["name"], "-n", meta["namespace"])
+    return allowed, out
+
+
+def operator_slice(namespace: str, wm: dict[str, Any]) -> dict[str, Any]:
+    """The activator's slice of WarmModel ``wm``'s Service, as control/zero.py writes it."""
+    target = Target(wm["metadata"]["name"], namespace, parse_spec(wm["spec"]))
+    _, activator_slice = zero_rules.build_slices(target, [], [zero_rules.Endpoint("10.1.0.5", "act-0", namespace,
+                                                                                   str(uuid.uuid4()))], 8012)
+    kopf.adopt(activator_slice, owner=wm)  # type: ignore[arg-type]
+    return activator_slice
+
+
+def retarget(slice_obj: dict[str, Any], service: str, owner_name: str | None = None) -> dict[str, Any]:
+    out = copy.deepcopy(slice_obj)
+    out["metadata"]["labels"][LABEL_SERVICE_NAME] = service
+    out["metadata"]["name"] = service + ACTIVATOR_SLICE_SUFFIX
+    if owner_name is not None:
+        out["metadata"]["ownerReferences"][0]["name"] = owner_name
+    return out
+
+
+def without_label(slice_obj: dict[str, Any], key: str) -> dict[str, Any]:
+    out = copy.deepcopy(slice_obj)
+    del out["metadata"]["labels"][key]
+    return out
+
+
+def renamed(slice_obj: dict[str, Any], name: str) -> dict[str, Any]:
+    out = copy.deepcopy(slice_obj)
+    out["metadata"]["name"] = name
+    return out
+
+
+def with_owners(obj: dict[str, Any], refs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["ownerReferences"] = refs
+    return out
+
+
+async def test_the_operators_own_writes_pass_every_policy(api_server: ClusterHandle, api_release: Release,
+                                                         tmp_path: Path) -> None:
+    """The operator's code, as its service account: a scale-to-zero WarmModel's children made, one
+    drifted and applied back, its Service's two slices written, switched (server-side apply),
+    replaced whole and deleted when the pool drops scaleToZero."""
+    ns = api_release.namespace
+    operator_token = token(api_server, ns, api_release.sa(""))
+    tester = AsApi(api_server, operator_token)
+    wm = warmmodel(api_server, ns, "m")
+
+    def foreign_owner() -> tuple[bool, str]:
+        return tester.send("POST", f"/api/v1/namespaces/{ns}/configmaps", {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"probe-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner_ref("Deployment", "x")]}},
+            "application/json")
+
+    # Both policies enforced before anything is written: what passes below passed them.
+    active(foreign_owner, "an object owned by a Deployment")
+    active(lambda: undone_slice(tester, api_server, without_label(operator_slice(ns, wm),
+                                                                  LABEL_ENDPOINTSLICE_MANAGED_BY)),
+           "an unlabelled EndpointSlice")
+
+    kubeconfig = _token_kubeconfig(api_server, operator_token, tmp_path / "operator.kubeconfig")
+    operator = Kube(await config.new_client_from_config(config_file=str(kubeconfig)))
+    harness = ApiCluster(RecordingKube(await config.new_client_from_config(config_file=str(api_server.kubeconfig))),
+                         ns)
+    try:
+        target = Target("m", ns, parse_spec(wm["spec"]))
+        settled = children.Settled()
+        made = await children.ensure_supporting(operator, harness.cache, target, wm, settled, b"k" * 32, "")
+        assert not made.conflicts and made.token
+        await children.ensure(operator, harness.cache, builders.build_deployment(target, replicas=1), wm, settled)
+        await harness.watch()
+        # A field of ours edited by hand: applied back (an UPDATE keeping the owner).
+        live = await harness.kube.get_obj("services", ns, "m")
+        assert live is not None and live["metadata"]["ownerReferences"][0]["uid"] == wm["metadata"]["uid"]
+        await harness.kube.put("services", {**live, "spec": {**live["spec"], "publishNotReadyAddresses": True}})
+        await harness.watch()
+        fixed = await children.ensure(operator, harness.cache, builders.build_service(target), wm, settled)
+        assert not fixed["spec"].get("publishNotReadyAddresses")
+
+        board = zero_control.ActivatorBoard()
+        board.update("ADDED", {"metadata": {"uid": "a"}, "ports": [{"name": "http", "port": 8012}],
+                               "endpoints": [{"addresses": ["10.1.0.5"], "conditions": {"ready": True},
+                                              "targetRef": {"name": "act-0", "namespace": ns, "uid": "u"}}]})
+        assert await zero_control.route(operator, harness.cache, target, wm, settled, [], board) == []
+        await harness.watch()
+        pod = zero_rules.Endpoint("10.0.0.1", "m-0", ns, str(uuid.uuid4()))
+        assert await zero_control.route(operator, harness.cache, target, wm, settled, [pod], board) == []
+        await harness.watch()
+        pods_slice = await harness.kube.get_obj("endpointslices", ns, zero_rules.pods_slice_name("m"))
+        assert pods_slice is not None and [e["addresses"] for e in pods_slice["endpoints"]] == [["10.0.0.1"]]
+        # Replaced whole (control/children.py's last resort): a PUT of the live object, owners kept.
+        replaced = await operator.replace({**pods_slice, "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+                                           "endpoints": []})
+        assert replaced["metadata"]["ownerReferences"] == pods_slice["metadata"]["ownerReferences"]
+        await harness.watch()
+        await zero_control.unroute(operator, harness.cache, target)
+        for name in zero_rules.slice_names("m"):
+            assert await harness.kube.get_obj("endpointslices", ns, name) is None, name
+        # The pass's last step: its status (RBAC: a patch of the status subresource, nothing more).
+        await write_status(operator, wm, {"observedGeneration": wm["metadata"]["generation"], "replicas": 0})
+        written = await harness.kube.get_obj(PLURAL, ns, "m")
+        assert written is not None and written["status"]["observedGeneration"] == wm["metadata"]["generation"]
+    finally:
+        await operator.close()
+        await harness.close()
+
+
+def test_no_service_account_of_the_chart_changes_an_owner_reference(api_server: ClusterHandle,
+                                                                    api_release: Release) -> None:
+    """An owner reference pointed at a uid that does not exist gets the object deleted by the garbage
+    collector: the operator, the node agent and the activator change none, and make objects owned
+    only as the operator's children are (one WarmModel, their controller) or not at all."""
+    ns = api_release.namespace
+    operator = AsApi(api_server, token(api_server, ns, api_release.sa("")))
+    wm = warmmodel(api_server, ns, "m")
+    missing = [owner_ref(KIND, "m", uid=str(uuid.uuid4()))]
+    admin_create(api_server, {"apiVersion": "v1", "kind": "ConfigMap",
+                              "metadata": {"name": "theirs", "namespace": ns}, "data": {"k": "v"}})
+
+    def point_theirs_at_a_missing_owner() -> tuple[bool, str]:
+        allowed, out = operator.send("PATCH", f"/api/v1/namespaces/{ns}/configmaps/theirs",
+                                     {"metadata": {"ownerReferences": missing}})
+        if allowed:  # not enforced yet: undone
+            operator.send("PATCH", f"/api/v1/namespaces/{ns}/configmaps/theirs",
+                          {"metadata": {"ownerReferences": None}})
+        return allowed, out
+
+    _, refused = active(point_theirs_at_a_missing_owner, "an owner reference put on someone else's ConfigMap")
+    assert REFUSED_OWNER_CHANGE in refused, refused
+    # Someone else's Deployment, and the operator's own worker pod (the pod policy allows its
+    # awake label and tier annotations, not this): refused alike.
+    template = {"metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "warmpool.invalid/none:0"}]}}
+    admin_create(api_server, {"apiVersion": "apps/v1", "kind": "Deployment",
+                              "metadata": {"name": "app", "namespace": ns},
+                              "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": template}})
+    plain_pod(api_server, ns, "worker", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_AWAKE: AWAKE_TRUE})
+    for path in (f"/apis/apps/v1/namespaces/{ns}/deployments/app", f"/api/v1/namespaces/{ns}/pods/worker"):
+        allowed, out = operator.send("PATCH", path, {"metadata": {"ownerReferences": missing}})
+        assert not allowed and REFUSED_OWNER_CHANGE in out, (path, out)
+    # A child of its own made, then orphaned or re-owned: refused.
+    child = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "m-warmup", "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+        "ownerReferences": [owner_ref(KIND, "m", uid=wm["metadata"]["uid"])]}}
+    allowed, out = operator.send("POST", f"/api/v1/namespaces/{ns}/configmaps", child, "application/json")
+    assert allowed, out
+    for refs in (None, missing):
+        allowed, out = operator.send("PATCH", f"/api/v1/namespaces/{ns}/configmaps/m-warmup",
+                                     {"metadata": {"ownerReferences": refs}})
+        assert not allowed and REFUSED_OWNER_CHANGE in out, (refs, out)
+    # Made with an owner that is not one WarmModel controlling it: refused; with none: allowed.
+    for refs in ([owner_ref("Deployment", "app", api_version="apps/v1")],
+                 [owner_ref(KIND, "m", uid=wm["metadata"]["uid"], controller=None)],
+                 [owner_ref(KIND, "m", uid=wm["metadata"]["uid"]), owner_ref(KIND, "n", controller=False)],
+                 [owner_ref(KIND, "m", api_version="evil.example/v1")]):
+        made = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"c-{uuid.uuid4().hex[:6]}", "ownerReferences": refs}}
+        allowed, out = operator.send("POST", f"/api/v1/namespaces/{ns}/configmaps", made, "application/json")
+        assert not allowed and REFUSED_OWNER_SHAPE in out, (refs, out)
+
+    # The activator (its token bound to its pod): the held-annotation policy lets this patch through
+    # (no annotation, spec, label or finalizer changed); the owner rule does not.
+    activator_pod = plain_pod(api_server, ns, "activator-0", sa=api_release.sa("-activator"))
+    activator = AsApi(api_server, token(api_server, ns, api_release.sa("-activator"), activator_pod))
+    allowed, out = activator.send("PATCH", f"/apis/{API_GROUP_VERSION}/namespaces/{ns}/{PLURAL}/m",
+                                  {"metadata": {"ownerReferences": missing}})
+    assert not allowed and REFUSED_OWNER_CHANGE in out, out
+
+    # The node agent (its token bound to its pod on a node): its own Node's owners, and a Lease
+    # of its own made with one.
+    node = admin_create(api_server, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": AGENT_NODE}})
+    try:
+        agent_pod = plain_pod(api_server, ns, "agent-0", sa=api_release.sa("-node-agent"), node=AGENT_NODE)
+        agent = AsApi(api_server, token(api_server, ns, api_release.sa("-node-agent"), agent_pod))
+        allowed, out = agent.send("PATCH", f"/api/v1/nodes/{AGENT_NODE}", {"metadata": {"ownerReferences": [
+            owner_ref("Node", AGENT_NODE, api_version="v1")]}})
+        assert not allowed and REFUSED_OWNER_CHANGE in out, out
+        allowed, out = agent.send("PATCH", f"/api/v1/nodes/{AGENT_NODE}",
+                                  {"metadata": {"labels": {CACHE_LABEL: CACHE_NODE_LABEL_VALUE}}})
+        assert allowed, out  # what it does write, still allowed
+        node_owner = owner_ref("Node", AGENT_NODE, node["metadata"]["uid"], api_version="v1")
+        lease: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                 "metadata": {"name": "fill-x", "ownerReferences": [node_owner]},
+                                 "spec": {"holderIdentity": AGENT_NODE}}
+        allowed, out = agent.send("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", lease,
+                                  "application/json")
+        assert not allowed and REFUSED_OWNER_SHAPE in out, out
+        del lease["metadata"]["ownerReferences"]
+        allowed, out = agent.send("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", lease,
+                                  "application/json")
+        assert allowed, out
+    finally:
+        api_server.kubectl("delete", "node", AGENT_NODE, "--wait=false", check=False)
+    live = json.loads(api_server.kubectl("get", "configmap", "theirs", "-n", ns, "-o", "json").stdout)
+    assert "ownerReferences" not in live["metadata"]
+
+
+def test_the_activators_held_value_is_well_formed_bounded_and_not_ahead_of_the_api_server(
+        api_server: ClusterHandle, api_release: Release) -> None:
+    """A stolen activator token cannot hold a pool up for ever: its count has the contract's format
+    and bound, and its time is no later than the API server's clock plus the contract's skew (read
+    from the managedFields entry the API server stamps on the write, which a client cannot forge)."""
+    ns = api_release.namespace
+    warmmodel(api_server, ns, "m")
+    pod = plain_pod(api_server, ns, "activator-0", sa=api_release.sa("-activator"))
+    activator = AsApi(api_server, token(api_server, ns, api_release.sa("-activator"), pod))
+    own = held_annotation("activator-0")
+    path = f"/apis/{API_GROUP_VERSION}/namespaces/{ns}/{PLURAL}/m"
+
+    def write(value: str | None, **meta: Any) -> tuple[bool, str]:
+        return activator.send("PATCH", path, {"metadata": {"annotations": {own: value}, **meta}})
+
+    def far_future() -> tuple[bool, str]:
+        allowed, out = write(held_value(1, time.time() + 3600))
+        if allowed:  # not enforced yet: undone
+            write(None)
+        return allowed, out
+
+    _, refused = active(far_future, "a held time an hour ahead")
+    assert f"at most {HELD_CLOCK_SKEW_SECONDS} s past the clock of the API server" in refused, refused
+    trace = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    for value in (held_value(3, time.time()), held_value(3, time.time(), trace),
+                  held_value(HELD_COUNT_MAX, time.time()), held_value(2, 1_700_000_000),
+                  held_value(1, time.time() + HELD_CLOCK_SKEW_SECONDS - 10)):
+        allowed, out = write(value)
+        assert allowed, (value, out)
+    for value in ("3", "3 abc", "-1 1700000000", "3  1700000000", f"3 {int(time.time())} not-a-trace",
+                  "1234567 1700000000", "3 17000000000", f"3 {int(time.time())} {trace} x", " 3 1700000000"):
+        allowed, out = write(value)
+        assert not allowed and "must be '<requests held> <unix seconds>'" in out, (value, out)
+    allowed, out = write(held_value(HELD_COUNT_MAX + 1, time.time()))
+    assert not allowed and f"at most {HELD_COUNT_MAX} held requests" in out, out
+    allowed, out = write(held_value(1, time.time() + HELD_CLOCK_SKEW_SECONDS + 30))
+    assert not allowed and "past the clock of the API server" in out, out
+    # A managedFields entry of the client's own, stamped far ahead and owning the annotation, does
+    # not move the API server's clock: the write takes the field from it and stamps its own time.
+    forged = [{"manager": "forger", "operation": "Update", "apiVersion": API_GROUP_VERSION,
+               "time": "2100-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+               "fieldsV1": {"f:metadata": {"f:annotations": {f"f:{own}": {}}}}}]
+    allowed, out = write(held_value(1, time.time() + 3600), managedFields=forged)
+    assert not allowed and "past the clock of the API server" in out, out
+    allowed, out = write(None)
+    assert allowed, out
+    live = json.loads(api_server.kubectl("get", PLURAL, "m", "-n", ns, "-o", "json").stdout)
+    assert own not in (live["metadata"].get("annotations") or {})

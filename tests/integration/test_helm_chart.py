@@ -47,7 +47,19 @@ from warmpool.contract.pods import (
     MANAGED_BY,
 )
 from warmpool.contract.telemetry import ENV_OTEL_ENDPOINT
-from warmpool.contract.zero import COMPONENT_ACTIVATOR, DEFAULT_ACTIVATOR_PORT, HELD_ANNOTATION_PREFIX
+from warmpool.contract.zero import (
+    ACTIVATOR_SLICE_SUFFIX,
+    COMPONENT_ACTIVATOR,
+    DEFAULT_ACTIVATOR_PORT,
+    ENDPOINTSLICE_MANAGER,
+    HELD_ANNOTATION_PREFIX,
+    HELD_CLOCK_SKEW_SECONDS,
+    HELD_COUNT_MAX,
+    LABEL_ENDPOINTSLICE_MANAGED_BY,
+    LABEL_SERVICE_NAME,
+    MAX_UNIX_SECONDS,
+    PODS_SLICE_SUFFIX,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -594,7 +606,9 @@ def test_admission_policies_name_the_contracts_keys_and_can_be_left_out(tmp_path
     objs = objects(render(tmp_path, {"nodeAgent": {"enabled": True}}))
     policies = {o["metadata"]["name"]: o for o in by_kind(objs, "ValidatingAdmissionPolicy")}
     assert set(policies) == {"wp-warmpool-operator-pod-patches", "wp-warmpool-operator-secret-writes",
-                             "wp-warmpool-node-agent-own-node", "wp-warmpool-activator-held-annotations"}
+                             "wp-warmpool-node-agent-own-node", "wp-warmpool-activator-held-annotations",
+                             "wp-warmpool-operator-endpointslices", "wp-warmpool-operator-endpointslice-services",
+                             "wp-warmpool-owner-references"}
     bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
@@ -768,6 +782,73 @@ def test_the_activator_may_change_only_its_own_held_annotation(tmp_path: Path) -
     assert f"'{HELD_ANNOTATION_PREFIX}'" in own and "authentication.kubernetes.io/pod-name" in own
     assert [o for o in by_kind(objs, "ValidatingAdmissionPolicyBinding")
             if o["spec"]["policyName"] == policy["metadata"]["name"]]
+
+
+def _policy(objs: Sequence[Obj], name: str) -> Obj:
+    (policy,) = [o for o in by_kind(objs, "ValidatingAdmissionPolicy") if o["metadata"]["name"] == name]
+    return policy
+
+
+def _variable(policy: Obj, name: str) -> str:
+    return str(next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == name))
+
+
+def test_the_operators_endpointslices_are_its_own_by_the_contracts_names(tmp_path: Path) -> None:
+    """The EndpointSlice rules name warmpool/contract/zero.py's labels, manager and suffixes; every
+    write and delete of the operator is matched; the Service check takes every Service of the
+    slice's namespace as its parameters."""
+    objs = objects(render(tmp_path, {}))
+    shape = _policy(objs, "wp-warmpool-operator-endpointslices")
+    assert shape["spec"]["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["discovery.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"],
+        "resources": ["endpointslices"]}]
+    assert shape["spec"]["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:warmpool-system:wp-warmpool'")
+    for which in ("object", "oldObject"):
+        ours = _variable(shape, "newOurs" if which == "object" else "oldOurs")
+        for fact in (f"'{LABEL_ENDPOINTSLICE_MANAGED_BY}' in {which}.metadata.labels",
+                     f"== '{ENDPOINTSLICE_MANAGER}'", f"'{LABEL_SERVICE_NAME}' in {which}.metadata.labels",
+                     f"+ '{PODS_SLICE_SUFFIX}'", f"+ '{ACTIVATOR_SLICE_SUFFIX}'",
+                     f"size({which}.metadata.ownerReferences) == 1", f"r.kind == '{KIND}'",
+                     f"r.apiVersion.startsWith('{API_GROUP}/')"):
+            assert fact in ours, (which, fact, ours)
+    services = _policy(objs, "wp-warmpool-operator-endpointslice-services")
+    assert services["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "Service"}
+    assert f"'{LABEL_SERVICE_NAME}'" in _variable(services, "service")
+    (binding,) = [b for b in by_kind(objs, "ValidatingAdmissionPolicyBinding")
+                  if b["spec"]["policyName"] == "wp-warmpool-operator-endpointslice-services"]
+    assert binding["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}
+
+
+def test_no_service_account_of_the_chart_may_change_owner_references(tmp_path: Path) -> None:
+    """The owner-reference rule covers every kind and subresource, for exactly the service accounts
+    the release has."""
+    def writers(values: Obj) -> str:
+        policy = _policy(objects(render(tmp_path, values)), "wp-warmpool-owner-references")
+        assert policy["spec"]["matchConstraints"]["resourceRules"] == [{
+            "apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["*/*"]}]
+        return str(policy["spec"]["matchConditions"][0]["expression"])
+
+    prefix = "system:serviceaccount:warmpool-system:wp-warmpool"
+    assert writers({"nodeAgent": {"enabled": True}}) == (
+        f"request.userInfo.username in ['{prefix}', '{prefix}-node-agent', '{prefix}-activator']")
+    assert writers({"activator": {"enabled": False}}) == f"request.userInfo.username in ['{prefix}']"
+
+
+def test_the_operator_only_patches_the_status_it_never_reads_there(tmp_path: Path) -> None:
+    """Its status writes and kopf's are merge patches of the subresource: no verb beside patch."""
+    (role,) = [r for r in by_kind(objects(render(tmp_path, VALUE_SETS["cluster-wide, everything on"])), "ClusterRole")
+               if r["metadata"]["name"] == "wp-warmpool"]
+    assert [r["verbs"] for r in role["rules"] if r["resources"] == ["warmmodels/status"]] == [["patch"]]
+
+
+def test_the_activators_held_value_bounds_are_the_contracts(tmp_path: Path) -> None:
+    """The count bound and clock skew the policy enforces are the ones the operator checks again."""
+    policy = _policy(objects(render(tmp_path, {})), "wp-warmpool-activator-held-annotations")
+    assert int(_variable(policy, "maxHeldCount")) == HELD_COUNT_MAX
+    assert int(_variable(policy, "clockSkewSeconds")) == HELD_CLOCK_SKEW_SECONDS
+    assert f"{{1,{len(str(HELD_COUNT_MAX))}}}" in _variable(policy, "wellFormed")
+    assert f"{{1,{len(str(MAX_UNIX_SECONDS))}}}" in _variable(policy, "wellFormed")
 
 
 # --------------------------------------------------------------------------- bad values
