@@ -826,6 +826,9 @@ def test_the_activators_held_value_is_well_formed_bounded_and_not_ahead_of_the_a
                "fieldsV1": {"f:metadata": {"f:annotations": {f"f:{own}": {}}}}}]
     allowed, out = write(held_value(1, time.time() + 3600), managedFields=forged)
     assert not allowed and "past the clock of the API server" in out, out
+    # Nor does a reset of them ([{}] strips every entry): no stamp to read, refused.
+    allowed, out = write(held_value(1, time.time() + 3600), managedFields=[{}])
+    assert not allowed and "past the clock of the API server" in out, out
     allowed, out = write(None)
     assert allowed, out
     live = json.loads(api_server.kubectl("get", PLURAL, "m", "-n", ns, "-o", "json").stdout)
