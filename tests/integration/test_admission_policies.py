@@ -4,7 +4,8 @@ on, and there only its cache labels; the operator may patch only its own worker 
 only the awake label and the tier and deletion-cost annotations, and write only its WarmModels'
 control Secrets; the activator may change only its own held-requests annotation on WarmModels.
 
-On an API server alone (the api_server fixture, no node): the operator writes and deletes only the
+On an API server alone (the api_server fixture, no node): every policy type-checks clean (the
+controller manager's policy status controller run beside it); the operator writes and deletes only the
 EndpointSlices of its WarmModels' Services, and its own writes (its real code, as its service
 account) pass every policy; none of the three service accounts changes an owner reference or
 makes an object owned other than as the operator's children are; the activator's held value has
@@ -22,6 +23,7 @@ import copy
 import dataclasses
 import json
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -35,7 +37,7 @@ import kopf
 import pytest
 import yaml
 from kubernetes_asyncio import config
-from warmpool_devcluster import kwok
+from warmpool_devcluster import build, kwok
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.api.types import parse_spec
 from warmpool_operator.control import children
@@ -50,6 +52,7 @@ from warmpool_operator.rules import zero as zero_rules
 from tests.integration.test_helm_chart import CHART, helm
 from tests.support.api_world import ApiCluster, RecordingKube
 from tests.support.node_agent import Agent, agent_processes
+from tests.support.procs import free_port, stop
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
 from warmpool.contract.nodecache import CACHE_NODE_LABEL_HEX, CACHE_NODE_LABEL_PREFIX, CACHE_NODE_LABEL_VALUE
 from warmpool.contract.pods import (
@@ -187,22 +190,40 @@ def active(check: Any, what: str) -> tuple[bool, str]:
         time.sleep(0.5)
 
 
-def test_the_policies_type_check_clean(cluster: ClusterHandle, release: Release) -> None:
-    """CEL type errors in a policy are warnings, not failures: the API server's type check must find none
-    (its status controller runs in the controller manager: a whole cluster's test)."""
-    for obj in release.objects:
-        if obj["kind"] != "ValidatingAdmissionPolicy":
-            continue
-        name = obj["metadata"]["name"]
-        deadline = time.monotonic() + 30
-        while True:
-            live = json.loads(cluster.kubectl("get", "validatingadmissionpolicy", name, "-o", "json").stdout)
-            status = live.get("status") or {}
-            if status.get("observedGeneration") == live["metadata"]["generation"]:
-                break
-            assert time.monotonic() < deadline, f"policy {name} was never type-checked: {status}"
-            time.sleep(0.5)
-        assert not (status.get("typeChecking") or {}).get("expressionWarnings"), status
+@contextlib.contextmanager
+def policy_status_controller(cluster: ClusterHandle, log: Path) -> Iterator[None]:
+    """The controller manager's ValidatingAdmissionPolicy status controller alone (it writes each
+    policy's type check into its status), for an API server that runs no controllers."""
+    binary = build.ensure_binaries(["kube-controller-manager"])["kube-controller-manager"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(binary), "--kubeconfig", str(cluster.kubeconfig), "--leader-elect=false",
+             "--controllers=validatingadmissionpolicy-status-controller",
+             "--bind-address=127.0.0.1", f"--secure-port={free_port()}"],
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        stop(proc)
+
+
+def test_the_policies_type_check_clean(api_server: ClusterHandle, api_release: Release, tmp_path: Path) -> None:
+    """CEL type errors in a policy are warnings, not failures: the API server's type check must find
+    none, for every policy of a release with every service account."""
+    with policy_status_controller(api_server, tmp_path / "controller-manager.log"):
+        for obj in api_release.objects:
+            if obj["kind"] != "ValidatingAdmissionPolicy":
+                continue
+            name = obj["metadata"]["name"]
+            deadline = time.monotonic() + 60
+            while True:
+                live = json.loads(api_server.kubectl("get", "validatingadmissionpolicy", name, "-o", "json").stdout)
+                status = live.get("status") or {}
+                if status.get("observedGeneration") == live["metadata"]["generation"]:
+                    break
+                assert time.monotonic() < deadline, f"policy {name} was never type-checked: {status}"
+                time.sleep(0.5)
+            assert not (status.get("typeChecking") or {}).get("expressionWarnings"), (name, status)
 
 
 def test_the_node_agent_patches_only_its_own_nodes_cache_labels(cluster: ClusterHandle, namespace: str,
