@@ -374,7 +374,7 @@ def test_examples_match_the_crd_schema(schema_dir: Path) -> None:
 
 
 def _not_activator(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [o for o in objs if not o["metadata"]["name"].endswith("-activator")]
+    return [o for o in objs if not o["metadata"]["name"].endswith(("-activator", "-activator-callers"))]
 
 
 def _leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -407,7 +407,7 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
     for binding in _not_activator(by_kind(namespaced, "RoleBinding") + by_kind(namespaced, "ClusterRoleBinding")):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "preexisting",
                                         "namespace": "warmpool-system"}]
-    (discovery,) = by_kind(namespaced, "ClusterRole")
+    (discovery,) = _not_activator(by_kind(namespaced, "ClusterRole"))
     assert {r for rule in discovery["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
                                                                               "namespaces"}
     args = _not_activator(by_kind(namespaced, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -430,7 +430,8 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
     assert not _not_leader(wide, "Role") and not _not_leader(wide, "RoleBinding")
     assert len(_leader(wide, "Role")) == 1 and len(_leader(wide, "RoleBinding")) == 1
     cluster_roles = {r["metadata"]["name"]: r for r in by_kind(wide, "ClusterRole")}
-    assert set(cluster_roles) == {"wp-warmpool", "wp-warmpool-discovery", "wp-warmpool-activator"}
+    assert set(cluster_roles) == {"wp-warmpool", "wp-warmpool-discovery", "wp-warmpool-activator",
+                                  "wp-warmpool-activator-callers"}
     # Cluster-wide kopf never lists namespaces: no rule for them.
     assert {r for rule in cluster_roles["wp-warmpool-discovery"]["rules"] for r in rule["resources"]} == {
         "customresourcedefinitions"}
@@ -673,6 +674,11 @@ def test_network_policies_open_only_the_workers_port_and_the_operators(tmp_path:
                        "NetworkPolicy")
 
 
+def _activator_callers(objs: list[dict[str, Any]]) -> Obj:
+    (found,) = [o for o in by_kind(objs, "ClusterRole") if o["metadata"]["name"] == "wp-warmpool-activator-callers"]
+    return found
+
+
 def _activator(objs: list[dict[str, Any]], kind: str) -> Obj:
     (found,) = [o for o in by_kind(objs, kind) if o["metadata"]["name"] == "wp-warmpool-activator"]
     return found
@@ -705,7 +711,19 @@ def test_the_activator_runs_restricted_beside_the_operator_which_routes_pools_at
     assert {(g, r): v for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
             for v in [tuple(rule["verbs"])]} == {
         (API_GROUP, "warmmodels"): ("get", "list", "watch", "patch"), ("", "services"): ("get", "list", "watch"),
-        ("discovery.k8s.io", "endpointslices"): ("get", "list", "watch")}
+        ("discovery.k8s.io", "endpointslices"): ("get", "list", "watch"),
+        ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch")}
+    # Who is calling: pods, their namespaces and the nodes, read (never written) cluster-wide.
+    callers = _activator_callers(objs)
+    assert callers["rules"] == [{"apiGroups": [""], "resources": ["pods", "namespaces", "nodes"],
+                                 "verbs": ["get", "list", "watch"]}]
+    (binding,) = [b for b in by_kind(objs, "ClusterRoleBinding")
+                  if b["metadata"]["name"] == "wp-warmpool-activator-callers"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "wp-warmpool-activator",
+                                    "namespace": "warmpool-system"}]
+    # The bounds that keep one client from exhausting it, from the values.
+    bounds = {"--max-connections=1000", "--max-held-bytes=67108864", "--header-timeout=10", "--body-timeout=30"}
+    assert bounds <= set(container["args"])
     operator_args = _operator_args(tmp_path)
     assert "--activator-service=warmpool-system/wp-warmpool-activator" in operator_args
     # The operator keeps the pools' slices: the one rule with delete.
