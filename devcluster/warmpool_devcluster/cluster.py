@@ -411,6 +411,7 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
         _save_state(state)
         node.start_network(state.node, root)
         state.ports = _choose_ports(apiserver_port, state.apiserver_host)
+        node.publish_apiserver(state.node, state.ports["apiserver"])
         certs.issue_node_pki(pki, NODE_NAME, state.apiserver_host)
     _write_kubeconfigs(root, state.apiserver_url)
     ports = state.ports

@@ -21,13 +21,14 @@ import json
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from warmpool_dev.paths import cache_root
 
-from warmpool_devcluster import build, processes
+from warmpool_devcluster import build, node_network, processes
 
 #: Every Jaeger listener binds here (tests and the dev cluster talk to loopback only).
 LOOPBACK = processes.LOOPBACK
@@ -60,6 +61,8 @@ class JaegerHandle:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        receiver = urllib.parse.urlsplit(self.otlp_endpoint)
+        node_network.withdraw_from_pods(receiver.hostname or "", receiver.port or 0)
 
 
 
@@ -113,6 +116,9 @@ def start_jaeger(workdir: Path, binary: Path | None = None, otlp_address: str = 
     jaeger = binary if binary is not None else build.ensure_binaries(["jaeger"])["jaeger"]
     workdir.mkdir(parents=True, exist_ok=True)
     otlp_port, query_port, grpc_port = processes.free_port(otlp_address), processes.free_port(), processes.free_port()
+    # On the node's bridge address, the OTLP receiver is for the workers in pods: the guard lets
+    # them in to that port alone.
+    node_network.publish_to_pods(otlp_address, otlp_port)
     config_path = workdir / "jaeger-config.json"  # JSON is YAML: the collector reads it as such
     config_path.write_text(json.dumps(jaeger_config(otlp_port, query_port, grpc_port, otlp_address), indent=2))
     log_path = workdir / "jaeger.log"

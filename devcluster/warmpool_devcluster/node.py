@@ -46,7 +46,6 @@ class NodeState:
     """What ``down`` needs to undo the node, saved in the cluster's cluster.json."""
 
     octet: int
-    sysctls: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -60,7 +59,6 @@ class NodeState:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeState:
         return cls(octet=int(data["octet"]),
-                   sysctls={str(k): str(v) for k, v in (data.get("sysctls") or {}).items()},
                    pids={str(k): int(v) for k, v in (data.get("pids") or {}).items()},
                    ports={str(k): int(v) for k, v in (data.get("ports") or {}).items()})
 
@@ -72,6 +70,11 @@ def node_dir(cluster_root: Path) -> Path:
 
 def kubelet_root(cluster_root: Path) -> Path:
     return node_dir(cluster_root) / "kubelet" / "root"
+
+
+def sysctl_record(cluster_root: Path) -> Path:
+    """The host's settings as they were before the node changed any (node_cleanup.SYSCTLS)."""
+    return node_dir(cluster_root) / "host-sysctls.json"
 
 
 def preflight(other_real_nodes: list[str]) -> None:
@@ -97,8 +100,9 @@ def choose_octet(taken: set[int]) -> int:
 
 
 def start_network(state: NodeState, cluster_root: Path) -> None:
-    """Bridge, guard rules, CNI config; saves the sysctls the node will change first."""
-    state.sysctls = node_cleanup.read_sysctls()
+    """Bridge, guard rules, CNI config; first saves (on disk, so a ``down`` after a crash finds
+    them) the host settings the node and its kubelet will change."""
+    node_cleanup.record_sysctls(sysctl_record(cluster_root))
     net = state.network
     node_network.create_bridge(net)
     node_network.guard_up(net)
@@ -110,6 +114,12 @@ def start_network(state: NodeState, cluster_root: Path) -> None:
 
 
 Spawn = Callable[[str, list[str]], int]
+
+
+def publish_apiserver(state: NodeState, port: int) -> None:
+    """Open the API server's port on the bridge address to the pods (through the ``kubernetes``
+    Service): the one host service every node's pods need."""
+    node_network.publish_to_pods(state.network.gateway, port)
 
 
 def start_runtime(state: NodeState, cluster_root: Path, spawn: Spawn) -> None:
@@ -189,7 +199,7 @@ def stop(state: NodeState, cluster_root: Path, kube_proxy: Path | None, log: Cal
         node_network.delete_bridge(net)
     if node_network.bridge_exists(net.bridge):
         problems.append(f"bridge {net.bridge} still there")
-    node_cleanup.restore_sysctls(state.sysctls)
+    problems += node_cleanup.restore_sysctls(sysctl_record(cluster_root))
     if not problems:
         # containerd's state and the kubelet's root hold nothing worth keeping once unmounted;
         # leftovers would confuse the next start (stale sandboxes, IPAM leases).
@@ -209,7 +219,9 @@ def leftovers(state: NodeState, cluster_root: Path) -> dict[str, list[str]]:
         "mounts": node_cleanup.mounts_under([base]),
         "cgroups": [str(g) for g in node_cleanup.kubepods_cgroups()],
         "bridge": [state.network.bridge] if node_network.bridge_exists(state.network.bridge) else [],
-        "iptables": node_cleanup.leftover_kube_chains() + _guard_present(state.network),
+        "iptables": node_cleanup.leftover_kube_chains() + node_network.guard_present(state.network),
+        # a record left means some of the host's settings were not restored
+        "sysctls": [str(sysctl_record(cluster_root))] if sysctl_record(cluster_root).exists() else [],
     }
 
 
@@ -218,12 +230,3 @@ def _cmdline_bytes(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
-
-
-def _guard_present(net: node_network.NodeNetwork) -> list[str]:
-    present = []
-    for table, chain in (("filter", net.filter_chain), ("mangle", net.mangle_chain)):
-        proc = subprocess.run(["iptables", "-w", "-t", table, "-S", chain], capture_output=True, text=True)
-        if proc.returncode == 0:
-            present.append(f"iptables {table} {chain}")
-    return present

@@ -11,6 +11,7 @@ crashed node is cleaned as well as a healthy one.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -21,10 +22,22 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: The kubelet's QoS cgroup (cgroupsPerQOS, cgroupfs driver), under every v1 hierarchy.
 KUBEPODS = "kubepods"
-#: Sysctls the kubelet sets at start (and net.bridge one the node needs): saved before, restored after.
-SYSCTLS = ("kernel.panic", "kernel.panic_on_oops", "vm.overcommit_memory", "net.bridge.bridge-nf-call-iptables")
+#: Every host setting a real node changes, saved before it changes any and restored by ``down``:
+#: the kubelet's kernel tunables (it sets all six at start: overcommit always, no panic on OOM,
+#: reboot 10 s after a panic, panic on oops, and the root keyring quotas), IP forwarding (the CNI
+#: bridge plugin turns it on with the first pod) and bridged traffic through iptables (the node
+#: turns it on: see node.start_network).
+SYSCTLS = (
+    "vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic", "kernel.panic_on_oops",
+    "kernel.keys.root_maxkeys", "kernel.keys.root_maxbytes",
+    "net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables",
+)
 #: The kubelet's own chains (kube-proxy removes its own with --cleanup).
 KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-PROXY-CANARY")
+
+
+class SysctlRecordError(RuntimeError):
+    """The record of the host's settings could not be read; the message names the file."""
 
 
 def _sysctl_path(name: str) -> Path:
@@ -32,6 +45,7 @@ def _sysctl_path(name: str) -> Path:
 
 
 def read_sysctls() -> dict[str, str]:
+    """The current value of each of SYSCTLS this kernel has."""
     values = {}
     for name in SYSCTLS:
         with contextlib.suppress(OSError):
@@ -39,11 +53,53 @@ def read_sysctls() -> dict[str, str]:
     return values
 
 
-def restore_sysctls(saved: dict[str, str]) -> None:
+def record_sysctls(record: Path) -> dict[str, str]:
+    """Save the host's values of SYSCTLS in ``record`` before the node changes any, and return them.
+
+    A record already there is kept as it is: it is what a node that crashed, and was never taken
+    down, saved before it changed the host; the values on the machine now are that node's.
+    """
+    if record.exists():
+        return load_sysctl_record(record)
+    values = read_sysctls()
+    record.parent.mkdir(parents=True, exist_ok=True)
+    partial = record.with_suffix(".tmp")
+    partial.write_text(json.dumps(values, indent=2, sort_keys=True))
+    partial.replace(record)  # the record is whole or absent, even if this process dies here
+    return values
+
+
+def load_sysctl_record(record: Path) -> dict[str, str]:
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError) as error:
+        raise SysctlRecordError(f"the record of the host's settings {record} is unreadable: {error}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise SysctlRecordError(f"the record of the host's settings {record} is not a map of names to values")
+    return data
+
+
+def restore_sysctls(record: Path) -> list[str]:
+    """Write back every value ``record`` holds, then remove it; the settings that could not be
+    restored are returned (and the record kept, so a later ``down`` tries again)."""
+    if not record.exists():
+        return []
+    try:
+        saved = load_sysctl_record(record)
+    except SysctlRecordError as error:
+        return [str(error)]
+    problems = []
     for name, value in saved.items():
-        with contextlib.suppress(OSError):
+        try:
             if _sysctl_path(name).read_text().strip() != value:
                 _sysctl_path(name).write_text(value)
+            if _sysctl_path(name).read_text().strip() != value:
+                problems.append(f"sysctl {name} is not back to {value!r}")
+        except OSError as error:
+            problems.append(f"sysctl {name} could not be restored to {value!r}: {error}")
+    if not problems:
+        record.unlink()
+    return problems
 
 
 def set_sysctl(name: str, value: str) -> None:

@@ -10,6 +10,9 @@ and loopback.  Its checks sit in mangle POSTROUTING (not filter OUTPUT: for host
 filter OUTPUT still sees the pre-DNAT output device although kube-proxy's DNAT rerouted the
 packet to the bridge), plus filter FORWARD for what pods route (accepted on the bridge only, as a
 host FORWARD policy of DROP, which dockerd leaves behind, would otherwise stop pod-to-pod traffic).
+It also keeps pods off this machine's own services: in filter INPUT, pods get replies and reach
+only what the node published to them (the API server; a dev server such as Jaeger's OTLP receiver
+when started on the bridge address); and it drops all IPv6 from or to the bridge (pods have none).
 """
 
 from __future__ import annotations
@@ -64,6 +67,10 @@ class NodeNetwork:
     @property
     def mangle_chain(self) -> str:
         return f"WARMPOOL-OUT-{self.octet}"
+
+    @property
+    def input_chain(self) -> str:
+        return f"WARMPOOL-IN-{self.octet}"
 
 
 #: Every cluster's pod subnet lies in here (POD_SUBNET_OCTETS).
@@ -160,56 +167,139 @@ def write_cni_config(net: NodeNetwork, conf_dir: Path, ipam_dir: Path) -> Path:
     return path
 
 
-def _guard_rules(net: NodeNetwork) -> dict[tuple[str, str], list[list[str]]]:
-    """(table, chain) -> the rules in it, in order."""
+@dataclass(frozen=True)
+class GuardChain:
+    """One chain of the guard: its rules, in order, and the built-in chain that jumps to it first."""
+
+    tool: str  # iptables or ip6tables
+    table: str
+    chain: str
+    hook: str
+    rules: tuple[tuple[str, ...], ...]
+
+    def command(self, *args: str) -> list[str]:
+        return [self.tool, "-w", "-t", self.table, *args]
+
+
+#: Why a pod may open a connection to a host address: the node's own needs, opened by name.
+PUBLISHED_COMMENT = "warmpool: published to pods"
+
+
+def _guard_chains(net: NodeNetwork) -> tuple[GuardChain, ...]:
     br = net.bridge
-    return {
-        ("filter", net.filter_chain): [
-            ["-i", br, "-o", br, "-j", "ACCEPT"],  # pod to pod on the bridge
-            ["-i", br, "!", "-o", br, "-j", "DROP"],  # a pod routed anywhere else
-            ["-o", br, "!", "-i", br, "-j", "DROP"],  # anything routed in from elsewhere
-            ["-s", net.pod_cidr, "-j", "DROP"],
-            ["-d", net.pod_cidr, "-j", "DROP"],
-        ],
-        ("mangle", net.mangle_chain): [
-            ["-o", br, "-j", "RETURN"],
-            ["-o", "lo", "-j", "RETURN"],
-            ["-s", net.pod_cidr, "-j", "DROP"],
-            ["-d", net.pod_cidr, "-j", "DROP"],
-            ["-d", SERVICE_CIDR, "-j", "DROP"],
-        ],
-    }
-
-
-#: Where each guard chain is jumped to from.
-_HOOKS = {"filter": "FORWARD", "mangle": "POSTROUTING"}
+    return (
+        GuardChain("iptables", "filter", net.filter_chain, "FORWARD", (
+            ("-i", br, "-o", br, "-j", "ACCEPT"),  # pod to pod on the bridge
+            ("-i", br, "!", "-o", br, "-j", "DROP"),  # a pod routed anywhere else
+            ("-o", br, "!", "-i", br, "-j", "DROP"),  # anything routed in from elsewhere
+            ("-s", net.pod_cidr, "-j", "DROP"),
+            ("-d", net.pod_cidr, "-j", "DROP"),
+        )),
+        GuardChain("iptables", "mangle", net.mangle_chain, "POSTROUTING", (
+            ("-o", br, "-j", "RETURN"),
+            ("-o", "lo", "-j", "RETURN"),
+            ("-s", net.pod_cidr, "-j", "DROP"),
+            ("-d", net.pod_cidr, "-j", "DROP"),
+            ("-d", SERVICE_CIDR, "-j", "DROP"),
+        )),
+        # What pods send to this machine itself: only replies, and connections to what the node
+        # published to them (the API server's port on the bridge address, see publish_to_pods,
+        # inserted before the last rule); a host service on 0.0.0.0 or on the bridge address is
+        # not theirs to reach.  RETURN, not ACCEPT: the host's own INPUT rules still apply.
+        GuardChain("iptables", "filter", net.input_chain, "INPUT", (
+            ("-i", "lo", "-j", "RETURN"),  # the host to its own addresses (API server to kubelet)
+            ("!", "-i", br, "-s", net.pod_cidr, "-j", "DROP"),  # a pod's address from elsewhere: forged
+            ("!", "-i", br, "-j", "RETURN"),
+            ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"),
+            ("-j", "DROP"),
+        )),
+        # Pods have no IPv6 address but their link-local ones: nothing IPv6 from or to the bridge
+        # is routed, and nothing IPv6 from it reaches the host.
+        GuardChain("ip6tables", "filter", net.filter_chain, "FORWARD", (
+            ("-i", br, "-j", "DROP"),
+            ("-o", br, "-j", "DROP"),
+        )),
+        GuardChain("ip6tables", "filter", net.input_chain, "INPUT", (
+            ("-i", br, "-j", "DROP"),
+        )),
+    )
 
 
 def guard_up(net: NodeNetwork) -> None:
-    """Install the guard (idempotent): our own chains, jumped to first from FORWARD/POSTROUTING."""
+    """Install the guard (idempotent): our own chains, each jumped to first from its built-in
+    chain.  Pods reach no host service until one is published to them (publish_to_pods)."""
     guard_down(net)
-    for (table, chain), rules in _guard_rules(net).items():
-        run(["iptables", "-w", "-t", table, "-N", chain])
-        for rule in rules:
-            run(["iptables", "-w", "-t", table, "-A", chain, *rule])
-        run(["iptables", "-w", "-t", table, "-I", _HOOKS[table], "1", "-j", chain])
+    for chain in _guard_chains(net):
+        run(chain.command("-N", chain.chain))
+        for rule in chain.rules:
+            run(chain.command("-A", chain.chain, *rule))
+        run(chain.command("-I", chain.hook, "1", "-j", chain.chain))
 
 
 def guard_down(net: NodeNetwork) -> None:
-    for table, chain in _guard_rules(net):
-        while run(["iptables", "-w", "-t", table, "-D", _HOOKS[table], "-j", chain], check=False).returncode == 0:
+    for chain in _guard_chains(net):
+        while run(chain.command("-D", chain.hook, "-j", chain.chain), check=False).returncode == 0:
             pass
-        run(["iptables", "-w", "-t", table, "-F", chain], check=False)
-        run(["iptables", "-w", "-t", table, "-X", chain], check=False)
+        run(chain.command("-F", chain.chain), check=False)
+        run(chain.command("-X", chain.chain), check=False)
 
 
 def guard_missing(net: NodeNetwork) -> list[str]:
     """The guard rules not in place right now (empty when the guard is whole)."""
     missing = []
-    for (table, chain), rules in _guard_rules(net).items():
-        if run(["iptables", "-w", "-t", table, "-C", _HOOKS[table], "-j", chain], check=False).returncode != 0:
-            missing.append(f"{table} {_HOOKS[table]} -j {chain}")
-        for rule in rules:
-            if run(["iptables", "-w", "-t", table, "-C", chain, *rule], check=False).returncode != 0:
-                missing.append(f"{table} {chain} {' '.join(rule)}")
+    for chain in _guard_chains(net):
+        if run(chain.command("-C", chain.hook, "-j", chain.chain), check=False).returncode != 0:
+            missing.append(f"{chain.tool} {chain.table} {chain.hook} -j {chain.chain}")
+        for rule in chain.rules:
+            if run(chain.command("-C", chain.chain, *rule), check=False).returncode != 0:
+                missing.append(f"{chain.tool} {chain.table} {chain.chain} {' '.join(rule)}")
     return missing
+
+
+def guard_present(net: NodeNetwork) -> list[str]:
+    """``tool table chain`` of each guard chain on the machine (none after ``guard_down``)."""
+    return [f"{chain.tool} {chain.table} {chain.chain}" for chain in _guard_chains(net)
+            if run(chain.command("-S", chain.chain), check=False).returncode == 0]
+
+
+def _input_guard(net: NodeNetwork) -> GuardChain:
+    return next(c for c in _guard_chains(net) if c.tool == "iptables" and c.hook == "INPUT")
+
+
+def _published_rule(net: NodeNetwork, port: int) -> tuple[str, ...]:
+    return ("-i", net.bridge, "-d", net.gateway, "-p", "tcp", "--dport", str(port),
+            "-m", "comment", "--comment", PUBLISHED_COMMENT, "-j", "RETURN")
+
+
+def _network_of_host_address(address: str) -> NodeNetwork | None:
+    """The node network whose host address ``address`` is, None for any other address."""
+    if not host_address_on_a_node_bridge(address):
+        return None
+    net = NodeNetwork(int(address.split(".")[2]))
+    return net if net.gateway == address else None
+
+
+def publish_to_pods(address: str, port: int) -> bool:
+    """Let the pods on the node bridge whose host address is ``address`` open TCP connections to
+    ``port`` there (a server of the host that is meant for them); False, and nothing done, when
+    ``address`` is not such an address (loopback: pods cannot reach it anyway)."""
+    if not 0 < port < 65536:
+        raise NetworkError(f"cannot publish port {port} to pods: not a TCP port")
+    net = _network_of_host_address(address)
+    if net is None:
+        return False
+    guard, rule = _input_guard(net), _published_rule(net, port)
+    if run(guard.command("-C", guard.chain, *rule), check=False).returncode != 0:
+        # Before the chain's last rule, its DROP.
+        run(guard.command("-I", guard.chain, str(len(guard.rules)), *rule))
+    return True
+
+
+def withdraw_from_pods(address: str, port: int) -> None:
+    """Undo publish_to_pods (nothing to do when it published nothing)."""
+    net = _network_of_host_address(address)
+    if net is None:
+        return
+    guard, rule = _input_guard(net), _published_rule(net, port)
+    while run(guard.command("-D", guard.chain, *rule), check=False).returncode == 0:
+        pass

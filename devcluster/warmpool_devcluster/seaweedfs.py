@@ -29,6 +29,7 @@ import string
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from warmpool_dev.paths import cache_root
 
-from warmpool_devcluster import build, processes
+from warmpool_devcluster import build, node_network, processes
 
 LOOPBACK = processes.LOOPBACK
 #: the program name: its record in a workdir (`warmpool cluster up --with-object-store`)
@@ -76,6 +77,9 @@ class SeaweedHandle:
         if self.process is not None and self.process.poll() is None:
             processes.stop_pid(self.process.pid)
             self.process.wait(timeout=10)
+        if self.process is not None:
+            endpoint = urllib.parse.urlsplit(self.endpoint)
+            node_network.withdraw_from_pods(endpoint.hostname or "", endpoint.port or 0)
 
 
 def _distinct_free_ports(count: int, address: str = LOOPBACK) -> list[int]:
@@ -187,6 +191,9 @@ def start_seaweedfs(workdir: Path, binary: Path | None = None, address: str = LO
     key_id, secret = new_credentials()
     identities, credentials_file = write_credentials(workdir, key_id, secret)
     ports = dict(zip(_PORT_NAMES, _distinct_free_ports(len(_PORT_NAMES), address), strict=True))
+    # On the node's bridge address, the S3 gateway is for the pods there: the guard lets them in
+    # to that port alone (the master, volume and filer stay the gateway's own).
+    node_network.publish_to_pods(address, ports["s3.port"])
     log_path = workdir / "weed.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(

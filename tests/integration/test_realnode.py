@@ -5,7 +5,8 @@ What a kubelet must get right (Ready only after the readiness probe passes, a li
 restarts the container, a deleted pod's process ends), what the node is made of (its own
 identity, the API server behind the ``kubernetes`` Service, logs/exec/port-forward through the
 API server, Services through kube-proxy), and what keeps this machine safe (the guard that drops
-pod traffic leaving through any interface but the bridge, and no image ever pulled).
+pod traffic leaving through any interface but the bridge and keeps pods off this machine's own
+services, and no image ever pulled).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import calendar
 import json
 import re
+import socket
 import subprocess
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -348,3 +351,117 @@ def test_no_image_was_ever_pulled(cluster: ClusterHandle, real_node: Any) -> Non
     log = (devcluster.state_dir(cluster.name) / "logs" / "containerd.log").read_text(errors="replace")
     pulls = [line for line in log.splitlines() if "PullImage" in line]
     assert not pulls, "\n".join(pulls[:10])
+
+
+class _Listener:
+    """A TCP server of this machine that accepts and counts connections, then closes them."""
+
+    def __init__(self, address: str, family: socket.AddressFamily = socket.AF_INET) -> None:
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        if family == socket.AF_INET6:
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too: every address
+        self.sock.bind((address, 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port: int = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+@pytest.fixture()
+def host_listeners(real_node: Any) -> Iterator[dict[str, _Listener]]:
+    """Two servers of this machine that no pod is meant to reach, on high ports the node does not
+    need: one on every address (IPv4 and IPv6), one on the node's bridge address."""
+    listeners = {"wildcard": _Listener("::", socket.AF_INET6), "bridge": _Listener(real_node.gateway)}
+    try:
+        yield listeners
+    finally:
+        for listener in listeners.values():
+            listener.close()
+
+
+def _other_host_addresses(bridge: str) -> list[str]:
+    """This machine's IPv4 addresses on interfaces other than loopback and the node's bridge."""
+    links = json.loads(subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True,
+                                      check=True).stdout)
+    return [a["local"] for link in links if link.get("ifname") not in ("lo", bridge)
+            for a in link.get("addr_info", []) if a.get("local")]
+
+
+def _link_local(device: str) -> str | None:
+    links = json.loads(subprocess.run(["ip", "-j", "-6", "addr", "show", "dev", device], capture_output=True,
+                                      text=True, check=True).stdout or "[]")
+    return next((a["local"] for link in links for a in link.get("addr_info", [])
+                 if str(a.get("local", "")).startswith("fe80:")), None)
+
+
+#: Connects from inside a pod: "open", or why not ("timeout" when the packet was dropped).
+DIAL = textwrap.dedent("""
+    import socket, sys
+    host, port = sys.argv[1], int(sys.argv[2])
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print("open")
+    except socket.timeout:
+        print("timeout")
+    except OSError as error:
+        print("refused" if isinstance(error, ConnectionRefusedError) else f"error {error}")
+""")
+
+
+def test_pods_reach_the_api_server_and_no_other_service_of_this_machine(
+    cluster: ClusterHandle, namespace: str, real_node: Any, host_listeners: dict[str, _Listener]
+) -> None:
+    """The guard's INPUT chains: a pod reaches the API server (through the ``kubernetes`` Service)
+    and nothing else this machine serves, whether bound to every address or to the bridge's, over
+    IPv4 or IPv6; publishing a port to pods (what the dev tools do for Jaeger and SeaweedFS on the
+    bridge address) opens exactly that one."""
+    assert cluster.name is not None
+    net = node_network.NodeNetwork(int(real_node.gateway.split(".")[2]))
+    prober = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "prober"},
+              "spec": {"containers": [_python_container(cluster, "prober", "import time; time.sleep(3600)")]}}
+    _apply(cluster, namespace, prober)
+    _wait(cluster, namespace, "the prober pod to run", lambda: cluster.kubectl(
+        "get", "pod", "prober", "-n", namespace, "-o", "jsonpath={.status.phase}").stdout == "Running")
+
+    def dial(host: str, port: int) -> str:
+        return cluster.kubectl("exec", "-n", namespace, "prober", "--", "python", "-c", DIAL, host,
+                               str(port)).stdout.strip()
+
+    assert dial(node_network.KUBERNETES_SERVICE_IP, 443) == "open"
+    wildcard, bridge = host_listeners["wildcard"], host_listeners["bridge"]
+    targets = [(real_node.gateway, wildcard.port), (real_node.gateway, bridge.port)]
+    targets += [(address, wildcard.port) for address in _other_host_addresses(net.bridge)]
+    results = {f"{host}:{port}": dial(host, port) for host, port in targets}
+    assert all(result == "timeout" for result in results.values()), results  # dropped, not even refused
+    link_local = _link_local(net.bridge)
+    if link_local is not None:
+        # The host's IPv6 address on the bridge, which a pod could reach by its link-local address
+        # (dropped too, neighbour discovery included: no route, or no answer).
+        assert dial(f"{link_local}%eth0", wildcard.port) != "open"
+    assert wildcard.accepted == 0 and bridge.accepted == 0
+
+    # The same listener, published: the pod gets in (so the timeouts above were the guard's).
+    assert node_network.publish_to_pods(real_node.gateway, bridge.port)
+    try:
+        assert dial(real_node.gateway, bridge.port) == "open"
+        _wait(cluster, namespace, "the published listener to accept", lambda: bridge.accepted == 1, timeout=10)
+    finally:
+        node_network.withdraw_from_pods(real_node.gateway, bridge.port)
+    assert dial(real_node.gateway, bridge.port) == "timeout"

@@ -1,5 +1,6 @@
 """`warmpool cluster down` leaves nothing of the real node behind: no process or shim, no mount,
-no bridge, no iptables chain, no kubepods cgroup, every sysctl as it was.
+no bridge, no iptables or ip6tables chain, no kubepods cgroup, every kernel setting as it was,
+also when the `up` that made the node was killed half way.
 
 It needs a real-node cluster of its own from start to end, and only one real node runs on a
 machine at a time, so it is not part of the main session (which shares one cluster across the
@@ -10,17 +11,70 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from warmpool_devcluster import cluster, images, node, node_cleanup
+from warmpool_devcluster import cluster, images, node, node_cleanup, node_network
 
 pytestmark = pytest.mark.node_lifecycle
 
 REPO = Path(__file__).resolve().parents[2]
+#: The parts of /proc/sys a node could touch; compared whole before `up` and after `down`.
+SETTINGS_TREES = ("kernel", "vm", "fs", "user", "net/core", "net/ipv4", "net/ipv6", "net/bridge", "net/netfilter")
+#: Entries that are counters or random, not settings: they change by themselves.
+VOLATILE = re.compile(r"kernel/(ns_last_pid|random/.*|pty/nr)"
+                      r"|fs/(dentry-state|file-nr|inode-nr|inode-state|aio-nr|quota/.*)"
+                      r"|net/netfilter/nf_conntrack_count")
+#: Host values unlike those the real node sets (the kernel's defaults for root's key quotas, no IP
+#: forwarding, bridged traffic not through iptables), so a setting the node leaves behind shows.
+UNLIKE_A_NODE = {"kernel.keys.root_maxkeys": "200", "kernel.keys.root_maxbytes": "20000",
+                 "net.ipv4.ip_forward": "0", "net.bridge.bridge-nf-call-iptables": "0"}
+
+
+def _sysctl(name: str) -> Path:
+    return Path("/proc/sys") / name.replace(".", "/")
+
+
+def _settings() -> dict[str, str]:
+    """Every readable entry under SETTINGS_TREES but the volatile ones, by path below /proc/sys."""
+    found = {}
+    for tree in SETTINGS_TREES:
+        for directory, _, files in os.walk(Path("/proc/sys") / tree):
+            for name in files:
+                path = Path(directory) / name
+                key = str(path.relative_to("/proc/sys"))
+                if VOLATILE.fullmatch(key) or not os.access(path, os.R_OK):
+                    continue
+                try:
+                    found[key] = path.read_text().strip()
+                except OSError:
+                    continue
+    return found
+
+
+def _changed(before: dict[str, str], after: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """Entries in both whose values differ (per-interface entries come and go with interfaces)."""
+    return {key: (before[key], after[key]) for key in before.keys() & after.keys() if before[key] != after[key]}
+
+
+@pytest.fixture()
+def host_unlike_a_node() -> Iterator[dict[str, str]]:
+    """Give the host the UNLIKE_A_NODE values for the test, and its own back afterwards."""
+    original = {name: _sysctl(name).read_text().strip() for name in UNLIKE_A_NODE}
+    try:
+        for name, value in UNLIKE_A_NODE.items():
+            _sysctl(name).write_text(value)
+        yield dict(UNLIKE_A_NODE)
+    finally:
+        for name, value in original.items():
+            _sysctl(name).write_text(value)
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -36,9 +90,15 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_down_leaves_nothing_of_the_real_node_behind() -> None:
+def _guard_rules_left(octet: int) -> str:
+    rules = "".join(subprocess.run([tool], capture_output=True, text=True).stdout
+                    for tool in ("iptables-save", "ip6tables-save"))
+    return "\n".join(line for line in rules.splitlines() if re.search(rf"WARMPOOL-[A-Z]+-{octet}\b", line))
+
+
+def test_down_leaves_nothing_of_the_real_node_behind(host_unlike_a_node: dict[str, str]) -> None:
     name = f"lifecycle-{os.getpid()}"
-    sysctls_before = node_cleanup.read_sysctls()
+    settings_before = _settings()
     kubeconfig = cluster.up(name, node_runtime="containerd")
     root = cluster.state_dir(name)
     try:
@@ -60,6 +120,10 @@ def test_down_leaves_nothing_of_the_real_node_behind() -> None:
         # What the node made is there before `down` (so the checks below are not vacuous).
         assert node_cleanup.kubepods_cgroups() and node_cleanup.mounts_under([node.node_dir(root)])
         assert node_cleanup.leftover_kube_chains() and _processes_mentioning(str(root))
+        assert len(node_network.guard_present(net)) == 5, node_network.guard_present(net)  # 3 IPv4, 2 IPv6
+        # The kubelet and the pod's network changed every one of these host settings.
+        now = {name: _sysctl(name).read_text().strip() for name in host_unlike_a_node}
+        assert all(now[name] != value for name, value in host_unlike_a_node.items()), now
     finally:
         problems = cluster.down(name, purge=True)
     assert problems == [], problems
@@ -69,9 +133,41 @@ def test_down_leaves_nothing_of_the_real_node_behind() -> None:
     assert node_cleanup.leftover_kube_chains() == []
     rules = "".join(subprocess.run([tool], capture_output=True, text=True).stdout
                     for tool in ("iptables-save", "ip6tables-save"))
-    assert net.filter_chain not in rules and net.mangle_chain not in rules and "KUBE-" not in rules, rules[-3000:]
+    assert "KUBE-" not in rules, rules[-3000:]
+    assert _guard_rules_left(net.octet) == "" and node_network.guard_present(net) == []
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f" {net.bridge}:" not in links and "veth" not in links, links
-    assert node_cleanup.read_sysctls() == sysctls_before
+    assert _changed(settings_before, _settings()) == {}
     assert not root.exists()
     assert not Path(kubeconfig).exists()
+
+
+def test_down_after_a_killed_up_restores_the_host(host_unlike_a_node: dict[str, str]) -> None:
+    """`up` killed (SIGKILL) once the kubelet has changed the host: `down` still restores every
+    setting from the record `up` wrote before changing any, and removes the guard."""
+    name = f"lifecycle-killed-{os.getpid()}"
+    root = cluster.state_dir(name)
+    settings_before = _settings()
+    start = f"from warmpool_devcluster import cluster; cluster.up({name!r}, node_runtime='containerd')"
+    starter = subprocess.Popen(
+        [sys.executable, "-c", start], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        # kernel.keys.root_maxkeys: the kubelet sets it at start (the fixture set the kernel's default).
+        while _sysctl("kernel.keys.root_maxkeys").read_text().strip() == host_unlike_a_node["kernel.keys.root_maxkeys"]:
+            assert starter.poll() is None, f"`up` ended ({starter.returncode}) before the kubelet changed the host"
+            assert time.monotonic() < deadline, "the kubelet never changed the host's settings"
+            time.sleep(0.2)
+        os.killpg(starter.pid, signal.SIGKILL)
+        starter.wait(timeout=10)
+        net = node.NodeState.from_json(json.loads((root / "cluster.json").read_text())["node"]).network
+        assert node_network.guard_present(net)
+    finally:
+        if starter.poll() is None:
+            os.killpg(starter.pid, signal.SIGKILL)
+            starter.wait(timeout=10)
+        problems = cluster.down(name, purge=True)
+    assert problems == [], problems
+    assert _changed(settings_before, _settings()) == {}
+    assert _guard_rules_left(net.octet) == ""
+    assert _processes_mentioning(str(root)) == []
