@@ -3,6 +3,7 @@ pool's namespace's policies would let it open the pool's worker port directly.""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -98,3 +99,21 @@ def test_callers_are_told_apart_by_the_pods_and_nodes_the_watches_bring() -> Non
     assert not callers.may_reach("10.0.0.2", POOL) and callers.may_reach("10.244.0.1", POOL)
     callers.network_policy("DELETED", {"metadata": {"uid": "p", "namespace": "team-b"}})
     assert callers.may_reach("10.0.0.2", POOL)
+
+
+async def test_a_pod_that_calls_before_its_address_arrives_is_waited_for_briefly() -> None:
+    callers = Callers()
+    pod = {"metadata": {"uid": "new", "namespace": "team-b", "labels": {}}, "status": {"podIP": "10.0.0.9"}}
+    waiting = asyncio.create_task(callers.settle("10.0.0.9", wait_s=30))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    callers.pod("ADDED", pod)  # the watch brings the new pod's address
+    await asyncio.wait_for(waiting, 5)
+    assert callers.namespace_of("10.0.0.9") == "team-b"
+    # A stranger is waited for no longer than the bound, then judged as no pod.
+    started = asyncio.get_running_loop().time()
+    await callers.settle("192.0.2.1", wait_s=0.2)
+    assert asyncio.get_running_loop().time() - started < 5 and callers.caller("192.0.2.1") == Caller("192.0.2.1")
+    # Loopback is only ever the activator's own pod: as a node, at once.
+    await asyncio.wait_for(callers.settle("127.0.0.1"), 1)
+    assert callers.caller("127.0.0.1").is_node

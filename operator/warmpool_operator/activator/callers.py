@@ -2,16 +2,28 @@
 
 Fed by watches (activator/app.py): pods (address -> namespace and labels; hostNetwork pods share
 their node's address and say nothing about the caller, so they are left out), namespaces (their
-labels, for ``namespaceSelector``), nodes (their addresses: traffic from a node is always admitted)
-and NetworkPolicies (per namespace).  Only what a decision needs is kept, not the objects.
+labels, for ``namespaceSelector``), nodes (their addresses: traffic from a node is always admitted,
+and so is loopback, which only the activator's own pod can send from) and NetworkPolicies (per
+namespace).  A pod may call before the watch brought its address: an unknown caller waits for it,
+briefly (:meth:`Callers.settle`).  Only what a decision needs is kept, not the objects.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
 from warmpool_operator.activator.reach import Caller, Target, admits
+
+
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
 
 
 def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -22,10 +34,17 @@ def _labels(body: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in (_meta(body).get("labels") or {}).items()}
 
 
+#: How long a request from an address no pod or node has waits for the pod watch to bring one: a
+#: pod may call before the activator's watch has its address (the kubelet reports it at start).
+NEW_POD_WAIT_SECONDS = 5.0
+
+
 class Callers:
     """The activator's view of callers and policies (one per process; used on the event loop)."""
 
     def __init__(self) -> None:
+        #: set (and replaced) whenever a pod's addresses arrive: callers waiting for theirs look again
+        self._pods_changed = asyncio.Event()
         #: pod address -> (namespace, labels); pod uid -> its addresses (to forget them on delete)
         self.pods: dict[str, tuple[str, dict[str, str]]] = {}
         self._pod_ips: dict[str, list[str]] = {}
@@ -51,6 +70,9 @@ class Callers:
         for ip in ips:
             self.pods[ip] = entry
         self._pod_ips[uid] = ips
+        if ips:
+            self._pods_changed.set()
+            self._pods_changed = asyncio.Event()
 
     def relisted_pods(self) -> None:
         self.pods.clear()
@@ -90,14 +112,27 @@ class Callers:
 
     # ---------------------------------------------------------------- decisions
 
+    async def settle(self, ip: str, wait_s: float = NEW_POD_WAIT_SECONDS) -> None:
+        """Return once ``ip`` is a pod or a node the watches brought, or after ``wait_s``: a pod
+        that just started may call before its address reaches the activator."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while ip not in self.pods and ip not in self.node_addresses and not _loopback(ip):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pods_changed.wait(), left)
+
     def caller(self, ip: str) -> Caller:
-        if ip in self.node_addresses:
-            return Caller(ip, is_node=True)
         known = self.pods.get(ip)
-        if known is None:
-            return Caller(ip)
-        namespace, labels = known
-        return Caller(ip, namespace, labels, self.namespace_labels.get(namespace, {}))
+        if known is not None:
+            namespace, labels = known
+            return Caller(ip, namespace, labels, self.namespace_labels.get(namespace, {}))
+        if ip in self.node_addresses or _loopback(ip):
+            # A node's own traffic; loopback can come only from inside the activator's own pod.
+            return Caller(ip, is_node=True)
+        return Caller(ip)
 
     def may_reach(self, ip: str, target: Target) -> bool:
         """Whether the caller at ``ip`` could open the target pods' worker port directly."""

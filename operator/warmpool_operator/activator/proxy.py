@@ -171,6 +171,7 @@ class Activator:
             REQUESTS.labels("", "", "not_serving_api").inc()
             return openai_error(404, "the activator forwards only the serving API (/v1/...)", ERROR_NOT_SERVING_API)
         ip = request.remote or ""
+        await self.callers.settle(ip)
         try:
             key = self.pools.resolve(request.host, self.callers.namespace_of(ip))
             if not self.callers.may_reach(ip, self.pools.target(key)):
