@@ -50,7 +50,7 @@ PROBE = textwrap.dedent("""
                 connection.putheader(name, value)
             connection.endheaders(body.encode())
             answer = connection.getresponse()
-            print(json.dumps({**route, "status": answer.status, "body": answer.read()[:300].decode("replace")}))
+            print(json.dumps({**route, "status": answer.status, "body": answer.read()[:300].decode(errors="replace")}))
         except OSError as error:
             print(json.dumps({**route, "status": 0, "body": type(error).__name__}))
         finally:
