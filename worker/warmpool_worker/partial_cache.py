@@ -55,7 +55,10 @@ class PartialCache:
 
     def __init__(self, model_dir: Path, view: Path, config: PartialCacheConfig) -> None:
         self.model_dir, self.view, self.config = model_dir, view, config
-        self.record = progress_path(view)
+        # The record is read through a descriptor of the view's directory, not its path: the fill
+        # publishes the view by renaming it (a pod's bind mount follows the inode the same way).
+        self._view_fd = os.open(view, os.O_RDONLY | os.O_DIRECTORY)
+        self.record = progress_path(Path(f"/proc/self/fd/{self._view_fd}"))
         self._last: FillProgress | None = None
         self._complete = False
         self._lock = threading.RLock()
@@ -121,8 +124,9 @@ class PartialCache:
             while True:
                 if progress is None:
                     raise PartialCacheError(
-                        f"{path}: {what} (bytes {start}..{end}): the fill's progress record {self.record} is gone "
-                        "before the revision was complete (the fill was abandoned or restarted); restart the worker")
+                        f"{path}: {what} (bytes {start}..{end}): the fill's progress record "
+                        f"{progress_path(self.view)} is gone before the revision was complete (the fill was "
+                        "abandoned or restarted); restart the worker")
                 try:
                     missing = progress.missing(relative, start, end)
                 except FillProgressError as error:
