@@ -44,7 +44,7 @@ from tests.support.node_agent import (
 from warmpool import cachekeys
 from warmpool.contract.api import API_GROUP_VERSION, KIND
 from warmpool.contract.files import MODEL_MOUNT_PATH, S3_SECRET_ACCESS_KEY_ID_KEY, S3_SECRET_SECRET_ACCESS_KEY_KEY
-from warmpool.contract.nodecache import CACHE_REVISIONS_DIR
+from warmpool.contract.nodecache import CACHE_DOMAINS_DIR, CACHE_GRANTED_DIR, CACHE_REVISIONS_DIR
 from warmpool.contract.pods import WORKER_CONTAINER
 
 pytestmark = pytest.mark.integration
@@ -128,7 +128,8 @@ def assert_warm_from_the_cache(world: World, name: str, digest: str, model: Path
     mounts = world.get("deployment", name)["spec"]["template"]["spec"]["containers"]
     worker = next(c for c in mounts if c["name"] == WORKER_CONTAINER)
     model_mount = next(m for m in worker["volumeMounts"] if m["mountPath"] == MODEL_MOUNT_PATH)
-    assert model_mount["subPath"] == hex_digest, model_mount
+    # Only its namespace's link to this revision: never the cache root, never another tenant's.
+    assert model_mount["subPath"] == f"{CACHE_DOMAINS_DIR}/{world.ns}/{CACHE_GRANTED_DIR}/{hex_digest}", model_mount
 
     entry = world.wait(lambda: (e := cache_entry(world, name, NODE)) and e.get("published") and e, 30,
                        "the node's published entry")

@@ -24,7 +24,7 @@ from warmpool_devcluster import kwok, node_kubelet
 from tests.support.e2e import ClusterLike, Operator, World
 from warmpool.contract.api import PLURAL
 from warmpool.contract.files import MANIFEST_FILENAME
-from warmpool.contract.nodecache import CACHE_NODE_LABEL_PREFIX
+from warmpool.contract.nodecache import CACHE_NODE_LABEL_PREFIX, FILL_PROGRESS_NAME
 
 #: The local cluster's real node, where the agent tests' pods run.
 NODE = node_kubelet.NODE_NAME
@@ -116,10 +116,13 @@ def cache_entry(world: World, name: str, node: str) -> dict[str, Any] | None:
 
 
 def assert_files_identical(revision: Path, model: Path) -> None:
-    """The published revision holds exactly the model's files (less the manifest), byte for byte."""
+    """The published revision holds exactly the model's files (less the manifest), byte for byte;
+    a revision filled as a partial view keeps its fill's progress record beside them."""
     names = sorted(p.relative_to(model).as_posix() for p in model.rglob("*")
                    if p.is_file() and p.name != MANIFEST_FILENAME)
-    assert sorted(p.relative_to(revision).as_posix() for p in revision.rglob("*") if p.is_file()) == names
+    held = sorted(p.relative_to(revision).as_posix() for p in revision.rglob("*")
+                  if p.is_file() and p.name != FILL_PROGRESS_NAME)
+    assert held == names
     for name in names:
         assert (revision / name).read_bytes() == (model / name).read_bytes(), name
 
