@@ -119,6 +119,9 @@ METRIC_OPERATOR_RECONCILE_ERRORS = "warmpool_operator_reconcile_errors_total"  #
 METRIC_OPERATOR_SCRAPE_FAILURES = "warmpool_operator_scrape_failures_total"  # label: reason
 METRIC_OPERATOR_TIER_DECISIONS = "warmpool_operator_tier_decisions_total"  # labels: scope, tier
 METRIC_OPERATOR_WARM_PODS = "warmpool_operator_warm_pods"  # labels: namespace, warmmodel
+#: 1 while the WarmModel's last pass failed for good (its Degraded reason in label ``reason``), 0 with an
+#: empty reason once a pass succeeds: one series per WarmModel from its first pass, failed or not.
+METRIC_OPERATOR_DEGRADED = "warmpool_operator_warmmodel_degraded"  # labels: namespace, warmmodel, reason
 #: The WarmModel's pool.minWarm, beside the warm count (the below-minWarm alert compares them).
 METRIC_OPERATOR_MIN_WARM_PODS = "warmpool_operator_min_warm_pods"  # labels: namespace, warmmodel
 METRIC_OPERATOR_WRITE_FAILURES = "warmpool_operator_write_failures_total"  # label: target (pod_annotation, heat_map)
@@ -143,6 +146,15 @@ METRIC_ACTIVATOR_REQUESTS = "warmpool_activator_requests_total"  # counter, labe
 #: Seconds from a request's arrival at a pool at zero to the first byte of its answer (first token when streamed).
 METRIC_ACTIVATOR_FIRST_BYTE_SECONDS = "warmpool_activator_zero_to_first_byte_seconds"  # histogram
 METRIC_OPERATOR_AT_ZERO = "warmpool_operator_at_zero"  # gauge, labels namespace, warmmodel: 1 while the pool is at zero
+# The node agent's (`warmpool node-agent`), per WarmModel (labels namespace, warmmodel).
+#: Fills of this node's cache that failed, by stage: reading the revision's manifest from the model's
+#: source (NODE_AGENT_STAGE_MANIFEST), or its blocks (NODE_AGENT_STAGE_BLOCKS).
+METRIC_NODE_AGENT_FILL_FAILURES = "warmpool_node_agent_fill_failures_total"  # labels: namespace, warmmodel, stage
+#: Revisions this agent published into the node's cache.
+METRIC_NODE_AGENT_FILLS = "warmpool_node_agent_fills_total"  # labels: namespace, warmmodel
+LABEL_STAGE = "stage"
+NODE_AGENT_STAGE_MANIFEST = "manifest"
+NODE_AGENT_STAGE_BLOCKS = "blocks"
 LABEL_OUTCOME = "outcome"  # warmpool_activator_requests_total: forwarded, rejected_full, timed_out, client_gone, error
 OUTCOMES = ("forwarded", "rejected_full", "timed_out", "client_gone", "error", "misdirected")
 

@@ -168,6 +168,7 @@ class Reconciler:
         # After the pass loop ended (no pass can set them again): a gone WarmModel, or an operator that
         # stops or lost the lead, reports no forecast.
         metrics.forget_forecast(*self.key)
+        metrics.forget_degraded(*self.key)
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.cancel()
@@ -266,8 +267,11 @@ class Reconciler:
             with self.shared.tracing.span(SPAN_RECONCILE, attributes, hold):
                 await self._pass(generation)
             failure.generation = None
+            metrics.show_degraded(*self.key, None)
         except Permanent as error:
             metrics.RECONCILE_ERRORS.labels(kind, "permanent").inc()
+            metrics.show_degraded(*self.key, error.degradation.reason)
+            metrics.show_failed_pass(*self.key, self._min_warm_parsed(generation))
             first = failure.generation != generation or failure.reason != error.degradation.reason
             failure.generation, failure.reason, failure.at = generation, error.degradation.reason, now
             await write_status(self.shared.kube, self.body, self._status(None, generation, Outcome(),
@@ -278,7 +282,16 @@ class Reconciler:
             raise
         except (KubeError, aiohttp.ClientError, TimeoutError, OSError) as error:
             metrics.RECONCILE_ERRORS.labels(kind, "temporary").inc()
+            metrics.show_failed_pass(*self.key, self._min_warm_parsed(generation))
             raise Temporary(f"{type(error).__name__}: {error}") from error
+        except Temporary:  # e.g. waiting for a node agent to read the source's manifest
+            metrics.RECONCILE_ERRORS.labels(kind, "temporary").inc()
+            metrics.show_failed_pass(*self.key, self._min_warm_parsed(generation))
+            raise
+        except Exception:  # a bug: the loop logs it and retries as Temporary
+            metrics.RECONCILE_ERRORS.labels(kind, "unexpected").inc()
+            metrics.show_failed_pass(*self.key, self._min_warm_parsed(generation))
+            raise
         finally:
             metrics.RECONCILE_SECONDS.labels(kind).observe(self.shared.monotonic() - now)
 
@@ -407,6 +420,11 @@ class Reconciler:
             )
         return CacheRevision(self.shared.config.block_cache_root, digest, self.key[0],
                              partial=spec.model.start_on_partial_cache)
+
+    def _min_warm_parsed(self, generation: int) -> int | None:
+        """pool.minWarm of this generation's spec, when a failed pass got as far as parsing it."""
+        parsed = self.memory.parsed
+        return parsed[1].pool.min_warm if parsed is not None and parsed[0] == generation else None
 
     def _show(self, spec: WarmModelSpec, outcome: Outcome) -> None:
         """The pass's figures in the operator's own metrics (the forecast's as in status.forecast)."""

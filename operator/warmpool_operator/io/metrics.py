@@ -22,6 +22,7 @@ from warmpool.contract.metrics import (
     LABEL_TARGET,
     LABEL_TIER,
     LABEL_WARMMODEL,
+    METRIC_OPERATOR_DEGRADED,
     METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD,
     METRIC_OPERATOR_FORECAST_DESIRED_REPLICAS,
     METRIC_OPERATOR_FORECAST_PEAK,
@@ -77,6 +78,13 @@ MIN_WARM_PODS = Gauge(
     [LABEL_NAMESPACE, LABEL_WARMMODEL],
 )
 
+DEGRADED = Gauge(
+    METRIC_OPERATOR_DEGRADED,
+    "1 while the WarmModel's last pass failed for good, labelled with its Degraded reason; 0 (no reason) once "
+    "a pass succeeds",
+    [LABEL_NAMESPACE, LABEL_WARMMODEL, LABEL_REASON],
+)
+
 _PER_WARMMODEL = [LABEL_NAMESPACE, LABEL_WARMMODEL]
 FORECAST_RATE_NOW = Gauge(
     METRIC_OPERATOR_FORECAST_RATE_NOW,
@@ -129,6 +137,36 @@ def forget_forecast(namespace: str, warmmodel: str) -> None:
     """The WarmModel is gone (or no longer ours): its forecast series go with it."""
     for gauge, quantile in _FORECAST_GAUGES:
         _remove(gauge, (namespace, warmmodel) if quantile is None else (namespace, warmmodel, quantile))
+
+
+def show_degraded(namespace: str, warmmodel: str, reason: str | None) -> None:
+    """A pass's verdict in DEGRADED: 1 with the reason it failed for good (``reason``, one of the
+    status module's fixed Degraded reasons, so the label stays bounded), or 0 with no reason.  The
+    WarmModel keeps exactly one series: a reason it no longer has goes."""
+    current = reason or ""
+    for stale in _degraded_reasons(namespace, warmmodel) - {current}:
+        _remove(DEGRADED, (namespace, warmmodel, stale))
+    DEGRADED.labels(namespace, warmmodel, current).set(1 if reason else 0)
+
+
+def show_failed_pass(namespace: str, warmmodel: str, min_warm: int | None) -> None:
+    """A pass that failed before it counted the pool's pods still leaves the pool's gauges: its warm
+    count as last seen (0 before any count) and, when the spec parsed, its minWarm, so the
+    below-minWarm alert sees a WarmModel that never made its children."""
+    WARM_PODS.labels(namespace, warmmodel)  # creates the series at 0; keeps a count already shown
+    if min_warm is not None:
+        MIN_WARM_PODS.labels(namespace, warmmodel).set(min_warm)
+
+
+def forget_degraded(namespace: str, warmmodel: str) -> None:
+    """The WarmModel is gone (or no longer ours): its DEGRADED series goes with it."""
+    for reason in _degraded_reasons(namespace, warmmodel):
+        _remove(DEGRADED, (namespace, warmmodel, reason))
+
+
+def _degraded_reasons(namespace: str, warmmodel: str) -> set[str]:
+    return {sample.labels[LABEL_REASON] for family in DEGRADED.collect() for sample in family.samples
+            if sample.labels[LABEL_NAMESPACE] == namespace and sample.labels[LABEL_WARMMODEL] == warmmodel}
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
