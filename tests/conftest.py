@@ -22,6 +22,20 @@ if TYPE_CHECKING:
     from tests.support.control_doubles import ControlCluster
 
 
+#: Every test is exactly one of these kinds (pyproject.toml's markers), so `make unit` (-m unit) and the
+#: suite's own selections never skip one by accident.
+TEST_KINDS = ("unit", "integration", "e2e", "node_lifecycle")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items
+                if sum(1 for kind in TEST_KINDS if item.get_closest_marker(kind) is not None) != 1]
+    if unmarked:
+        raise pytest.UsageError("each test needs exactly one of the markers " + ", ".join(TEST_KINDS)
+                                + " (pytestmark = pytest.mark.<kind>); these have none or several:\n  "
+                                + "\n  ".join(unmarked[:20]))
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterHandle]:
     handle = start_or_attach(os.environ.get("WARMPOOL_KUBECONFIG"), Path(__file__).resolve().parent.parent)

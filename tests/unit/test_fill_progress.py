@@ -26,6 +26,8 @@ from warmpool.fill_progress import (
     write_progress,
 )
 
+pytestmark = pytest.mark.unit
+
 BS = 4096
 
 

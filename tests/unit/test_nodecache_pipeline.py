@@ -12,6 +12,8 @@ from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.ordered_pool import OrderedPool
 
+pytestmark = pytest.mark.unit
+
 BOUND_S = 30.0  # how long a test waits for a thread before it fails (never reached when it passes)
 
 

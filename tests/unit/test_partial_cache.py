@@ -18,6 +18,8 @@ from warmpool.fill_progress import (
     write_progress,
 )
 
+pytestmark = pytest.mark.unit
+
 BS = 4096
 FAST = PartialCacheConfig(timeout_s=0.5, poll_s=0.01)
 

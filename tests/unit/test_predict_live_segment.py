@@ -9,6 +9,8 @@ from warmpool_bench.predict_trace import Trace, TraceRequest
 from warmpool_operator.control.forecasting import limits_for
 from warmpool_operator.rules.forecast.history import dumps, loads_or_empty
 
+pytestmark = pytest.mark.unit
+
 
 def _trace() -> Trace:
     """Four minutes: one request a second in minutes 0-1, none in minute 2, four a second in minute 3."""

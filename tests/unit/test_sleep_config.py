@@ -7,6 +7,8 @@ from warmpool_worker.config import ConfigError, SidecarConfig, SleepConfig
 from warmpool_worker.http_app import BadRequest
 from warmpool_worker.sleep_request import parse_level
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("raw", [1, 2, "1", "2"])
 def test_levels_accepted(raw: object) -> None:
