@@ -370,3 +370,47 @@ def test_the_warmpool_command_help_cites_no_issue_and_lists_every_benchmark() ->
     bench_help = cli.SUBCOMMANDS["bench"][1]
     missing = [name for name in commands.choices if not re.search(rf"\b{re.escape(name)}\b", bench_help)]
     assert not missing, f"`warmpool --help` does not list: {missing}"
+
+
+# --------------------------------------------------------------------------- assertions that can fail
+
+
+def _tautologies(tree: ast.AST) -> list[str]:
+    """Asserts no value can fail: a truthy constant, ``x in (True, False)``, ``x == x`` (no call),
+    ``isinstance(x, object)`` and ``c or not c``."""
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assert):
+            continue
+        test = node.test
+        always = isinstance(test, ast.Constant) and bool(test.value)
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            right = test.comparators[0]
+            if isinstance(test.ops[0], ast.In) and isinstance(right, ast.Tuple | ast.List | ast.Set):
+                always |= {ast.unparse(e) for e in right.elts} >= {"True", "False"}
+            if isinstance(test.ops[0], ast.Eq | ast.Is | ast.LtE | ast.GtE):
+                # Two calls may differ (a determinism check): only the same plain value is a tautology.
+                calls = any(isinstance(n, ast.Call) for n in ast.walk(test))
+                always |= not calls and ast.unparse(test.left) == ast.unparse(right)
+        if isinstance(test, ast.Call) and ast.unparse(test.func) == "isinstance" and len(test.args) == 2:
+            always |= ast.unparse(test.args[1]) == "object"
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+            said = {ast.unparse(value) for value in test.values}
+            always |= any(f"not {value}" in said for value in said)
+        if always:
+            found.append(f"line {node.lineno}: assert {ast.unparse(test)[:80]}")
+    return found
+
+
+def test_no_test_asserts_what_cannot_fail() -> None:
+    offenders = {str(path.relative_to(REPO)): found for path in sorted((REPO / "tests").rglob("*.py"))
+                 if (found := _tautologies(ast.parse(path.read_text())))}
+    assert not offenders, offenders
+
+
+def test_the_tautology_check_sees_the_patterns_it_forbids() -> None:
+    source = ("def t(met, x, c):\n    assert met in (True, False)\n    assert x == x\n    assert 1\n"
+              "    assert isinstance(x, object)\n    assert c or not c\n    assert met in (True, None)\n"
+              "    assert x == 1\n    assert f(x) == f(x)\n")
+    assert [line.split(":")[0] for line in _tautologies(ast.parse(source))] == [
+        "line 2", "line 3", "line 4", "line 5", "line 6"]
