@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 from pathlib import Path
 
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
+from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
+from warmpool.logformat import configure_logging
 from warmpool_nodecache.agent_loop import AgentConfig, run_agent
 from warmpool_nodecache.netguard import AddressPolicy, LiveNetworks
 from warmpool_nodecache.source import ReadLimits
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     sources.add_argument("--manifest-reads", type=int, default=4,
                          help="manifests read at once (default: %(default)s)")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
+                        help="log lines as text or one JSON object each (default: %(default)s)")
     return parser
 
 
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0 or args.lease_duration < 1:
         parser.error("--interval must be positive and --lease-duration at least 1 second")
     policy, limits = source_settings(parser, args)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.log_level, args.log_format)
     config = AgentConfig(node=args.node_name, cache_root=args.cache_root, budget_bytes=args.budget_bytes,
                          namespace=args.namespace, lease_namespace=args.lease_namespace, interval_s=args.interval,
                          lease_duration_s=args.lease_duration, progress_interval_s=args.progress_interval,
