@@ -325,13 +325,6 @@ async def test_the_status_is_written_only_when_it_changed_and_a_deleted_warmmode
 
 
 @pytest.mark.unit
-def test_the_pass_reads_as_the_steps_it_names() -> None:
-    """The reconciler's docstring names the steps in the order the pass calls them."""
-    doc = reconciling.__doc__ or ""
-    steps = ["**observe**", "**tiers**", "**forecast**", "**sleep/wake**", "**scale**", "**status**"]
-    assert [doc.index(step) for step in steps] == sorted(doc.index(step) for step in steps)
-
-
 async def test_a_pool_with_no_pod_to_scrape_asks_for_a_pass_every_few_rounds_one_with_pods_every_round(
         world: World) -> None:
     # The pass loop is not started here: whether a round asked for a pass is its wake-up flag.
