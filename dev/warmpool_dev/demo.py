@@ -11,10 +11,6 @@
 7. print the cold-start phases per pod with first-request vs steady-state TTFT, and render
    the same timeline as a PNG waterfall.
 
-With ``--object-store`` (`make demo-object-store`) the model takes the production path
-instead: pushed to a real S3 store (SeaweedFS), filled into the node's cache by a node agent,
-and mapped by the pods from there; see demo_object_store.py.
-
 Ctrl-C, or `warmpool demo --down` (`make demo-down`), cleans everything up.
 
 It reads the example WarmModel and the CRD from a warmpool source checkout: the current
@@ -36,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from warmpool_devcluster.node_holder import DEMO_CLUSTER
 
 from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_READYZ
 from warmpool.contract.pods import LABEL_MODEL
 from warmpool_dev.timeline import PodTimeline, measure_ttft, phase_table, render_waterfall, scrape_phases
 
-CLUSTER_NAME = "demo"
+CLUSTER_NAME = DEMO_CLUSTER
 NAMESPACE = "warmpool-demo"
 #: What the demo reads from the source checkout (relative to its root).
 EXAMPLE_IN_CHECKOUT = Path("examples") / "builtin-smollm2.yaml"
@@ -108,13 +105,9 @@ def _output_dir(checkout: Checkout) -> Path:
 
 
 def down() -> int:
-    """Stop the demo's cluster (its node, the chart's release and pods with it) and its store."""
+    """Stop the demo's cluster (its node, the chart's release and pods with it)."""
     from warmpool_devcluster import cluster
 
-    from warmpool_dev import demo_object_store
-
-    demo_object_store.stop_agent()
-    demo_object_store.stop_store(CLUSTER_NAME)
     left = cluster.down(CLUSTER_NAME)
     _say("cleaned up" if not left else f"cleaned up, but {len(left)} things remain on the machine (above)")
     return 0 if not left else 1
@@ -228,7 +221,7 @@ def _service_url(kube: Kube, name: str) -> str:
     return f"http://{service['spec']['clusterIP']}:{port}"
 
 
-def run(timeout: float, checkout: Checkout, object_store: bool = False) -> int:
+def run(timeout: float, checkout: Checkout) -> int:
     from warmpool_devcluster import images
     from warmpool_devcluster.node_files import node_models_root, publish
 
@@ -249,8 +242,6 @@ def run(timeout: float, checkout: Checkout, object_store: bool = False) -> int:
     model_dir = publish(ensure_model(), "smollm2-135m-instruct")
     kube.run("create", "namespace", NAMESPACE, check=False)
     out = _output_dir(checkout)
-    if object_store:
-        raise DemoError("--object-store is not yet wired to the real node's chart-installed node agent")
     _say(f"installing the operator with the Helm chart (release {demo_install.RELEASE} in "
          f"{demo_install.RELEASE_NAMESPACE}, watching {NAMESPACE})")
     try:
@@ -316,9 +307,6 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--down", action="store_true", help="stop the demo cluster and clean up")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the pool to go warm")
-    parser.add_argument("--object-store", action="store_true",
-                        help="serve the model from a real S3 store (SeaweedFS on loopback) through a node agent's "
-                             "cache, as in production; its first run builds SeaweedFS (long)")
     parser.add_argument("--repo", type=Path, default=None,
                         help="the warmpool source checkout to read examples/ and crds/ from "
                              "(default: the current directory)")
@@ -326,7 +314,7 @@ def main(argv: list[str]) -> int:
     if args.down:
         return down()
     try:
-        return run(args.timeout, find_checkout(args.repo), object_store=args.object_store)
+        return run(args.timeout, find_checkout(args.repo))
     except KeyboardInterrupt:
         _say("interrupted: cleaning up")
         down()

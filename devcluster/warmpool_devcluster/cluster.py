@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from warmpool_dev.paths import cache_root
 
-from warmpool_devcluster import build, certs, kwok, node, node_containerd
+from warmpool_devcluster import build, certs, kwok, node, node_containerd, node_holder
 from warmpool_devcluster.node_kubelet import NODE_NAME
 from warmpool_devcluster.node_network import KUBERNETES_SERVICE_IP, SERVICE_CIDR
 from warmpool_devcluster.processes import alive, free_port, stop_pid
@@ -88,7 +87,7 @@ class ClusterState:
 
 
 def clusters_root() -> Path:
-    return cache_root() / "clusters"
+    return node_holder.clusters_root()
 
 
 def state_dir(name: str) -> Path:
@@ -389,7 +388,7 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
     if fake_nodes:
         wanted.append("kwok")
     if node_runtime == "containerd":
-        node.preflight([s.name for s in _live_states(name) if s.node is not None])
+        node.preflight(node_holder.holders(clusters_root(), excluding=name))
         wanted += ["kubelet", "kube-proxy"]
     binaries = build.ensure_binaries(wanted)
     root = state_dir(name)
