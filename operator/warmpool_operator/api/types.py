@@ -41,6 +41,7 @@ from pydantic import (
 )
 
 from warmpool.contract.api import (
+    API_GROUP,
     DEFAULT_HOT_LAYER_PERCENT,
     DEFAULT_HYSTERESIS_PERCENT,
     DEFAULT_LENGTH_BUCKETS,
@@ -50,6 +51,15 @@ from warmpool.contract.api import (
 )
 from warmpool.contract.files import CONFIGMAP_KEY_PROMPTS
 from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_WORKER_PORT
+from warmpool.contract.pods import (
+    ANNOTATION_POD_DELETION_COST,
+    LABEL_AWAKE,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_MODEL,
+    LABEL_NAME,
+)
 from warmpool.tiering import Thresholds
 from warmpool_operator.api.validation import ApiObject, Rule, immutable
 
@@ -640,6 +650,305 @@ class LocalObjectReference(ApiObject):
     """Name of the object."""
 
 
+#: A label or annotation key: an optional DNS-subdomain prefix and "/", then a name of at most 63.
+_QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                   r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
+_QUALIFIED_NAME_RE = re.compile(_QUALIFIED_NAME)
+#: The same pattern inside a CEL string literal (where a backslash is itself escaped).
+_QUALIFIED_NAME_CEL = _QUALIFIED_NAME.replace("\\", "\\\\")
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=_QUALIFIED_NAME)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+DNS1123Label = Annotated[str, Field(min_length=1, max_length=63, pattern=rf"^{_DNS1123_LABEL}$")]
+#: Keys the operator sets on its worker pods (and selects them by), which spec.pod.labels and
+#: spec.pod.annotations may not set: a pod's identity is the operator's to say.
+RESERVED_POD_LABELS = (LABEL_MODEL, LABEL_COMPONENT, LABEL_NAME, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_AWAKE)
+RESERVED_POD_ANNOTATIONS = (ANNOTATION_POD_DELETION_COST,)
+#: Key prefixes of the API group (warmpool.dev/..., cache.warmpool.dev/...): the operator's and the agents'.
+RESERVED_KEY_DOMAIN = API_GROUP
+#: Volume names and container paths the operator's own pod layout uses (rules/builders.py).
+RESERVED_VOLUME_NAMES = ("model", "config", "control", "tmp", "prompts", "kv-prefix", "shm")
+RESERVED_MOUNT_PATHS = ("/warmpool", "/tmp", "/dev/shm")
+
+
+def reserved_key(key: str, exact: tuple[str, ...]) -> bool:
+    """Whether a label or annotation key is one the operator owns (exactly, or by its domain)."""
+    prefix = key.rpartition("/")[0]
+    return key in exact or prefix == RESERVED_KEY_DOMAIN or prefix.endswith(f".{RESERVED_KEY_DOMAIN}")
+
+
+def _reserved_cel(var: str, exact: tuple[str, ...]) -> str:
+    names = ", ".join(f"'{k}'" for k in exact)
+    return (f"!({var} in [{names}]) && !{var}.startsWith('{RESERVED_KEY_DOMAIN}/') "
+            f"&& !({var}.contains('.{RESERVED_KEY_DOMAIN}/'))")
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in roots)
+
+
+def _under_cel(var: str, roots: tuple[str, ...]) -> str:
+    return " || ".join(f"{var} == '{r}' || {var}.startsWith('{r}/')" for r in roots)
+
+
+LabelSelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+NodeSelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+_Values = Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=32)]
+
+
+class LabelSelectorRequirement(ApiObject):
+    """A label selector requirement, as in Kubernetes."""
+
+    key: LabelKey
+    """The label key."""
+    operator: LabelSelectorOperator
+    """In, NotIn, Exists or DoesNotExist."""
+    values: _Values | None = None
+    """Values for In and NotIn; empty for Exists and DoesNotExist."""
+
+
+class LabelSelector(ApiObject):
+    """A label selector, as in Kubernetes (the requirements are ANDed)."""
+
+    match_labels: Annotated[dict[str, LabelValue], Field(max_length=16)] | None = None
+    """Labels a pod must carry, key to value."""
+    match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=16)] | None = None
+    """Requirements a pod's labels must meet."""
+
+
+class NodeSelectorRequirement(ApiObject):
+    """A node selector requirement, as in Kubernetes."""
+
+    key: LabelKey
+    """The node label key."""
+    operator: NodeSelectorOperator
+    """In, NotIn, Exists, DoesNotExist, Gt or Lt."""
+    values: _Values | None = None
+    """Values for In and NotIn; one integer for Gt and Lt; empty for Exists and DoesNotExist."""
+
+
+class NodeSelectorTerm(ApiObject):
+    """Node selector requirements, ANDed."""
+
+    match_expressions: Annotated[list[NodeSelectorRequirement], Field(max_length=16)] | None = None
+    """Requirements on the node's labels."""
+    match_fields: Annotated[list[NodeSelectorRequirement], Field(max_length=16)] | None = None
+    """Requirements on the node's fields (metadata.name)."""
+
+
+class NodeSelector(ApiObject):
+    """Node selector terms, ORed."""
+
+    node_selector_terms: Annotated[list[NodeSelectorTerm], Field(min_length=1, max_length=8)]
+    """A node matching any of the terms qualifies."""
+
+
+class PreferredSchedulingTerm(ApiObject):
+    """A weighted node preference."""
+
+    weight: Annotated[int, Field(ge=1, le=100)]
+    """Weight of the preference, 1-100."""
+    preference: NodeSelectorTerm
+    """The nodes preferred."""
+
+
+class NodeAffinity(ApiObject):
+    """Node affinity, as in Kubernetes."""
+
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    """Nodes a worker pod must run on."""
+    preferred_during_scheduling_ignored_during_execution: (
+        Annotated[list[PreferredSchedulingTerm], Field(max_length=8)] | None
+    ) = None
+    """Nodes a worker pod prefers (object-store sources add their own preference for nodes holding
+    the revision after these)."""
+
+
+class PodAffinityTerm(ApiObject):
+    """Pods (by label, in namespaces) near which, per topology domain, a pod is placed or not."""
+
+    label_selector: LabelSelector | None = None
+    """The pods this term is about."""
+    namespaces: Annotated[list[DNS1123Label], Field(max_length=16)] | None = None
+    """Namespaces of those pods; unset means the WarmModel's."""
+    namespace_selector: LabelSelector | None = None
+    """Namespaces of those pods, by label."""
+    topology_key: LabelKey
+    """Node label whose value is the domain (e.g. kubernetes.io/hostname, topology.kubernetes.io/zone)."""
+
+
+class WeightedPodAffinityTerm(ApiObject):
+    """A weighted pod (anti-)affinity preference."""
+
+    weight: Annotated[int, Field(ge=1, le=100)]
+    """Weight of the preference, 1-100."""
+    pod_affinity_term: PodAffinityTerm
+    """The term."""
+
+
+class PodAffinity(ApiObject):
+    """Pod affinity or anti-affinity, as in Kubernetes."""
+
+    required_during_scheduling_ignored_during_execution: (
+        Annotated[list[PodAffinityTerm], Field(max_length=8)] | None
+    ) = None
+    """Terms a placement must meet."""
+    preferred_during_scheduling_ignored_during_execution: (
+        Annotated[list[WeightedPodAffinityTerm], Field(max_length=8)] | None
+    ) = None
+    """Terms a placement should meet."""
+
+
+class Affinity(ApiObject):
+    """Scheduling affinity of the worker pods, as in a Pod spec."""
+
+    node_affinity: NodeAffinity | None = None
+    """Which nodes."""
+    pod_affinity: PodAffinity | None = None
+    """Near which pods."""
+    pod_anti_affinity: PodAffinity | None = None
+    """Away from which pods."""
+
+
+class TopologySpreadConstraint(ApiObject):
+    """How the worker pods spread over topology domains, as in a Pod spec."""
+
+    max_skew: Annotated[int, Field(ge=1, le=1000)]
+    """Most the pod count of two domains may differ."""
+    topology_key: LabelKey
+    """Node label whose value is the domain, e.g. topology.kubernetes.io/zone."""
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    """DoNotSchedule (a hard rule) or ScheduleAnyway (a preference)."""
+    label_selector: LabelSelector | None = None
+    """The pods counted; unset means this WarmModel's worker pods."""
+    min_domains: Annotated[int, Field(ge=1, le=1000)] | None = None
+    """Fewest eligible domains (DoNotSchedule only)."""
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = None
+    """Whether the pod's node affinity limits the domains counted."""
+    node_taints_policy: Literal["Honor", "Ignore"] | None = None
+    """Whether node taints limit the domains counted."""
+
+    cel_rules = (
+        Rule(
+            cel="!has(self.minDomains) || self.whenUnsatisfiable == 'DoNotSchedule'",
+            message="spec.pod.topologySpreadConstraints: minDomains needs whenUnsatisfiable DoNotSchedule",
+            check=lambda t: t.min_domains is None or t.when_unsatisfiable == "DoNotSchedule",
+            field_path=".minDomains",
+        ),
+    )
+
+
+HostPathType = Literal["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket",
+                       "CharDevice", "BlockDevice"]
+
+
+class HostPathVolume(ApiObject):
+    """A node directory or file; it must lie under the operator's allowed host paths."""
+
+    path: AbsolutePath
+    """Absolute path on the node, no "." or ".." segments."""
+    type: HostPathType | None = None
+    """What must be there, as in Kubernetes (e.g. Directory); unset means no check."""
+
+
+class EmptyDirVolume(ApiObject):
+    """Scratch space that lives as long as the pod."""
+
+    medium: Literal["", "Memory"] | None = None
+    """"" (the node's disk) or Memory (tmpfs, counted against the pod's memory)."""
+    size_limit: Quantity | None = None
+    """Most the volume may hold, e.g. 10Gi."""
+
+
+class ConfigMapVolume(ApiObject):
+    """A ConfigMap of the WarmModel's namespace, its keys as files."""
+
+    name: DNS1123Subdomain
+    """Name of the ConfigMap."""
+    optional: bool | None = None
+    """Start the pod even if the ConfigMap is missing."""
+
+
+class SecretVolume(ApiObject):
+    """A Secret of the WarmModel's namespace, its keys as files."""
+
+    secret_name: DNS1123Subdomain
+    """Name of the Secret."""
+    optional: bool | None = None
+    """Start the pod even if the Secret is missing."""
+
+
+class ClaimVolume(ApiObject):
+    """A PersistentVolumeClaim of the WarmModel's namespace."""
+
+    claim_name: DNS1123Subdomain
+    """Name of the claim."""
+    read_only: bool | None = None
+    """Mount it read-only."""
+
+
+class ExtraVolume(ApiObject):
+    """A volume added to the worker pods. Exactly one source must be set."""
+
+    name: DNS1123Label
+    """Volume name, referred to by spec.pod.extraVolumeMounts; not one of the operator's own."""
+    host_path: HostPathVolume | None = None
+    """A node path (checked against the allowed host paths like a hostPath model)."""
+    empty_dir: EmptyDirVolume | None = None
+    """Scratch space."""
+    config_map: ConfigMapVolume | None = None
+    """A ConfigMap's keys."""
+    secret: SecretVolume | None = None
+    """A Secret's keys."""
+    persistent_volume_claim: ClaimVolume | None = None
+    """A PersistentVolumeClaim."""
+
+    cel_rules = (
+        Rule(
+            cel="[has(self.hostPath), has(self.emptyDir), has(self.configMap), has(self.secret), "
+            "has(self.persistentVolumeClaim)].filter(x, x).size() == 1",
+            message="spec.pod.extraVolumes: each volume needs exactly one of hostPath, emptyDir, configMap, "
+            "secret or persistentVolumeClaim",
+            check=lambda v: _count_set(v.host_path, v.empty_dir, v.config_map, v.secret,
+                                       v.persistent_volume_claim) == 1,
+        ),
+        Rule(
+            cel=f"!(self.name in [{', '.join(repr(n) for n in RESERVED_VOLUME_NAMES)}])",
+            message="spec.pod.extraVolumes: the names " + ", ".join(RESERVED_VOLUME_NAMES)
+            + " are the operator's own volumes",
+            check=lambda v: v.name not in RESERVED_VOLUME_NAMES,
+            field_path=".name",
+        ),
+    )
+
+
+class ExtraVolumeMount(ApiObject):
+    """A mount of one of spec.pod.extraVolumes into the container that holds the model (and, for
+    sidecar, the warmpool sidecar too)."""
+
+    name: DNS1123Label
+    """Name of the volume in spec.pod.extraVolumes."""
+    mount_path: AbsolutePath
+    """Where in the container; not under /warmpool, /tmp or /dev/shm (the operator's own)."""
+    read_only: bool | None = None
+    """Mount read-only."""
+    sub_path: RelativePath | None = None
+    """A path inside the volume to mount instead of its root."""
+
+    cel_rules = (
+        Rule(
+            cel=f"!({_under_cel('self.mountPath', RESERVED_MOUNT_PATHS)})",
+            message="spec.pod.extraVolumeMounts: mountPath may not be " + ", ".join(RESERVED_MOUNT_PATHS)
+            + " or lie under them (the operator's own mounts)",
+            check=lambda m: not _under(m.mount_path, RESERVED_MOUNT_PATHS),
+            field_path=".mountPath",
+        ),
+    )
+
+
+#: A shared-memory size: a positive whole number of bytes with an optional binary or decimal suffix.
+ShmSize = Annotated[str, Field(min_length=1, max_length=16, pattern=r"^[1-9][0-9]*(Ki|Mi|Gi|Ti|k|M|G|T)?$")]
+
+
 class PodSpec(ApiObject):
     """Pod-level settings of the worker pods."""
 
@@ -677,6 +986,88 @@ class PodSpec(ApiObject):
         | None
     ) = None
     """Extra environment of the warmpool worker's container (e.g. HF_HOME, CUDA_VISIBLE_DEVICES)."""
+    runtime_class_name: DNS1123Subdomain | None = None
+    """RuntimeClass of the worker pods (e.g. nvidia, for the NVIDIA container runtime)."""
+    service_account_name: DNS1123Subdomain | None = None
+    """ServiceAccount the worker pods run as (e.g. one bound to a cloud role); unset means the
+    namespace's default. Its API token is still not mounted (automountServiceAccountToken false)."""
+    affinity: Affinity | None = None
+    """Node and pod (anti-)affinity of the worker pods."""
+    topology_spread_constraints: Annotated[list[TopologySpreadConstraint], Field(max_length=8)] | None = None
+    """How the worker pods spread over zones or nodes."""
+    labels: Annotated[dict[str, LabelValue], Field(max_length=32)] | None = None
+    """Extra labels of the worker pods; never the operator's own (app.kubernetes.io/name, instance,
+    component, managed-by, or any key under warmpool.dev)."""
+    annotations: Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=32)] | None = None
+    """Extra annotations of the worker pods; never the operator's own (any key under warmpool.dev,
+    controller.kubernetes.io/pod-deletion-cost)."""
+    shm_size: ShmSize | None = None
+    """Size of a shared-memory tmpfs at /dev/shm (an emptyDir of medium Memory), e.g. 8Gi: NCCL and
+    PyTorch's data loaders need more than the runtime's 64 MB. Counted against the pod's memory."""
+    extra_volumes: (
+        Annotated[
+            list[ExtraVolume],
+            Field(
+                max_length=16,
+                json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+            ),
+        ]
+        | None
+    ) = None
+    """Volumes added to the worker pods. A hostPath among them must lie under the operator's allowed
+    host paths, as a hostPath model must."""
+    extra_volume_mounts: Annotated[list[ExtraVolumeMount], Field(max_length=32)] | None = None
+    """Mounts of spec.pod.extraVolumes into the container holding the model (for sidecar, the engine's
+    and the sidecar's)."""
+
+    cel_rules = (
+        Rule(
+            cel=f"!has(self.labels) || self.labels.all(k, k.matches('{_QUALIFIED_NAME_CEL}') && "
+            f"{_reserved_cel('k', RESERVED_POD_LABELS)})",
+            message="spec.pod.labels: each key must be a label key (prefix/name) and not one of the operator's own ("
+            + ", ".join(RESERVED_POD_LABELS) + f" or any key under {RESERVED_KEY_DOMAIN})",
+            check=lambda p: all(_QUALIFIED_NAME_RE.match(k) and not reserved_key(k, RESERVED_POD_LABELS)
+                                for k in p.labels or {}),
+            field_path=".labels",
+        ),
+        Rule(
+            cel=f"!has(self.annotations) || self.annotations.all(k, k.matches('{_QUALIFIED_NAME_CEL}') && "
+            f"{_reserved_cel('k', RESERVED_POD_ANNOTATIONS)})",
+            message="spec.pod.annotations: each key must be an annotation key (prefix/name) and not one of the "
+            f"operator's own ({', '.join(RESERVED_POD_ANNOTATIONS)} or any key under {RESERVED_KEY_DOMAIN})",
+            check=lambda p: all(_QUALIFIED_NAME_RE.match(k) and not reserved_key(k, RESERVED_POD_ANNOTATIONS)
+                                for k in p.annotations or {}),
+            field_path=".annotations",
+        ),
+        Rule(
+            cel="!has(self.extraVolumeMounts) || self.extraVolumeMounts.all(m, has(self.extraVolumes) "
+            "&& self.extraVolumes.exists(v, v.name == m.name))",
+            message="spec.pod.extraVolumeMounts: each mount must name a volume of spec.pod.extraVolumes",
+            check=lambda p: all(any(v.name == m.name for v in p.extra_volumes or ())
+                                for m in p.extra_volume_mounts or ()),
+            field_path=".extraVolumeMounts",
+        ),
+        Rule(
+            cel="!has(self.extraVolumeMounts) || self.extraVolumeMounts.all(m, "
+            "self.extraVolumeMounts.exists_one(n, n.mountPath == m.mountPath))",
+            message="spec.pod.extraVolumeMounts: two mounts share a mountPath",
+            check=lambda p: len({m.mount_path for m in p.extra_volume_mounts or ()})
+            == len(p.extra_volume_mounts or ()),
+            field_path=".extraVolumeMounts",
+        ),
+        Rule(
+            # The API server checks this through the list-map key; the operator's parse must too.
+            cel="!has(self.extraVolumes) "
+            "|| self.extraVolumes.all(v, self.extraVolumes.exists_one(w, w.name == v.name))",
+            message="spec.pod.extraVolumes: two volumes share a name",
+            check=lambda p: len({v.name for v in p.extra_volumes or ()}) == len(p.extra_volumes or ()),
+            field_path=".extraVolumes",
+        ),
+    )
+
+    def extra_host_paths(self) -> tuple[str, ...]:
+        """The node paths spec.pod.extraVolumes names."""
+        return tuple(v.host_path.path for v in self.extra_volumes or () if v.host_path is not None)
 
 
 # --- spec ------------------------------------------------------------------------------------

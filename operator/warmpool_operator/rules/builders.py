@@ -44,7 +44,7 @@ from warmpool.contract.pods import (
     WORKER_CONTAINER,
 )
 from warmpool.contract.zero import ANNOTATION_COLD_START_TRACE, ENV_COLD_START_TRACE
-from warmpool_operator.api.types import EnvVar, ResourceRequirements, WarmModelSpec
+from warmpool_operator.api.types import EnvVar, ResourceRequirements, TopologySpreadConstraint, WarmModelSpec
 from warmpool_operator.model import Obj, Target
 from warmpool_operator.rules import object_store_pods
 from warmpool_operator.rules.scaling import desired_replicas
@@ -53,6 +53,7 @@ CONTROL_MOUNT_PATH = "/warmpool/control"  # the control-token Secret
 PROMPTS_MOUNT_PATH = "/warmpool/prompts"  # a user's prompts ConfigMap (promptsConfigMapRef)
 CONFIG_MOUNT_PATH = "/warmpool/config"  # the WarmModel's ConfigMap (prompts + heat map)
 KV_PREFIX_MOUNT_PATH = "/warmpool/kv"  # warm-prefix KV persistence (emptyDir)
+SHM_MOUNT_PATH = "/dev/shm"  # spec.pod.shmSize (an emptyDir of medium Memory)
 #: Key of the WarmModel's ConfigMap holding the warm-up lengths learned from traffic
 #: (spec.warmup.learnBuckets): a JSON object {"format": LEARNED_BUCKETS_FORMAT, "buckets": [...]};
 #: a worker started while it is there warms at those lengths instead of --buckets.
@@ -437,7 +438,24 @@ def _volumes(target: Target) -> tuple[Obj, list[Obj], list[Obj]]:
     if spec.warmup.kv_prefix_persistence:
         mounts.append({"name": "kv-prefix", "mountPath": KV_PREFIX_MOUNT_PATH})
         volumes.append({"name": "kv-prefix", "emptyDir": {"sizeLimit": KV_PREFIX_SIZE_LIMIT}})
-    return model_mount, mounts, volumes
+    shared_mounts, shared_volumes = _user_volumes(spec)
+    return model_mount, mounts + shared_mounts, volumes + shared_volumes
+
+
+def _user_volumes(spec: WarmModelSpec) -> tuple[list[Obj], list[Obj]]:
+    """spec.pod's shared memory and extra volumes: (the mounts every main container gets, the volumes).
+
+    The host paths among them were checked against the allowed prefixes before any child was made
+    (rules/host_paths.py), as a hostPath model's are."""
+    pod = spec.pod
+    mounts: list[Obj] = []
+    volumes: list[Obj] = []
+    if pod.shm_size is not None:
+        mounts.append({"name": "shm", "mountPath": SHM_MOUNT_PATH})
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": pod.shm_size}})
+    volumes += [v.model_dump(by_alias=True, exclude_none=True) for v in pod.extra_volumes or ()]
+    mounts += [m.model_dump(by_alias=True, exclude_none=True) for m in pod.extra_volume_mounts or ()]
+    return mounts, volumes
 
 
 def _worker_container(target: Target, mounts: list[Obj]) -> Obj:
@@ -484,7 +502,7 @@ def _engine_container(target: Target, model_mount: Obj) -> Obj:
         "image": spec.engine.image,
         "ports": [{"name": "engine", "containerPort": spec.engine.port, "protocol": "TCP"}],
         "env": _engine_env(spec),
-        "volumeMounts": [model_mount, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [model_mount, {"name": "tmp", "mountPath": "/tmp"}, *_user_volumes(spec)[0]],
         "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
     }
     if spec.engine.command:
@@ -518,7 +536,15 @@ def _pod_spec(target: Target, containers: list[Obj], volumes: list[Obj]) -> Obj:
         # (every tenant's revisions on the node), and must not run code a WarmModel author chose.
         pod_spec["initContainers"] = [object_store_pods.wait_container(
             target.cache, target.default_worker_image, RESTRICTED_CONTAINER_SECURITY)]
-        pod_spec["affinity"] = object_store_pods.preferred_affinity(target.cache)
+    affinity = _affinity(target)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if pod.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = [_spread(target, c) for c in pod.topology_spread_constraints]
+    if pod.runtime_class_name:
+        pod_spec["runtimeClassName"] = pod.runtime_class_name
+    if pod.service_account_name:
+        pod_spec["serviceAccountName"] = pod.service_account_name
     if pod.node_selector:
         pod_spec["nodeSelector"] = dict(pod.node_selector)
     if pod.tolerations:
@@ -530,6 +556,26 @@ def _pod_spec(target: Target, containers: list[Obj], volumes: list[Obj]) -> Obj:
     return pod_spec
 
 
+def _affinity(target: Target) -> Obj:
+    """spec.pod.affinity, with an object-store source's preference for nodes holding its revision
+    after the user's own preferences."""
+    affinity: Obj = (target.spec.pod.affinity.model_dump(by_alias=True, exclude_none=True)
+                     if target.spec.pod.affinity is not None else {})
+    if target.cache is not None:
+        ours = object_store_pods.preferred_affinity(target.cache)["nodeAffinity"]
+        key = "preferredDuringSchedulingIgnoredDuringExecution"
+        node = affinity.setdefault("nodeAffinity", {})
+        node[key] = [*node.get(key, []), *ours[key]]
+    return affinity
+
+
+def _spread(target: Target, constraint: TopologySpreadConstraint) -> Obj:
+    """A topology spread constraint; without a labelSelector it counts this pool's pods."""
+    out = constraint.model_dump(by_alias=True, exclude_none=True)
+    out.setdefault("labelSelector", {"matchLabels": selector_labels(target.name)})
+    return out
+
+
 def build_pod_template(target: Target, cold_start_trace: str | None = None) -> Obj:
     """``cold_start_trace``: the hold a pool leaving zero starts its pods for (warmpool/contract/zero.py)."""
     spec = target.spec
@@ -538,6 +584,8 @@ def build_pod_template(target: Target, cold_start_trace: str | None = None) -> O
     if spec.engine.kind == "sidecar":
         containers.append(_engine_container(target, model_mount))
     annotations = {
+        # The user's first: the API refuses keys of ours there, and ours win should one slip through.
+        **(spec.pod.annotations or {}),
         ANNOTATION_REVISION: spec.model.revision or "",
         # Prompts are baked into warm-up: a change must roll the pool like a revision does.
         ANNOTATION_CONFIG_HASH: spec_hash({"prompts": prompts_payload(spec)}),
@@ -547,7 +595,7 @@ def build_pod_template(target: Target, cold_start_trace: str | None = None) -> O
     if cold_start_trace is not None:
         annotations[ANNOTATION_COLD_START_TRACE] = cold_start_trace
     return {
-        "metadata": {"labels": pod_labels(target.name), "annotations": annotations},
+        "metadata": {"labels": {**(spec.pod.labels or {}), **pod_labels(target.name)}, "annotations": annotations},
         "spec": _pod_spec(target, containers, volumes),
     }
 

@@ -18,6 +18,9 @@ The node's block cache (``--block-cache-root``) holds every WarmModel's models, 
 them, so a WarmModel's own hostPath or nodeCache directory may never be it, lie inside it or
 hold it, whatever the prefixes allow: only the operator mounts the cache, for http and s3
 sources, each pod its own revision.
+
+A hostPath among ``spec.pod.extraVolumes`` is held to the same prefixes and the same cache rule
+(and the chart's admission policy refuses it at the API server already: admission-policies.yaml).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def mounted_host_paths(spec: WarmModelSpec, cache_root: str = DEFAULT_BLOCK_CACH
     """Every node directory the worker pods of ``spec`` would mount (as the builders write it)."""
     model = spec.model
     if model.object_store() is not None:  # the node cache (rules/object_store_pods.py): the volume is its root
-        return (cache_root.rstrip("/"),)
+        return (cache_root.rstrip("/"), *spec.pod.extra_host_paths())
     return own_host_paths(spec)
 
 
@@ -81,13 +84,15 @@ def _overlaps(path: str, root: str) -> bool:
 
 
 def own_host_paths(spec: WarmModelSpec) -> tuple[str, ...]:
-    """The node directories the WarmModel names itself (hostPath, nodeCache), not the cache's."""
+    """The node directories the WarmModel names itself (hostPath, nodeCache, spec.pod.extraVolumes),
+    not the cache's."""
     model = spec.model
+    extra = spec.pod.extra_host_paths()
     if model.host_path is not None:
-        return (model.host_path.path,)
+        return (model.host_path.path, *extra)
     if model.node_cache is not None:
-        return (f"{model.node_cache.root.rstrip('/')}/{model.node_cache.key}",)
-    return ()
+        return (f"{model.node_cache.root.rstrip('/')}/{model.node_cache.key}", *extra)
+    return extra
 
 
 def refusal(
