@@ -39,7 +39,7 @@ def container(template: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in template["spec"]["containers"] if c["name"] == name)
 
 
-AFFINITY = {
+AFFINITY: dict[str, Any] = {
     "nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]},
