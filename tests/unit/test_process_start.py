@@ -15,6 +15,8 @@ from warmpool_worker.metrics import process_start_time
 
 pytestmark = pytest.mark.unit
 
+#: How far the start may fall outside [spawned, asked]: rounding plus clock skew, far below a process start.
+SLACK_S = 0.25
 REPORT = ("import json, time; from warmpool_worker.metrics import process_start_time; "
           "print(json.dumps([process_start_time(), time.time()]))")
 
@@ -26,8 +28,10 @@ def test_a_fresh_process_starts_after_it_was_spawned_and_before_it_asks() -> Non
         out = subprocess.run([sys.executable, "-c", REPORT], capture_output=True, text=True, env=env,
                              timeout=60, check=True).stdout
         started, asked = json.loads(out)
-        # The kernel counts in clock ticks (10 ms), /proc/uptime in hundredths.
-        assert spawned - 0.03 <= started <= asked + 0.03, (spawned, started, asked)
+        # The kernel counts in clock ticks (10 ms) and /proc/uptime in hundredths: 20 ms of rounding.  The
+        # rest of the slack is the wall clock against the boot clock (an NTP slew moves one, not the other):
+        # the bound says "this process's own start", not how fast a process starts on a busy machine.
+        assert spawned - SLACK_S <= started <= asked + SLACK_S, (spawned, started, asked)
 
 
 def test_the_start_is_the_ticks_since_boot_before_now(tmp_path: Path) -> None:
