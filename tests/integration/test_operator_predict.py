@@ -176,6 +176,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
     print(f"predict: one pod serves {capacity:.2f} req/s; ramp {[round(r, 2) for r in rates]} req/s")
 
     grew_at: int | None = None
+    capacity_at_growth = capacity
     seen: list[tuple[int, int, str | None]] = []
     with Ramp(world, pod, "ramp", rates) as ramp:
         deadline = time.monotonic() + STAGE_S * len(rates) + 30
@@ -185,6 +186,10 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
             seen.append((ramp.stage, count, cond.get("reason")))
             if count > 1:
                 grew_at = ramp.stage
+                # The capacity the operator judged by when it grew the pool: it goes on measuring
+                # during the ramp, and a busier machine moves the figure (12.56 req/s before the ramp,
+                # 13.74 during it, once).
+                capacity_at_growth = float(forecast(world, "ramp").get("capacityPerPod") or capacity)
                 break
             time.sleep(0.3)
     print(f"predict: sent {ramp.sent}, skipped {ramp.skipped}; (stage, replicas, reason) seen: {seen[-8:]}")
@@ -194,9 +199,9 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
     assert grew_at >= 0, "the pool grew before the ramp began"
     # The order of events: the pool grew while the rate sent was still within one pod's capacity (a
     # rule on the current rate adds a pod only once that is exceeded: the HPA's by more than its 10 %
-    # tolerance), well before the ramp's peak.  At exactly 1.0x one pod still copes; the CI rehearsal
-    # saw the pool grow there once, when the machine got busier between measuring and ramping.
-    assert rates[grew_at] <= capacity, (grew_at, rates, capacity)
+    # tolerance), well before the ramp's peak.  At exactly 1.0x one pod still copes.  The capacity is the
+    # one the operator held at that moment, not the figure read before the ramp.
+    assert rates[grew_at] <= capacity_at_growth, (grew_at, rates, capacity, capacity_at_growth)
     assert grew_at < len(rates) - 1
     assert status["forecast"]["model"], status["forecast"]
     # What raised the pool is in the Event written at that pass (status is the latest pass's: the
