@@ -5,15 +5,19 @@ The leader Lease's expiry rule, on real timestamps."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import REGISTRY
 from warmpool_operator.app import leader
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.worker_client import WorkerClient
 
+from warmpool.contract.metrics import METRIC_OPERATOR_SCRAPE_ROUNDS_CUT
 from warmpool.lease import Observed
 
 pytestmark = pytest.mark.unit
@@ -86,6 +90,39 @@ async def test_a_round_reaches_every_pool_once() -> None:
         finally:
             task.cancel()
     assert sorted(reached[:7]) == list(range(7))
+
+
+def _rounds_cut() -> float:
+    return REGISTRY.get_sample_value(METRIC_OPERATOR_SCRAPE_ROUNDS_CUT) or 0.0
+
+
+async def test_a_round_held_up_by_a_stuck_pool_is_cut_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """A pool whose scrape never ends holds the round up to its bound, no longer: then the round is
+    cancelled, a warning says so and the counter counts it, and the next round reaches the pools."""
+    rounds_reached: list[int] = []
+
+    async def stuck() -> None:
+        await asyncio.Event().wait()  # a scrape or pass that never returns
+
+    async def healthy() -> None:
+        rounds_reached.append(scheduler.rounds)
+
+    before = _rounds_cut()
+    async with aiohttp.ClientSession(trust_env=False) as session:
+        scheduler = ScrapeScheduler(WorkerClient(session, timeout=0.1), interval=0.05, concurrency=2)
+        with caplog.at_level(logging.WARNING, logger="warmpool.operator"):
+            task = asyncio.create_task(scheduler.run(lambda: [stuck, healthy]))
+            try:
+                deadline = time.monotonic() + 10  # the bound is 0.25 s: this only catches a hang
+                while scheduler.rounds < 2 or _rounds_cut() < before + 2:
+                    assert not task.done(), task
+                    assert time.monotonic() < deadline, (scheduler.rounds, _rounds_cut() - before)
+                    await asyncio.sleep(0.02)
+            finally:
+                task.cancel()
+    assert sorted(set(rounds_reached))[:2] == [0, 1]  # the stuck pool held no one back past the bound
+    cut = [r.getMessage() for r in caplog.records if "scrape round" in r.getMessage()]
+    assert cut and "cut after 0.25s" in cut[0], cut
 
 
 def _lease(holder: str, renewed: str, version: str, duration: int = 8) -> dict[str, object]:

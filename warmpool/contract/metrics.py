@@ -189,3 +189,7 @@ def batch_bucket(size: int) -> int:
     if size < 1:
         raise ValueError(f"a batch holds at least one request, got {size}")
     return max(edge for edge in BATCH_SIZE_EDGES if edge <= size)
+
+#: Scrape rounds cut short: a round still running past its bound (a stuck pool) is cancelled,
+#: with every pool's scrape of it still in flight (operator; no labels).
+METRIC_OPERATOR_SCRAPE_ROUNDS_CUT = "warmpool_operator_scrape_rounds_cut_total"

@@ -31,6 +31,7 @@ from warmpool.contract.metrics import (
     METRIC_OPERATOR_RECONCILE_ERRORS,
     METRIC_OPERATOR_RECONCILE_SECONDS,
     METRIC_OPERATOR_SCRAPE_FAILURES,
+    METRIC_OPERATOR_SCRAPE_ROUNDS_CUT,
     METRIC_OPERATOR_TIER_DECISIONS,
     METRIC_OPERATOR_WARM_PODS,
     METRIC_OPERATOR_WRITE_FAILURES,
@@ -66,6 +67,10 @@ WRITE_FAILURES = Counter(
     METRIC_OPERATOR_WRITE_FAILURES,
     "Best-effort writes that failed and were skipped (the reconcile carried on), by target",
     [LABEL_TARGET],
+)
+SCRAPE_ROUNDS_CUT = Counter(
+    METRIC_OPERATOR_SCRAPE_ROUNDS_CUT,
+    "Scrape rounds cancelled at their time bound (a pool's scrape or pass hung), with what was still running",
 )
 WARM_PODS = Gauge(
     METRIC_OPERATOR_WARM_PODS,

@@ -11,12 +11,12 @@ bound), so a pod turning warm shows without waiting for the next round.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
+from warmpool_operator.io import metrics
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.model import Sample
 
@@ -49,11 +49,26 @@ class ScrapeScheduler:
             started = time.monotonic()
             jobs = [self._later(job) for job in pools()]
             if jobs:
-                # A round never outlives a few intervals: a stuck pool cannot stall the others.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.gather(*jobs), timeout=3 * self.interval + self.workers.timeout)
+                await self._bounded(jobs)
             self.rounds += 1
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    async def _bounded(self, jobs: Sequence[Awaitable[None]]) -> None:
+        """Run one round's jobs, for at most a few intervals.  Rounds run one after another, so a
+        stuck pool delays every pool's next round until this bound; then the round is cancelled,
+        the stuck pool's job and any other job still running alike, logged and counted
+        (SCRAPE_ROUNDS_CUT), and the next round starts."""
+        bound = self.round_bound()
+        try:
+            await asyncio.wait_for(asyncio.gather(*jobs), timeout=bound)
+        except TimeoutError:
+            metrics.SCRAPE_ROUNDS_CUT.inc()
+            log.warning("scrape round %d cut after %gs: a pool's scrape or pass did not finish "
+                        "(its next round starts now)", self.rounds, bound)
+
+    def round_bound(self) -> float:
+        """Seconds a round may run: three intervals and one scrape's timeout."""
+        return 3 * self.interval + self.workers.timeout
 
     async def _later(self, job: Callable[[], Awaitable[None]]) -> None:
         await asyncio.sleep(random.uniform(0.0, JITTER * self.interval))
