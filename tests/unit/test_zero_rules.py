@@ -277,3 +277,48 @@ def test_each_bad_held_value_is_announced_once_and_a_clock_ahead_once_while_it_s
     # Garbage: one Event per distinct value, however many passes see it.
     passes((garbled, "\u00b2 1", NOW), (garbled, "\u00b2 1", NOW), (garbled, "\u00b3 1", NOW))
     assert len(warned) == 3 and all(garbled in message for message in warned[1:])
+
+
+# --------------------------------------------------------------------------- one parser of scaleToZero
+
+
+def _warmmodel(scale_to_zero: object) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": "m", "uid": "u-1"},
+            "spec": {"model": {"hostPath": {"path": "/models/m"}}, "pool": {"scaleToZero": scale_to_zero}}}
+
+
+def test_scale_to_zero_is_read_by_the_api_model_everywhere_with_its_defaults() -> None:
+    """The pass (the whole spec), the activator (its hold policy) and a pass's trace read the same
+    fields with the same defaults, from one parser."""
+    from warmpool_operator.activator.pools import HoldPolicy, Pools
+
+    body = _warmmodel({"afterIdleSeconds": 30})
+    parsed = zero.scale_to_zero_of(body)
+    assert parsed == api.parse_spec(body["spec"]).pool.scale_to_zero
+    assert parsed is not None and (parsed.hold_timeout_seconds, parsed.max_held_requests) == (
+        api.DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS, api.DEFAULT_ZERO_MAX_HELD_REQUESTS)
+    pools = Pools()
+    pools.warmmodel("ADDED", body)
+    pool = pools.pool(("ns", "m"))
+    assert pool.scale_to_zero and pool.policy == HoldPolicy(float(parsed.hold_timeout_seconds),
+                                                            parsed.max_held_requests)
+    assert zero.scale_to_zero_of(_warmmodel(None)) is None
+
+
+@pytest.mark.parametrize(("scale_to_zero", "named"), [
+    ({"afterIdleSeconds": 30, "maxHeldRequests": 0}, "spec.pool.scaleToZero.maxHeldRequests"),
+    ({"afterIdleSeconds": 30, "holdTimeoutSeconds": "60"}, "spec.pool.scaleToZero.holdTimeoutSeconds"),
+    ({"holdTimeoutSeconds": 60}, "spec.pool.scaleToZero.afterIdleSeconds"),
+    ("yes", "spec.pool.scaleToZero: not an object"),
+])
+def test_a_bad_scale_to_zero_is_refused_by_name_and_the_activator_holds_nothing_for_it(
+        scale_to_zero: object, named: str) -> None:
+    """The activator used its own defaults for what the API refuses (maxHeldRequests 0 held 100)."""
+    from warmpool_operator.activator.pools import Pools
+
+    with pytest.raises(api.InvalidWarmModel, match=named):
+        zero.scale_to_zero_of(_warmmodel(scale_to_zero))
+    pools = Pools()
+    pools.warmmodel("ADDED", _warmmodel(scale_to_zero))
+    assert not pools.pool(("ns", "m")).scale_to_zero
+    assert zero_step.hold_trace(_warmmodel(scale_to_zero), NOW) is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +26,15 @@ from typing import Any
 from warmpool.contract.http import DEFAULT_WORKER_PORT, WORKER_PORT_NAME
 from warmpool.contract.pods import LABEL_MODEL
 from warmpool_operator.activator.reach import Target
-from warmpool_operator.api.types import DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS, DEFAULT_ZERO_MAX_HELD_REQUESTS
+from warmpool_operator.api.types import (
+    DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS,
+    DEFAULT_ZERO_MAX_HELD_REQUESTS,
+    InvalidWarmModel,
+)
 from warmpool_operator.rules.builders import pod_labels, service_name
-from warmpool_operator.rules.zero import pods_slice_name
+from warmpool_operator.rules.zero import pods_slice_name, scale_to_zero_of
+
+log = logging.getLogger("warmpool.activator")
 
 PoolKey = tuple[str, str]  # (namespace, WarmModel name)
 
@@ -82,12 +89,18 @@ class _Seen:
     urls: tuple[str, ...] = ()
 
 
-def _policy(body: Mapping[str, Any]) -> HoldPolicy:
-    zero = ((body.get("spec") or {}).get("pool") or {}).get("scaleToZero") or {}
-    return HoldPolicy(
-        hold_timeout_s=float(zero.get("holdTimeoutSeconds") or DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS),
-        max_held=int(zero.get("maxHeldRequests") or DEFAULT_ZERO_MAX_HELD_REQUESTS),
-    )
+def _policy(body: Mapping[str, Any]) -> HoldPolicy | None:
+    """The pool's hold policy; None when it has no scaleToZero, or one the API's model refuses
+    (the API server's schema refuses it too: the activator holds nothing for it)."""
+    try:
+        spec = scale_to_zero_of(body)
+    except InvalidWarmModel as error:
+        namespace, name = _where(body)
+        log.warning("WarmModel %s/%s: scaleToZero not held for: %s", namespace, name, error)
+        return None
+    if spec is None:
+        return None
+    return HoldPolicy(hold_timeout_s=float(spec.hold_timeout_seconds), max_held=spec.max_held_requests)
 
 
 def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -142,9 +155,10 @@ class Pools:
             pool.policy, pool.uid, pool.scale_to_zero = HoldPolicy(), None, False
         else:
             spec = body.get("spec") or {}
-            pool.policy = _policy(body)
+            policy = _policy(body)
+            pool.policy = policy or HoldPolicy()
             pool.uid = str(_meta(body).get("uid") or "") or None
-            pool.scale_to_zero = bool((spec.get("pool") or {}).get("scaleToZero"))
+            pool.scale_to_zero = policy is not None
             pool.port = int((spec.get("pod") or {}).get("port") or DEFAULT_WORKER_PORT)
         self._refresh_pods(key)
 

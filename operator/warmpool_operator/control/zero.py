@@ -28,7 +28,7 @@ import kopf
 
 from warmpool.contract.pods import AWAKE_TRUE, LABEL_AWAKE
 from warmpool.contract.zero import ANNOTATION_COLD_START_TRACE, DEFAULT_ACTIVATOR_PORT, cold_start_trace_value
-from warmpool_operator.api.types import DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS
+from warmpool_operator.api.types import InvalidWarmModel
 from warmpool_operator.control.children import ChildConflict, Settled, ensure
 from warmpool_operator.io.kube import ENDPOINTSLICES, Kube
 from warmpool_operator.io.watch_cache import Cache
@@ -105,14 +105,14 @@ def wake_wanted(target: Target, owner: Mapping[str, Any], wall: float) -> int:
 def hold_trace(owner: Mapping[str, Any], wall: float) -> str | None:
     """The traceparent of a hold the activator reports on the WarmModel: the pass that serves the
     held requests joins the hold's trace (read before the spec is parsed, to parent the pass)."""
-    raw = ((owner.get("spec") or {}).get("pool") or {}).get("scaleToZero")
-    if not isinstance(raw, Mapping):
-        return None
-    timeout = raw.get("holdTimeoutSeconds", DEFAULT_ZERO_HOLD_TIMEOUT_SECONDS)
-    if not isinstance(timeout, int | float):
+    try:
+        policy = zero.scale_to_zero_of(owner)
+    except InvalidWarmModel:
+        return None  # the pass reports the spec; nothing is held for it
+    if policy is None:
         return None
     annotations = (owner.get("metadata") or {}).get("annotations") or {}
-    return zero.held_requests(annotations, float(timeout), wall).trace
+    return zero.held_requests(annotations, policy.hold_timeout_seconds, wall).trace
 
 
 def cold_start_trace(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: Obj | None,

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from warmpool.contract.http import WORKER_PORT_NAME
 from warmpool.contract.zero import (
     ACTIVATOR_SLICE_SUFFIX,
@@ -25,7 +27,7 @@ from warmpool.contract.zero import (
     BadHeldValue,
     read_held,
 )
-from warmpool_operator.api.types import ScaleToZeroSpec
+from warmpool_operator.api.types import InvalidWarmModel, ScaleToZeroSpec
 from warmpool_operator.model import Obj, Target
 from warmpool_operator.rules.builders import common_labels, service_name, stamp
 
@@ -39,6 +41,23 @@ REASON_SCALED_FROM_ZERO = "ScaledFromZero"
 REASON_STARTING_ON_DEMAND = "StartingOnDemand"
 #: A Warning Event: a held annotation's value was not counted (once per distinct value).
 REASON_HELD_IGNORED = "HeldAnnotationIgnored"
+
+
+def scale_to_zero_of(body: Mapping[str, Any]) -> ScaleToZeroSpec | None:
+    """A WarmModel's ``spec.pool.scaleToZero`` read by the API's own model (its defaults, its
+    bounds), for the readers that do not parse the whole spec (the activator, a pass's trace);
+    None when unset.  Raises :class:`InvalidWarmModel` naming each bad field."""
+    raw = ((body.get("spec") or {}).get("pool") or {}).get("scaleToZero")
+    if raw is None:
+        return None
+    where = "spec.pool.scaleToZero"
+    if not isinstance(raw, Mapping):
+        raise InvalidWarmModel([f"{where}: not an object: {raw!r}"])
+    try:
+        return ScaleToZeroSpec.model_validate(dict(raw))
+    except ValidationError as error:
+        raise InvalidWarmModel([f"{where}.{'.'.join(str(part) for part in item['loc'])}: {item['msg']}"
+                                for item in error.errors(include_url=False)]) from None
 
 
 @dataclass(frozen=True)
