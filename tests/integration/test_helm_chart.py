@@ -609,7 +609,7 @@ def test_admission_policies_name_the_contracts_keys_and_can_be_left_out(tmp_path
     assert set(policies) == {"wp-warmpool-operator-pod-patches", "wp-warmpool-operator-secret-writes",
                              "wp-warmpool-node-agent-own-node", "wp-warmpool-activator-held-annotations",
                              "wp-warmpool-operator-endpointslices", "wp-warmpool-operator-endpointslice-services",
-                             "wp-warmpool-owner-references"}
+                             "wp-warmpool-owner-references", "wp-warmpool-warmmodel-host-paths"}
     bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
