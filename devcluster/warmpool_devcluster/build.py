@@ -36,6 +36,9 @@ JAEGER_VERSION = "v1.76.0"
 #: SeaweedFS publishes no tagged module versions; this pseudo-version is the one the package list names.
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 SEAWEEDFS_MODULE = "github.com/seaweedfs/seaweedfs"
+#: The CNCF image registry (distribution), for the install-from-a-registry test (registry.py).
+DISTRIBUTION_VERSION = "v3.1.2"
+DISTRIBUTION_MODULE = "github.com/distribution/distribution/v3"
 
 #: Binaries built from the k8s.io/kubernetes module (one wrapper go.mod, one `go build` for all):
 #: the control plane, kubectl, and the real node's kubelet and kube-proxy.
@@ -63,6 +66,7 @@ ALL_BINARIES: tuple[Binary, ...] = (
     Binary("prometheus", PROMETHEUS_VERSION),
     Binary("promtool", PROMETHEUS_VERSION),
     Binary("jaeger", JAEGER_VERSION),
+    Binary("registry", DISTRIBUTION_VERSION),
 )
 
 #: Built only when named (`warmpool cluster build --with-object-store`, or a test that needs
@@ -255,6 +259,38 @@ def _build_wrapped(module: str, version: str, command: str, out_name: str, workd
             workdir, log_path, f"{out_name} {version}")
 
 
+_REGISTRY_MAIN = """package main
+
+import (
+\t"github.com/distribution/distribution/v3/registry"
+\t_ "github.com/distribution/distribution/v3/registry/storage/driver/filesystem"
+)
+
+// distribution's cmd/registry with the filesystem storage driver only: its own main also links
+// the S3, Azure and GCS drivers, whose SDKs more than double the build and that no test uses.
+func main() { _ = registry.RootCmd.Execute() }
+"""
+
+
+def _build_registry(workdir: Path, log_path: Path) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    release_go_mod = _download_go_mod(DISTRIBUTION_MODULE, DISTRIBUTION_VERSION, workdir, log_path)
+    go_line = re.search(r"^go\s+(\S+)", release_go_mod, re.M)
+    (workdir / "go.mod").write_text(
+        "module warmpool.dev/registry-build\n\n"
+        f"go {go_line.group(1) if go_line else '1.24.0'}\n\n"
+        f"require {DISTRIBUTION_MODULE} {DISTRIBUTION_VERSION}\n\n"
+        + "\n".join(module_replace_lines(release_go_mod)) + "\n"
+    )
+    (workdir / "main.go").write_text(_REGISTRY_MAIN)
+    out = cached_path(Binary("registry", DISTRIBUTION_VERSION))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ldflags = f"-s -w -X {DISTRIBUTION_MODULE}/version.version={DISTRIBUTION_VERSION}"
+    _log(f"building the image registry (distribution) {DISTRIBUTION_VERSION}")
+    _run_go(["build", "-mod=mod", "-trimpath", "-ldflags", ldflags, "-o", str(out), "."],
+            workdir, log_path, f"registry {DISTRIBUTION_VERSION}")
+
+
 _GO_INSTALL_PACKAGES = {
     "kwok": "sigs.k8s.io/kwok/cmd/kwok",
     "helm": "helm.sh/helm/v3/cmd/helm",
@@ -347,6 +383,8 @@ def _build_missing(wanted: list[Binary]) -> None:
         _build_kubernetes(k8s, work / "kubernetes", log_path)
     if any(b.name == "jaeger" for b in missing):
         _build_jaeger(work / "jaeger", log_path)
+    if any(b.name == "registry" for b in missing):
+        _build_registry(work / "registry", log_path)
     if any(b.name == "weed" for b in missing):
         # Only the `weed` command: the S3 gateway, master, volume and filer are all in it.
         _build_wrapped(SEAWEEDFS_MODULE, SEAWEEDFS_VERSION, "weed", "weed", work / "seaweedfs", log_path)
