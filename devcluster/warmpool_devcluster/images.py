@@ -15,6 +15,7 @@ its COPY lines bring, the base): an image is built once per revision of its inpu
 change of any input is a new tag, so a pod never runs stale code.  ``load`` imports into the real
 node's containerd what it lacks; pods use ``imagePullPolicy: IfNotPresent`` and nothing ever pulls
 (``warmpool.local`` resolves nowhere: a pull would fail at once instead of reaching a registry).
+A cluster we did not build gets them from a registry instead: images_push.py tags and pushes them.
 """
 
 from __future__ import annotations
@@ -229,17 +230,22 @@ def _serve_wheelhouse() -> Iterator[str]:
 def build(repo: Path, names: list[str] | None = None) -> dict[str, str]:
     """Build (or find built) the named images of the checkout; name -> tag.  Older revisions
     beyond ``KEEP_REVISIONS`` are removed from the engine."""
+    with docker_engine.engine() as docker:
+        return build_with(docker, repo, names)
+
+
+def build_with(docker: docker_engine.DockerEngine, repo: Path, names: list[str] | None = None) -> dict[str, str]:
+    """`build` in an engine already running (a push that follows uses the same one)."""
     repo = check_checkout(repo)
     wanted = names or list(IMAGES)
     unknown = set(wanted) - set(IMAGES)
     if unknown:
         raise ImageError(f"unknown images {sorted(unknown)}; known: {sorted(IMAGES)}")
-    with docker_engine.engine() as docker:
-        wanted_tags = {name: image_tag(repo, name) for name in wanted}
-        todo = {name: tag for name, tag in wanted_tags.items() if not docker.has_image(tag)}
-        if todo:
-            _build_missing(docker, repo, todo)
-        _prune_engine(docker, wanted_tags)
+    wanted_tags = {name: image_tag(repo, name) for name in wanted}
+    todo = {name: tag for name, tag in wanted_tags.items() if not docker.has_image(tag)}
+    if todo:
+        _build_missing(docker, repo, todo)
+    _prune_engine(docker, wanted_tags)
     return wanted_tags
 
 

@@ -1,4 +1,5 @@
-"""`warmpool images build | load | list`: the project's images, built here, loaded into the real node."""
+"""`warmpool images build | load | list`: the project's images, built here, loaded into the real node
+or pushed to a registry (`build --registry R --push`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from warmpool_devcluster import cluster, docker_engine, images, node
+from warmpool_devcluster import cluster, docker_engine, images, images_push, node
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,15 +21,29 @@ def _parser() -> argparse.ArgumentParser:
         one.add_argument("--repo", type=Path, default=Path.cwd(), help="the source checkout (default: here)")
         if action == "load":
             one.add_argument("--cluster", default="default", help="the cluster whose node gets them")
+        if action == "build":
+            one.add_argument("--registry", metavar="HOST[:PORT][/PATH]",
+                             help="also tag each image as HOST[:PORT][/PATH]/warmpool-NAME (the chart's "
+                                  "image.repository and workerImage.repository), under its content tag and "
+                                  "the chart's appVersion")
+            one.add_argument("--push", action="store_true",
+                             help="push those tags to the registry (needs --registry; TLS, or plain HTTP on "
+                                  "loopback; credentials from `docker login`)")
     return parser
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     names = list(args.names) or None
+    if args.action == "build" and args.push and not args.registry:
+        parser.error("--push needs --registry HOST[:PORT][/PATH]: the registry to push to")
     try:
         if args.action == "list":
             found = images.tags(images.check_checkout(args.repo))
+        elif args.action == "build" and args.registry:
+            registry = images_push.parse_registry(args.registry)
+            found = images_push.tag_and_push(args.repo, registry, names, push=args.push)
         elif args.action == "build":
             found = images.build(args.repo, names)
         else:
