@@ -243,7 +243,7 @@ def test_the_pass_that_takes_the_pool_to_zero_forgets_the_stamp(monkeypatch: pyt
     monkeypatch.setattr(kopf, "event", lambda *_, reason, **__: events.append(reason))
     body = _body({"afterIdleSeconds": 5, "holdTimeoutSeconds": 60})
     memory = zero_step.ZeroMemory(at_zero=False, left_zero=0.0, cold_start_stamp=cold_start_trace_value(HOLD, NOW))
-    state = zero_step.decide(memory, _target(body), body, _deployment(1), [], None, now=100.0, wall=NOW)
+    state = zero_step.decide_and_announce(memory, _target(body), body, _deployment(1), [], None, now=100.0, wall=NOW)
     assert state.at_zero and events == [zero.REASON_SCALED_TO_ZERO]
     assert memory.cold_start_stamp is None
 

@@ -338,8 +338,8 @@ class Reconciler:
         if live is not None and not outcome.conflicts:
             await self._pods(target, str(live["metadata"]["uid"]), outcome)
         if target.spec.pool.scale_to_zero is not None:
-            outcome.zero = zero_step.decide(memory.zero, target, self.body, live, outcome.observations,
-                                            memory.sleep.last_active(), shared.monotonic(), shared.wall())
+            outcome.zero = zero_step.decide_and_announce(memory.zero, target, self.body, live, outcome.observations,
+                                                         memory.sleep.last_active(), shared.monotonic(), shared.wall())
         at_zero = outcome.zero is not None and outcome.zero.at_zero
         stopping = at_zero and not memory.zero.settling(shared.monotonic())  # out of the Service first, then stopped
         replicas = scale.replicas(memory.scale, target.spec, outcome.predicted, self.body, shared.monotonic(), stopping)
@@ -363,8 +363,8 @@ class Reconciler:
         await zero_step.route_ready_first(shared.kube, self.cache, target, self.body, memory.children.settled,
                                           memory.zero, refs, by_uid, shared.activators)
         pool = await observe.observe(memory.scrapes, pods, target, shared.scheduler, config, shared.tracing)
-        decisions = await tiers.decide(memory.tiers, pool, target, self.body, memory.children.token, shared.workers,
-                                       config.ttl(), shared.tracing)
+        decisions = await tiers.decide_and_direct(memory.tiers, pool, target, self.body, memory.children.token,
+                                                  shared.workers, config.ttl(), shared.tracing)
         if memory.tiers.token_refused:
             # The Secret changed under us (edited, or made with another key): the next pass writes
             # our token into it again, and workers read theirs per call.

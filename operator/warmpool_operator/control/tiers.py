@@ -61,10 +61,12 @@ def _seed_gate(gate: gating.GateState, refs: list[gating.PodRef], pods: Mapping[
             gate.pod_tiers.setdefault(ref.uid, tier)
 
 
-async def decide(memory: TierMemory, pool: PoolPods, target: Target, owner: Mapping[str, Any], token: str,
-                 workers: WorkerClient, ttl: float, tracing: Tracing) -> dict[str, gating.Decision]:
-    """This pass's decision per pod: new ones where new samples came (sent and announced), else
-    the last ones."""
+async def decide_and_direct(memory: TierMemory, pool: PoolPods, target: Target, owner: Mapping[str, Any],
+                           token: str, workers: WorkerClient, ttl: float,
+                           tracing: Tracing) -> dict[str, gating.Decision]:
+    """Decide each pod's tier, POST it to the pod's worker (/control/tier) and post a TierChanged
+    Event where it changed: new decisions where new samples came, else the last ones (already
+    sent and announced)."""
     if not pool.fresh and all(ref.uid in memory.decisions for ref in pool.refs):
         # Nothing new was read: the last decisions stand (announced and sent already).
         memory.decisions = {uid: d for uid, d in memory.decisions.items() if uid in pool.readiness}

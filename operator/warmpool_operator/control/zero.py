@@ -150,10 +150,11 @@ def pod_endpoints(target: Target, refs: Sequence[Any], pods: Mapping[str, Obj],
     return out
 
 
-def decide(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: Obj | None,
-           observations: Sequence[PodObservation], last_active: float | None, now: float,
-           wall: float) -> zero.ZeroState:
-    """This pass's at-zero decision (an Event when it changes)."""
+def decide_and_announce(memory: ZeroMemory, target: Target, owner: Mapping[str, Any], live: Obj | None,
+                        observations: Sequence[PodObservation], last_active: float | None, now: float,
+                        wall: float) -> zero.ZeroState:
+    """Decide whether the pool is at zero this pass, and post an Event (ScaledToZero,
+    ScaledFromZero, HeldAnnotationIgnored) when that changes or a held value is refused."""
     policy = target.spec.pool.scale_to_zero
     assert policy is not None
     annotations = (owner.get("metadata") or {}).get("annotations") or {}
