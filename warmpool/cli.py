@@ -45,10 +45,15 @@ ACTIONS: dict[tuple[str, str], str] = {
 DEVELOPER_PACKAGES = frozenset({"warmpool_dev", "warmpool_devcluster", "warmpool_bench"})
 
 
+#: Commands this module answers itself: -> one-line help.
+BUILTINS: dict[str, str] = {"version": "print warmpool's version (also --version)"}
+
+
 def _usage() -> str:
-    width = max(len(name) for name in SUBCOMMANDS)
+    commands = {**{name: help_text for name, (_, help_text) in SUBCOMMANDS.items()}, **BUILTINS}
+    width = max(len(name) for name in commands)
     lines = ["usage: warmpool <command> [args...]", "", "commands:"]
-    lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<{width}}  {help_text}" for name, help_text in commands.items()]
     return "\n".join(lines)
 
 
@@ -88,7 +93,7 @@ def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
-    if args[0] == "--version":
+    if args[0] in ("--version", "version"):
         from warmpool import __version__
 
         print(__version__)

@@ -11,12 +11,13 @@ Standard library only (no json-logger dependency in the images).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
 from datetime import UTC, datetime
 
-from warmpool.contract.telemetry import LOG_FORMAT_JSON, LOG_FORMAT_TEXT, LOG_FORMATS
+from warmpool.contract.telemetry import LOG_FORMAT_JSON, LOG_FORMAT_TEXT, LOG_FORMATS, LOG_LEVELS
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -51,6 +52,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+def add_log_level_flag(parser: argparse._ActionsContainer) -> None:
+    """``--log-level``, the same on every command: one of LOG_LEVELS, any case; anything else is a
+    usage error naming the choices (a typo once ran silently at INFO)."""
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO",
+                        help=f"{' | '.join(LOG_LEVELS)} (default: %(default)s)")
+
+
 def configure_logging(level_name: str, log_format: str) -> None:
     """The root logger at ``level_name`` (unknown names: INFO), lines in ``log_format``."""
     if log_format not in LOG_FORMATS:
@@ -60,4 +68,5 @@ def configure_logging(level_name: str, log_format: str) -> None:
     logging.basicConfig(level=getattr(logging, str(level_name).upper(), logging.INFO), handlers=[handler])
 
 
-__all__ = ["LOG_FORMAT_JSON", "LOG_FORMAT_TEXT", "JsonFormatter", "active_span_ids", "configure_logging"]
+__all__ = ["LOG_FORMAT_JSON", "LOG_FORMAT_TEXT", "JsonFormatter", "active_span_ids", "add_log_level_flag",
+           "configure_logging"]

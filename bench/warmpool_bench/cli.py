@@ -206,23 +206,43 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _render(path: Path) -> int:
+    """The results file at ``path`` as Markdown again (written beside it, and printed); a file that
+    is missing, not JSON or not a results file is one line naming what is wrong, exit 1."""
     from warmpool_bench.cache import render_cache
     from warmpool_bench.podstart_report import render_podstart
     from warmpool_bench.predict_live_report import render_live
     from warmpool_bench.predict_report import render_predict
     from warmpool_bench.report import render_coldstart, render_scale
-    from warmpool_bench.wake_report import render_wake
-
-    result = json.loads(path.read_text())
     from warmpool_bench.serve_report import render_serve
     from warmpool_bench.tracing_imports import render_tracing_imports
+    from warmpool_bench.wake_report import render_wake
+    from warmpool_bench.zero_report import render_zero
 
     renderers = {"coldstart": render_coldstart, "serve": render_serve, "predict": render_predict,
                  "predict-live": render_live, "wake": render_wake, "podstart": render_podstart,
-                 "cache": render_cache, "tracing-imports": render_tracing_imports}
-    renderer = renderers.get(result.get("benchmark", ""), render_scale)
-    path.with_suffix(".md").write_text(with_provenance(result, renderer(result)))
-    print(path.with_suffix(".md").read_text())
+                 "cache": render_cache, "tracing-imports": render_tracing_imports, "scale": render_scale,
+                 "zero": render_zero}
+    try:
+        result = json.loads(path.read_text())
+        if not isinstance(result, dict):
+            raise ValueError(f"a results file holds a JSON object, this one a {type(result).__name__}")
+        name = result.get("benchmark")
+        if name not in renderers:
+            raise ValueError(f"its \"benchmark\" is {name!r}, not one of {', '.join(sorted(renderers))}")
+        markdown = with_provenance(result, renderers[name](result))
+    except OSError as error:
+        print(f"warmpool bench render: {path}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    except ValueError as error:
+        print(f"warmpool bench render: {path} is not a results file: {error}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError, IndexError, AttributeError) as error:
+        # A renderer met a field it needs missing or of the wrong type.
+        print(f"warmpool bench render: {path} is not a complete {name} results file: "
+              f"{type(error).__name__} {error}", file=sys.stderr)
+        return 1
+    path.with_suffix(".md").write_text(markdown)
+    print(markdown)
     return 0
 
 

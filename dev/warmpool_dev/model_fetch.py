@@ -308,8 +308,16 @@ def ensure_model(dest: Path | None = None, force: bool = False) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="warmpool model", description=__doc__.splitlines()[0])
+    if argv[:1] == ["push"]:  # its own module and parser (warmpool.cli sends it there directly)
+        from warmpool_nodecache import push
+
+        return push.main(argv[1:])
+    parser = argparse.ArgumentParser(prog="warmpool model", description="The models the tools use: "
+                                     "fetch the small real test model, push a model directory to an S3 store.")
     sub = parser.add_subparsers(dest="command", required=True)
+    # Listed for --help only: `push` never reaches this parser (above).
+    sub.add_parser("push", add_help=False,
+                   help="a model directory to an S3 store, with its manifest (`warmpool model push --help`)")
     fetch = sub.add_parser("fetch", help="convert SmolLM2-135M-Instruct to safetensors (cached)")
     fetch.add_argument(
         "--dest", type=Path, default=None,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
 from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
-from warmpool.logformat import configure_logging
+from warmpool.logformat import add_log_level_flag, configure_logging
 from warmpool_nodecache.agent_loop import AgentConfig, run_agent
 from warmpool_nodecache.netguard import AddressPolicy, LiveNetworks
 from warmpool_nodecache.source import ReadLimits
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: %(default)s)")
     sources.add_argument("--manifest-reads", type=int, default=4,
                          help="manifests read at once (default: %(default)s)")
-    parser.add_argument("--log-level", default="INFO")
+    add_log_level_flag(parser)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
                         help="log lines as text or one JSON object each (default: %(default)s)")
     return parser

@@ -65,3 +65,5 @@ def valid_traceparent(value: object) -> bool:
 LOG_FORMAT_TEXT = "text"
 LOG_FORMAT_JSON = "json"
 LOG_FORMATS = (LOG_FORMAT_TEXT, LOG_FORMAT_JSON)
+#: ``--log-level`` values of every warmpool process (the chart's logLevel enum is a subset).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -52,7 +52,7 @@ from warmpool.contract.api import (
 from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_WORKER_PORT
 from warmpool.contract.pods import ENV_POD_IP
 from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
-from warmpool.logformat import configure_logging
+from warmpool.logformat import add_log_level_flag, configure_logging
 
 if TYPE_CHECKING:
     from warmpool_worker.config import GuardConfig, ListenConfig, ServeConfig, SidecarConfig, WarmupConfig
@@ -124,7 +124,7 @@ def _shared_flags() -> argparse.ArgumentParser:
     tiers.add_argument("--guard-interval", type=float, default=DEFAULT_GUARD_INTERVAL_S,
                        help="seconds between memory readings")
     logs = flags.add_argument_group("logging")
-    logs.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    add_log_level_flag(logs)
     logs.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
                       help="text, or json: one object per line, with trace_id/span_id while a span is active")
     return flags

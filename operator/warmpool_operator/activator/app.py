@@ -34,7 +34,7 @@ from warmpool.contract.pods import LABEL_MANAGED_BY, MANAGED_BY
 from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS, TRACE_SERVICE_ACTIVATOR
 from warmpool.contract.zero import DEFAULT_ACTIVATOR_PORT, ENDPOINTSLICE_MANAGER, LABEL_ENDPOINTSLICE_MANAGED_BY
 from warmpool.kube import KubeClient, client_from_environment
-from warmpool.logformat import configure_logging
+from warmpool.logformat import add_log_level_flag, configure_logging
 from warmpool_operator.activator.callers import Callers
 from warmpool_operator.activator.demand import Demand
 from warmpool_operator.activator.limits import ByteBudget, ConnectionGuard
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a connection may take to send a request head; then it is closed")
     parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_SECONDS,
                         help="seconds a request body may take to arrive; then 408")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    add_log_level_flag(parser)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT)
     return parser
 

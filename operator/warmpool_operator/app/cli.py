@@ -22,17 +22,17 @@ import ipaddress
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
-from warmpool.logformat import configure_logging
+from warmpool.logformat import add_log_level_flag, configure_logging
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix, normalise_prefixes
 from warmpool_operator.settings import OperatorConfig
 
 if TYPE_CHECKING:
     from warmpool_operator.app.leader import Renewal
 
-DEFAULT_OPERATOR_LIVENESS_PORT = 8081
+DEFAULT_OPERATOR_HEALTH_PORT = 8081
 DEFAULT_OPERATOR_METRICS_PORT = 9090
 
 
@@ -44,6 +44,19 @@ SCRAPES_PER_STEP = 3
 
 class BadFlags(ValueError):
     """Flags that parse but cannot work together (the message names them)."""
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old flag name that still works: sets the new flag's value and says, on stderr, to use it."""
+
+    def __init__(self, option_strings: list[str], dest: str, canonical: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.canonical = canonical
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated, use {self.canonical}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def _scrape_flags(parser: argparse.ArgumentParser) -> None:
@@ -144,13 +157,17 @@ def _process_flags(parser: argparse.ArgumentParser) -> None:
         help="port of the operator's own /metrics (0: off)",
     )
     parser.add_argument(
-        "--liveness-port",
+        "--health-port",
         type=int,
-        default=DEFAULT_OPERATOR_LIVENESS_PORT,
-        help="port of kopf's liveness endpoint /healthz (0: off)",
+        default=DEFAULT_OPERATOR_HEALTH_PORT,
+        help="port of the liveness endpoint /healthz (kopf's; a standby's own) (0: off)",
     )
+    # The flag's name before the activator's and node agent's --health-port set the one name:
+    # still accepted, so an older chart or script goes on working, and hidden from --help.
+    parser.add_argument("--liveness-port", type=int, dest="health_port", default=argparse.SUPPRESS,
+                        action=_DeprecatedAlias, canonical="--health-port", help=argparse.SUPPRESS)
     parser.add_argument("--bind", default="0.0.0.0", help="address the metrics and liveness endpoints bind")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG | INFO | WARNING")
+    add_log_level_flag(parser)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
                         help="text, or json: one object per line, with trace_id/span_id while a span is active")
     parser.add_argument(
@@ -260,6 +277,23 @@ def _lease_namespace(args: argparse.Namespace) -> str:
     return str(namespace)
 
 
+def missing_credentials() -> str | None:
+    """Why the operator could reach no API server, in one line; None when a service account (in a
+    pod) or a kubeconfig file is there.  Checked before kopf starts: kopf retries its login and
+    start-up and prints each try's tracebacks (295 lines) before it gives up on a missing kubeconfig."""
+    from kubernetes_asyncio.config.incluster_config import SERVICE_TOKEN_FILENAME
+
+    if os.path.isfile(SERVICE_TOKEN_FILENAME):
+        return None
+    named = os.environ.get("KUBECONFIG")
+    paths = [os.path.expanduser(path) for path in (named or "~/.kube/config").split(os.pathsep) if path]
+    if any(os.path.isfile(path) for path in paths):
+        return None
+    where = f"$KUBECONFIG names no file ({named})" if named else f"$KUBECONFIG is unset and {paths[0]} is missing"
+    return (f"no Kubernetes credentials: not in a pod (no service account token at {SERVICE_TOKEN_FILENAME}) and "
+            f"no kubeconfig ({where}); set KUBECONFIG to a kubeconfig file, or run it in a cluster")
+
+
 def _lead(args: argparse.Namespace) -> Renewal:
     """Wait until this replica holds the leader Lease (a standby: no watch, no write, no scrape),
     answering the liveness probe meanwhile; then renew it from a thread of its own."""
@@ -267,7 +301,7 @@ def _lead(args: argparse.Namespace) -> Renewal:
 
     lease = leader.LeaderConfig(namespace=_lease_namespace(args), name=args.leader_election_name,
                                 identity=leader.default_identity())
-    standby = leader.serve_standby_health(args.bind, args.liveness_port) if args.liveness_port > 0 else None
+    standby = leader.serve_standby_health(args.bind, args.health_port) if args.health_port > 0 else None
     renewed = asyncio.run(leader.acquire(lease))
     if standby is not None:
         leader.stop_standby_health(standby)
@@ -283,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     except BadFlags as error:
         print(f"warmpool operator: {error}", file=sys.stderr)
         return 2
+    missing = missing_credentials()
+    if missing is not None:
+        print(f"warmpool operator: {missing}", file=sys.stderr)
+        return 1
     configure_logging(args.log_level, args.log_format)
     for warning in config_warnings(config.scrape_interval, config.predict_step_seconds):
         logging.getLogger("warmpool.operator").warning("%s", warning)
@@ -300,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     renewal = _lead(args) if args.leader_elect else None
     try:
         metrics.serve(args.metrics_port, args.bind)
-        liveness = f"http://{args.bind}:{args.liveness_port}/healthz" if args.liveness_port > 0 else None
+        liveness = f"http://{args.bind}:{args.health_port}/healthz" if args.health_port > 0 else None
         kopf.run(
             clusterwide=bool(args.all_namespaces),
             namespaces=list(args.namespace),
