@@ -59,3 +59,12 @@ ENV_NODE_NAME = "NODE_NAME"
 #: vLLM serves its sleep API only with this set to 1: the operator sets it on the engine
 #: container of a sidecar pool with spec.pool.sleep.
 ENV_VLLM_SERVER_DEV_MODE = "VLLM_SERVER_DEV_MODE"
+
+# --------------------------------------------------------------------------- termination message
+
+#: Where the worker container writes its last error when it exits on one (the pod spec's
+#: terminationMessagePath): the kubelet copies it into the container's lastState.terminated.message,
+#: which the operator carries into the WarmModel's conditions.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+#: The most of that file the kubelet keeps (it truncates past this): the worker writes no more.
+TERMINATION_MESSAGE_MAX_BYTES = 4096

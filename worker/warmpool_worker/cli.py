@@ -13,6 +13,7 @@ Only argparse and the standard library are imported before the arguments are par
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,12 +51,13 @@ from warmpool.contract.api import (
     DEFAULT_WARMUP_TIMEOUT_SECONDS,
 )
 from warmpool.contract.http import DEFAULT_ENGINE_HEALTH_PATH, DEFAULT_WORKER_PORT
-from warmpool.contract.pods import ENV_POD_IP
+from warmpool.contract.pods import ENV_POD_IP, TERMINATION_MESSAGE_PATH
 from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
 from warmpool.logformat import add_log_level_flag, configure_logging
 
 if TYPE_CHECKING:
     from warmpool_worker.config import GuardConfig, ListenConfig, ServeConfig, SidecarConfig, WarmupConfig
+    from warmpool_worker.termination import LastError
     from warmpool_worker.tracing import TracingConfig
 
     from warmpool.tiering import Thresholds
@@ -127,6 +129,9 @@ def _shared_flags() -> argparse.ArgumentParser:
     add_log_level_flag(logs)
     logs.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
                       help="text, or json: one object per line, with trace_id/span_id while a span is active")
+    logs.add_argument("--termination-message-path", type=Path, default=Path(TERMINATION_MESSAGE_PATH),
+                      help="on a failed exit, the last error is written here when the file exists (the kubelet's "
+                           "terminationMessagePath; default %(default)s)")
     return flags
 
 
@@ -339,11 +344,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    from warmpool_worker.termination import LastError, write_termination_message
+
+    # The last error logged becomes the container's termination message on a failed exit.
+    last_error = LastError()
+    logging.getLogger().addHandler(last_error)
+    try:
+        exit_code = _run(parser, args, last_error)
+    except SystemExit as error:
+        if error.code not in (0, None):
+            write_termination_message(args.termination_message_path, last_error.message or f"exit {error.code}")
+        raise
+    except Exception as error:  # a crash: the exception is the last word
+        write_termination_message(args.termination_message_path,
+                                  last_error.message or f"{type(error).__name__}: {error}")
+        raise
+    if exit_code != 0:
+        write_termination_message(args.termination_message_path,
+                                  last_error.message or f"the worker exited with code {exit_code}")
+    return exit_code
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, last_error: LastError) -> int:
     from warmpool_worker.config import ConfigError, SidecarConfig
 
     try:
         config = sidecar_config(args) if args.command == "sidecar" else serve_config(args)
     except ConfigError as error:
+        last_error.message = f"invalid configuration: {error}"
         parser.error(str(error))  # exits 2, naming the flag
     import asyncio
 

@@ -41,6 +41,7 @@ from warmpool.contract.pods import (
     LABEL_MODEL,
     LABEL_NAME,
     MANAGED_BY,
+    TERMINATION_MESSAGE_PATH,
     WORKER_CONTAINER,
 )
 from warmpool.contract.zero import ANNOTATION_COLD_START_TRACE, ENV_COLD_START_TRACE
@@ -481,8 +482,10 @@ def _worker_container(target: Target, mounts: list[Obj]) -> Obj:
         "env": env,
         "volumeMounts": mounts,
         "securityContext": dict(RESTRICTED_CONTAINER_SECURITY),
-        # A worker that fails to load exits with a clear error on stderr; this puts its tail in the
-        # pod status, so the RolloutStalled condition and `kubectl describe` show why.
+        # A worker that fails to start writes its last error here (else its log's tail is taken):
+        # the kubelet puts it in the pod's lastState.terminated.message, and the WarmModel's
+        # conditions carry it, so `kubectl describe wm` shows why.
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         **_probes(spec),
     }
