@@ -56,7 +56,8 @@ def render_monitoring(
 ) -> list[dict[str, Any]]:
     """The chart's Service, ServiceMonitor, PodMonitor and PrometheusRule, as `helm template` renders them."""
     helm = build.ensure_binaries(["helm"])["helm"]
-    args = [str(helm), "template", release, str(chart), "-n", namespace]
+    # The dev cluster's version: `helm template` would otherwise check the chart's kubeVersion against v1.20.
+    args = [str(helm), "template", release, str(chart), "-n", namespace, "--kube-version", build.KUBERNETES_VERSION]
     for value in (*MONITORING_VALUES, *extra_values):
         args += ["--set", value]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120)

@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: %(default)s)")
     sources.add_argument("--manifest-reads", type=int, default=4,
                          help="manifests read at once (default: %(default)s)")
+    endpoints = parser.add_argument_group("endpoints", "the agent's own: the kubelet's probes and Prometheus")
+    endpoints.add_argument("--bind", default="0.0.0.0", help="address the probe and metrics endpoints bind")
+    endpoints.add_argument("--health-port", type=int, default=0,
+                           help="/healthz (liveness) and /readyz (a pass finished); 0: none (default)")
+    endpoints.add_argument("--metrics-port", type=int, default=0,
+                           help="Prometheus metrics (failed and finished fills); 0: none (default)")
     add_log_level_flag(parser)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default=LOG_FORMAT_TEXT,
                         help="log lines as text or one JSON object each (default: %(default)s)")
@@ -85,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--node-name (or $NODE_NAME) is required")
     if args.budget_bytes is not None and args.budget_bytes < 0:
         parser.error(f"--budget-bytes must be >= 0, got {args.budget_bytes}")
+    for flag, port in (("--health-port", args.health_port), ("--metrics-port", args.metrics_port)):
+        if not 0 <= port <= 65535:
+            parser.error(f"{flag} must be a port number (0: none), got {port}")
+    if args.health_port and args.health_port == args.metrics_port:
+        parser.error(f"--health-port and --metrics-port must differ, both are {args.health_port}")
     if args.interval <= 0 or args.lease_duration < 1:
         parser.error("--interval must be positive and --lease-duration at least 1 second")
     policy, limits = source_settings(parser, args)
@@ -94,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                          lease_duration_s=args.lease_duration, progress_interval_s=args.progress_interval,
                          partial_view=args.partial_view, policy=policy, limits=limits,
                          manifest_reads=args.manifest_reads,
-                         cluster_networks_refresh_s=args.cluster_networks_refresh)
+                         cluster_networks_refresh_s=args.cluster_networks_refresh, bind=args.bind,
+                         health_port=args.health_port, metrics_port=args.metrics_port)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from warmpool.contract.files import CONFIGMAP_KEY_HEATMAP
+from warmpool.contract.metrics import NODE_AGENT_STAGE_BLOCKS, NODE_AGENT_STAGE_MANIFEST
 from warmpool.contract.pods import CONFIGMAP_SUFFIX
 from warmpool.kube import KubeError
 from warmpool.lease import LeaseLostError, Observed
-from warmpool_nodecache import agent, cluster_ranges, trust
+from warmpool_nodecache import agent, agent_http, cluster_ranges, trust
 from warmpool_nodecache import agent_notices as notices
 from warmpool_nodecache.agent_fill import fill_blocking, keep_renewing
 from warmpool_nodecache.agent_housekeeping import Housekeeping
@@ -90,6 +91,11 @@ class AgentConfig:
     limits: ReadLimits = field(default_factory=ReadLimits)
     #: Manifest reads at once (``--manifest-reads``).
     manifest_reads: int = 4
+    #: Where the agent's own endpoints listen (``--bind``): its probes on ``health_port`` and its
+    #: Prometheus metrics on ``metrics_port`` (0: not served).
+    bind: str = "0.0.0.0"
+    health_port: int = 0
+    metrics_port: int = 0
 
 
 @dataclass
@@ -120,6 +126,7 @@ class Agent:
     kube: AgentKube
     known: dict[str, _Known] = field(default_factory=dict)
     downloads: int = 0  # fills this process ran that fetched bytes (reported in the log)
+    passes: int = 0  # passes finished without an error (the first one makes the agent ready)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     #: what this agent saw of each fill Lease another agent held, by Lease name (expiry is
     #: judged by this process's own clock, across its attempts)
@@ -173,6 +180,7 @@ class Agent:
             self.wake.clear()
             try:
                 await self.tick()
+                self.passes += 1
                 self.notices.clear(self.notices.node_object(), notices.REASON_PASS_FAILED)
             except Exception as error:  # one bad pass (API down, cache busy) must not end the agent
                 log.warning("node agent: pass failed (%s: %s); trying again", type(error).__name__, error)
@@ -226,6 +234,7 @@ class Agent:
             if known is not None:
                 known.cancel()
             known = self.known[ref.key] = _Known(ref.fingerprint)
+            agent_http.show_model(ref.namespace, ref.name)
         return known
 
     async def _serve(self, ref: agent.ModelRef, obj: Mapping[str, Any], on_node: bool, wanted: set[str]) -> None:
@@ -281,6 +290,7 @@ class Agent:
                 # A failure before the source opened is the spec's or the Secret's: no address was read.
                 known.error = agent.failure_text(error) if source is None else said_of(error, source)
                 known.read_at = time.monotonic() + self.config.interval_s
+                agent_http.FILL_FAILURES.labels(ref.namespace, ref.name, NODE_AGENT_STAGE_MANIFEST).inc()
                 log.warning("node agent: %s: %s", ref.key, agent.failure_text(error))
                 await self.notices.warn(self.notices.model_object(ref), notices.REASON_READ_FAILED, known.error)
             finally:
@@ -368,6 +378,7 @@ class Agent:
                 renewer.cancel()
             if result.bytes_fetched:
                 self.downloads += 1
+            agent_http.FILLS.labels(ref.namespace, ref.name).inc()
             self.notices.clear(self.notices.model_object(ref), notices.REASON_FILL_FAILED)
             log.info("node agent: %s: published %s (%d blocks, %d bytes fetched here)", ref.key, manifest.digest,
                      result.blocks_fetched, result.bytes_fetched)
@@ -375,6 +386,7 @@ class Agent:
             log.warning("node agent: %s: fill fenced out, nothing published: %s", ref.key, error)
         except Exception as error:  # the pass goes on; the next one retries and the status says why
             known.fill_error = f"fill failed: {said_of(error, source)}"[:1000]
+            agent_http.FILL_FAILURES.labels(ref.namespace, ref.name, NODE_AGENT_STAGE_BLOCKS).inc()
             # The wake below makes a pass at once; that pass must not start the same failing
             # fill again (a Lease write and a round of requests to the store, several a second).
             known.retry_at = time.monotonic() + self.config.interval_s
@@ -399,9 +411,14 @@ def said_of(error: BaseException, source: Source) -> str:
 async def run_agent(config: AgentConfig, stop: asyncio.Event | None = None) -> None:
     kube = await AgentKube.connect(config.node)
     started = time.monotonic()
+    probes = None
     try:
         a = Agent(config, kube)
+        agent_http.serve_metrics(config.bind, config.metrics_port)
+        probes = await agent_http.serve_probes(config.bind, config.health_port, lambda: a.passes > 0)
         await a.run(stop or asyncio.Event())
     finally:
+        if probes is not None:
+            await probes.cleanup()
         await kube.close()
         log.info("node agent: stopped after %.0fs", time.monotonic() - started)

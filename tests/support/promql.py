@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmpool.contract.metrics import METRIC_OPERATOR_RECONCILE_ERRORS, METRIC_OPERATOR_SCRAPE_FAILURES
+from warmpool.contract.metrics import (
+    METRIC_ACTIVATOR_REQUESTS,
+    METRIC_NODE_AGENT_FILL_FAILURES,
+    METRIC_OPERATOR_RECONCILE_ERRORS,
+    METRIC_OPERATOR_SCRAPE_FAILURES,
+)
 
 #: Expressions that need a feature before they can return data: where -> "needs [feature]: why".
 NEEDS: dict[str, str] = {}
@@ -37,6 +42,8 @@ PANELS_WAITING: dict[str, str] = {}
 QUIET_METRICS: dict[str, str] = {
     METRIC_OPERATOR_SCRAPE_FAILURES: "no series until the operator's first failed scrape",
     METRIC_OPERATOR_RECONCILE_ERRORS: "no series until the first failed reconcile",
+    METRIC_ACTIVATOR_REQUESTS: "no series until the activator learns of a pool with spec.pool.scaleToZero",
+    METRIC_NODE_AGENT_FILL_FAILURES: "no series until a node agent serves a WarmModel with an http or s3 source",
 }
 
 #: What the dashboard's variables stand for when an expression is run outside Grafana.

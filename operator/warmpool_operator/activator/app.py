@@ -39,7 +39,12 @@ from warmpool_operator.activator.callers import Callers
 from warmpool_operator.activator.demand import Demand
 from warmpool_operator.activator.limits import ByteBudget, ConnectionGuard
 from warmpool_operator.activator.pools import Pools
-from warmpool_operator.activator.proxy import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_BYTE_BUDGET, Activator
+from warmpool_operator.activator.proxy import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
+    DEFAULT_BYTE_BUDGET,
+    Activator,
+    show_pool,
+)
 from warmpool_operator.io.list_watch import list_watch
 from warmpool_operator.io.tracing import Tracing
 
@@ -120,6 +125,9 @@ async def serve(args: argparse.Namespace, client: KubeClient, tracing: Tracing |
         pools.warmmodel(event, body)
         if event != "DELETED":
             meta = body.get("metadata") or {}
+            key = (str(meta.get("namespace")), str(meta.get("name")))
+            if pools.pool(key).scale_to_zero:
+                show_pool(key)
             demand.adopt((str(meta.get("namespace")), str(meta.get("name"))), meta.get("annotations") or {})
 
     handlers = {"warmmodel": (warmmodel, lambda: None), "service": (pools.service, lambda: None),

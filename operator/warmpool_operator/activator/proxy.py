@@ -88,6 +88,18 @@ FIRST_BYTE = Histogram(METRIC_ACTIVATOR_FIRST_BYTE_SECONDS,
                        [LABEL_NAMESPACE, LABEL_WARMMODEL],
                        buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600))
 
+#: The outcomes a pool's alert on refusals reads (429 maxHeldRequests, 503 holdTimeoutSeconds).
+REFUSED_OUTCOMES = ("rejected_full", "timed_out")
+
+
+def show_pool(key: tuple[str, str]) -> None:
+    """A scale-to-zero pool this replica learned of: its held gauge and refusal counters exist at 0
+    from now on, so the first refusal is an increase Prometheus sees (a series born at 1 is not)."""
+    HELD.labels(*key)
+    for outcome in REFUSED_OUTCOMES:
+        REQUESTS.labels(*key, outcome)
+
+
 #: Headers that belong to one connection, never forwarded (RFC 9110 7.6.1), and the ones aiohttp sets.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade", "content-length", "host"})

@@ -335,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     tracing = Tracing.from_env()  # OTEL_EXPORTER_OTLP_ENDPOINT set: a trace per reconcile pass
     atexit.register(tracing.shutdown)
     importlib.import_module("warmpool_operator.app.handlers")  # the handlers register with kopf on import
+    # Before the Lease is ours: a standby answers /metrics too (process figures, no WarmModel's), so
+    # no replica is a scrape target down for ever (kube-prometheus-stack's TargetDown).
+    metrics.serve(args.metrics_port, args.bind)
     renewal = _lead(args) if args.leader_elect else None
     try:
-        metrics.serve(args.metrics_port, args.bind)
         liveness = f"http://{args.bind}:{args.health_port}/healthz" if args.health_port > 0 else None
         kopf.run(
             clusterwide=bool(args.all_namespaces),
