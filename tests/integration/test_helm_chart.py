@@ -13,6 +13,8 @@ import copy
 import json
 import re
 import subprocess
+import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +79,15 @@ def _bin(name: str) -> str:
     return str(build.ensure_binaries([name])[name])
 
 
+#: The Kubernetes version `helm template` renders for (Chart.yaml's kubeVersion is checked against
+#: it): the dev cluster's.  Our helm is built without the version stamps a released helm carries, so
+#: left to itself it would claim v1.20.0 and refuse the chart.
+KUBE_VERSION = build.KUBERNETES_VERSION
+
+
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    if args[:1] == ("template",) and "--kube-version" not in args:
+        args = (*args, "--kube-version", KUBE_VERSION)
     proc = subprocess.run([_bin("helm"), *args], capture_output=True, text=True, timeout=120)
     if check and proc.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -102,12 +112,13 @@ def by_kind(objs: Sequence[Obj], kind: str) -> list[Obj]:
 
 
 @pytest.fixture(scope="module")
-def schema_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """kubeconform's schemas: every built-in kind of the running 1.34 API server, and WarmModel."""
+def schema_dir(api_server: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kubeconform's schemas: every built-in kind of a running 1.34 API server, and WarmModel."""
     out = tmp_path_factory.mktemp("kubeconform-schemas")
-    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    version = json.loads(api_server.kubectl("version", "-o", "json").stdout)["serverVersion"]
     assert (version["major"], version["minor"].rstrip("+")) == ("1", "34"), version
-    openapi = json.loads(cluster.kubectl("get", "--raw", "/openapi/v2", timeout=60).stdout)
+    assert version["gitVersion"] == KUBE_VERSION, (version, KUBE_VERSION)
+    openapi = json.loads(api_server.kubectl("get", "--raw", "/openapi/v2", timeout=60).stdout)
     assert write_kubernetes_schemas(openapi, out) > 100
     write_crd_schemas(yaml.safe_load(CRD_FILE.read_text()), out)
     return out
@@ -115,7 +126,7 @@ def schema_dir(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory)
 
 def kubeconform(schema_dir: Path, manifest: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [_bin("kubeconform"), "-strict", "-summary", "-output", "text", "-kubernetes-version", "1.34.0",
+        [_bin("kubeconform"), "-strict", "-summary", "-output", "text", "-kubernetes-version", KUBE_VERSION.lstrip("v"),
          "-schema-location", str(schema_dir / LOCATION_TEMPLATE), "-skip", ",".join(MONITOR_KINDS), *extra, "-"],
         input=manifest, capture_output=True, text=True, timeout=120,
     )
@@ -374,7 +385,17 @@ def test_examples_match_the_crd_schema(schema_dir: Path) -> None:
 
 
 def _not_activator(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [o for o in objs if not o["metadata"]["name"].endswith(("-activator", "-activator-callers"))]
+    return [o for o in objs if not o["metadata"]["name"].endswith(("-activator", "-activator-callers"))
+            and not _aggregated(o)]
+
+
+#: The labels that add a ClusterRole's rules to the built-in view, edit and admin ClusterRoles.
+AGGREGATE_TO = {f"rbac.authorization.k8s.io/aggregate-to-{role}": role for role in ("view", "edit", "admin")}
+
+
+def _aggregated(obj: Obj) -> bool:
+    """One of the ClusterRoles for users (aggregated into view/edit/admin), not the chart's own accounts'."""
+    return bool(set(obj["metadata"].get("labels") or {}) & set(AGGREGATE_TO))
 
 
 def _leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -429,7 +450,7 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
     wide = objects(render(tmp_path, VALUE_SETS["cluster-wide, everything on"]))
     assert not _not_leader(wide, "Role") and not _not_leader(wide, "RoleBinding")
     assert len(_leader(wide, "Role")) == 1 and len(_leader(wide, "RoleBinding")) == 1
-    cluster_roles = {r["metadata"]["name"]: r for r in by_kind(wide, "ClusterRole")}
+    cluster_roles = {r["metadata"]["name"]: r for r in by_kind(wide, "ClusterRole") if not _aggregated(r)}
     assert set(cluster_roles) == {"wp-warmpool", "wp-warmpool-discovery", "wp-warmpool-activator",
                                   "wp-warmpool-activator-callers"}
     # Cluster-wide kopf never lists namespaces: no rule for them.
@@ -449,7 +470,8 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
 
 def test_rbac_grants_no_deletes_no_secret_listing(tmp_path: Path) -> None:
     for name in ("defaults", "cluster-wide, everything on"):
-        for role in [o for o in objects(render(tmp_path, VALUE_SETS[name])) if o["kind"] in ("Role", "ClusterRole")]:
+        for role in [o for o in objects(render(tmp_path, VALUE_SETS[name]))
+                     if o["kind"] in ("Role", "ClusterRole") and not _aggregated(o)]:
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
                 # The one delete: the EndpointSlices of a pool that dropped scaleToZero.
@@ -707,7 +729,7 @@ def test_the_activator_runs_restricted_beside_the_operator_which_routes_pools_at
     service = _activator(objs, "Service")
     assert service["metadata"]["labels"][LABEL_COMPONENT] == COMPONENT_ACTIVATOR
     assert service["spec"]["selector"] == labels and service["spec"]["ports"][0]["name"] == WORKER_PORT_NAME
-    assert _activator(objs, "PodDisruptionBudget")["spec"] == {"minAvailable": 1, "selector": {"matchLabels": labels}}
+    assert _activator(objs, "PodDisruptionBudget")["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": labels}}
     role = _activator(objs, "Role")
     assert {(g, r): v for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
             for v in [tuple(rule["verbs"])]} == {
@@ -870,6 +892,256 @@ def test_the_activators_held_value_bounds_are_the_contracts(tmp_path: Path) -> N
     assert f"{{1,{len(str(MAX_UNIX_SECONDS))}}}" in _variable(policy, "wellFormed")
 
 
+# --------------------------------------------------------------------------- conventions users expect
+
+
+def _pod(objs: Sequence[Obj], kind: str, name: str) -> Obj:
+    (found,) = [o for o in by_kind(objs, kind) if o["metadata"]["name"] == name]
+    pod: Obj = found["spec"]["template"]
+    return pod
+
+
+#: The three workloads of a release with the node agent on: (kind, name, the values key of its settings).
+COMPONENTS = (("Deployment", "wp-warmpool", "operator"), ("Deployment", "wp-warmpool-activator", "activator"),
+              ("DaemonSet", "wp-warmpool-node-agent", "nodeAgent"))
+
+
+def test_the_chart_names_the_kubernetes_it_needs(tmp_path: Path) -> None:
+    """Chart.yaml's kubeVersion: ValidatingAdmissionPolicy v1 (on by default) is GA from 1.30, so an
+    older cluster is refused with helm's message before anything is made; providers' versions pass."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">=1.30.0-0"
+    policies = [o for o in objects(render(tmp_path, {})) if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert policies and {o["apiVersion"] for o in policies} == {"admissionregistration.k8s.io/v1"}
+    old = helm("template", "wp", str(CHART), "--kube-version", "v1.29.9", check=False)
+    assert old.returncode != 0 and "chart requires kubeVersion: >=1.30.0-0" in old.stderr, old.stderr
+    for version in ("v1.30.0", "v1.30.4-eks-a737599", "v1.31.1-gke.1146000", KUBE_VERSION):
+        helm("template", "wp", str(CHART), "--kube-version", version)
+
+
+def test_log_format_and_extra_args_reach_every_component(tmp_path: Path) -> None:
+    """logFormat and extraArgs of each component are flags its own parser takes, the extra ones
+    last (so one given twice overrides the chart's); by default text and nothing extra."""
+    from warmpool_nodecache.agent_cli import build_parser as agent_parser
+    from warmpool_operator.activator.app import build_parser as activator_parser
+    from warmpool_operator.app.cli import build_parser as operator_parser
+
+    parsers = {"operator": operator_parser, "activator": activator_parser, "nodeAgent": agent_parser}
+    on = {"nodeAgent": {"enabled": True}}
+    defaults = objects(render(tmp_path, on))
+    for kind, name, key in COMPONENTS:
+        (container,) = _pod(defaults, kind, name)["spec"]["containers"]
+        parsed = parsers[key]().parse_args(container["args"])
+        assert parsed.log_format == "text", name
+        assert "--log-format=text" in container["args"]
+    extra = {"operator": ["--api-concurrency=32"], "activator": ["--max-connections", "5"],
+             "nodeAgent": ["--partial-view", "--manifest-reads=2"]}
+    values: dict[str, Obj] = {key: {"logFormat": "json", "extraArgs": extra[key]} for key in parsers}
+    values["nodeAgent"]["enabled"] = True
+    manifest = render(tmp_path, values)
+    objs = objects(manifest)
+    for kind, name, key in COMPONENTS:
+        (container,) = _pod(objs, kind, name)["spec"]["containers"]
+        assert container["args"][-len(extra[key]):] == extra[key], name
+        parsed = parsers[key]().parse_args(container["args"])
+        assert parsed.log_format == "json", name
+    assert operator_parser().parse_args(_pod(objs, *COMPONENTS[0][:2])["spec"]["containers"][0]["args"]
+                                        ).api_concurrency == 32
+    assert activator_parser().parse_args(_pod(objs, *COMPONENTS[1][:2])["spec"]["containers"][0]["args"]
+                                         ).max_connections == 5
+    agent = agent_parser().parse_args(_pod(objs, *COMPONENTS[2][:2])["spec"]["containers"][0]["args"])
+    assert agent.partial_view is True and agent.manifest_reads == 2
+
+
+def test_pod_annotations_labels_and_priority_of_every_component(schema_dir: Path, tmp_path: Path) -> None:
+    """podAnnotations, podLabels and priorityClassName for each component, and the node agent's
+    affinity; the labels never enter a selector (immutable in a Deployment or DaemonSet)."""
+    defaults = objects(render(tmp_path, {"nodeAgent": {"enabled": True}}))
+    for kind, name, _ in COMPONENTS:
+        pod = _pod(defaults, kind, name)
+        assert "annotations" not in pod["metadata"] and "priorityClassName" not in pod["spec"], name
+    assert "affinity" not in _pod(defaults, "DaemonSet", "wp-warmpool-node-agent")["spec"]
+
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}}
+    per = {key: {"podAnnotations": {"example.com/owner": key}, "podLabels": {"team": key.lower()},
+                 "priorityClassName": f"{key.lower()}-critical"} for key in ("activator", "nodeAgent")}
+    values: Obj = {**per, "podAnnotations": {"example.com/owner": "operator"}, "podLabels": {"team": "operator"},
+                   "priorityClassName": "operator-critical"}
+    values["nodeAgent"] |= {"enabled": True, "affinity": affinity}
+    manifest = render(tmp_path, values)
+    assert_valid(schema_dir, manifest)
+    objs = objects(manifest)
+    for kind, name, key in COMPONENTS:
+        (workload,) = [o for o in by_kind(objs, kind) if o["metadata"]["name"] == name]
+        pod = workload["spec"]["template"]
+        assert pod["metadata"]["annotations"] == {"example.com/owner": key}, name
+        assert pod["metadata"]["labels"]["team"] == key.lower(), name
+        assert "team" not in workload["spec"]["selector"]["matchLabels"], name
+        assert pod["spec"]["priorityClassName"] == f"{key.lower()}-critical", name
+    assert _pod(objs, "DaemonSet", "wp-warmpool-node-agent")["spec"]["affinity"] == affinity
+
+
+#: What each component's pod and container ran as before the values existed: the defaults stay.
+RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+AGENT_CONTAINER = {"runAsUser": 0, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                   "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]},
+                   "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _readme_block(heading: str) -> str:
+    """The first ```yaml block after ``heading`` in the chart's README (the doc a test runs)."""
+    text = (CHART / "README.md").read_text()
+    match = re.search(re.escape(heading) + r".*?```yaml\n(.*?)```", text, re.S)
+    assert match, f"README has no yaml block under {heading!r}"
+    return match.group(1)
+
+
+def test_security_contexts_keep_their_defaults_and_can_be_overridden(schema_dir: Path, tmp_path: Path) -> None:
+    """Pod and container security contexts per component: unchanged by default; a key set to null
+    is left out (OpenShift's restricted SCC picks the UID from the namespace's range, and refuses
+    a pod that names 65532); a key set is used."""
+    defaults = objects(render(tmp_path, {"nodeAgent": {"enabled": True}}))
+    for name in ("wp-warmpool", "wp-warmpool-activator"):
+        spec = _pod(defaults, "Deployment", name)["spec"]
+        assert spec["securityContext"] == RESTRICTED_POD, name
+        assert spec["containers"][0]["securityContext"] == RESTRICTED_CONTAINER, name
+    agent = _pod(defaults, "DaemonSet", "wp-warmpool-node-agent")["spec"]
+    assert "securityContext" not in agent and agent["containers"][0]["securityContext"] == AGENT_CONTAINER
+
+    # The README's OpenShift values, as written there.
+    openshift = yaml.safe_load(_readme_block("### OpenShift"))
+    manifest = render(tmp_path, openshift)
+    assert_valid(schema_dir, manifest)
+    objs = objects(manifest)
+    for name in ("wp-warmpool", "wp-warmpool-activator"):
+        spec = _pod(objs, "Deployment", name)["spec"]
+        assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}, name
+        assert spec["containers"][0]["securityContext"] == RESTRICTED_CONTAINER, name
+        _assert_restricted(spec)
+
+    # Set instead: a UID of the namespace's range, an SELinux level; the other keys stay.
+    values = {"activator": {"podSecurityContext": {"runAsUser": 1000680000, "seLinuxOptions": {"level": "s0:c26,c5"}},
+                            "securityContext": {"runAsUser": 1000680000}},
+              "nodeAgent": {"enabled": True, "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}}
+    manifest = render(tmp_path, values)
+    assert_valid(schema_dir, manifest)
+    objs = objects(manifest)
+    activator = _pod(objs, "Deployment", "wp-warmpool-activator")["spec"]
+    assert activator["securityContext"] == RESTRICTED_POD | {"runAsUser": 1000680000,
+                                                             "seLinuxOptions": {"level": "s0:c26,c5"}}
+    assert activator["containers"][0]["securityContext"] == RESTRICTED_CONTAINER | {"runAsUser": 1000680000}
+    assert _pod(objs, "DaemonSet", "wp-warmpool-node-agent")["spec"]["containers"][0]["securityContext"] == (
+        AGENT_CONTAINER | {"seLinuxOptions": {"type": "spc_t"}})
+    assert _pod(objs, "Deployment", "wp-warmpool")["spec"]["securityContext"] == RESTRICTED_POD
+
+
+def _pdbs(objs: Sequence[Obj]) -> dict[str, Obj]:
+    return {o["metadata"]["name"]: o["spec"] for o in by_kind(objs, "PodDisruptionBudget")}
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_a_single_replica_gets_no_pdb_that_would_block_a_drain(replicas: int, tmp_path: Path) -> None:
+    """The operator and the activator alike: with several replicas a PDB lets one go at a time;
+    with one, none (a PDB keeping a single replica refuses every eviction: no drain of its node
+    could finish)."""
+    objs = objects(render(tmp_path, {"operator": {"replicas": replicas}, "activator": {"replicas": replicas}}))
+    pdbs = _pdbs(objs)
+    for name in ("wp-warmpool", "wp-warmpool-activator"):
+        if replicas == 1:
+            assert name not in pdbs, pdbs
+            continue
+        selector = next(d for d in by_kind(objs, "Deployment") if d["metadata"]["name"] == name)["spec"]["selector"]
+        assert pdbs[name] == {"maxUnavailable": 1, "selector": selector}, name
+
+
+#: Who may do what to WarmModels through the built-in roles, once the chart's roles are aggregated.
+ROLE_VERBS = {
+    "view": {("warmmodels", "get"), ("warmmodels", "list"), ("warmmodels", "watch"),
+             ("warmmodels/status", "get"), ("warmmodels/scale", "get")},
+    "edit": {("warmmodels", "create"), ("warmmodels", "update"), ("warmmodels", "patch"), ("warmmodels", "delete"),
+             ("warmmodels", "deletecollection"), ("warmmodels/scale", "update"), ("warmmodels/scale", "patch")},
+}
+
+
+def _grants(role: Obj) -> set[tuple[str, str]]:
+    return {(r, v) for rule in role["rules"] if rule["apiGroups"] == [API_GROUP]
+            for r in rule["resources"] for v in rule["verbs"]}
+
+
+def test_aggregated_roles_give_view_read_and_edit_write_never_status(tmp_path: Path) -> None:
+    roles = {o["metadata"]["name"]: o for o in by_kind(objects(render(tmp_path, {})), "ClusterRole") if _aggregated(o)}
+    assert set(roles) == {"wp-warmpool-view", "wp-warmpool-edit"}
+    view, edit = roles["wp-warmpool-view"], roles["wp-warmpool-edit"]
+    assert {AGGREGATE_TO[k] for k, v in view["metadata"]["labels"].items() if k in AGGREGATE_TO and v == "true"} == {
+        "view", "edit", "admin"}
+    assert {AGGREGATE_TO[k] for k, v in edit["metadata"]["labels"].items() if k in AGGREGATE_TO and v == "true"} == {
+        "edit", "admin"}
+    assert _grants(view) >= {g for g in ROLE_VERBS["view"]} and all(v in ("get", "list", "watch")
+                                                                      for _, v in _grants(view))
+    assert _grants(edit) == ROLE_VERBS["edit"]
+    assert not [g for g in _grants(edit) if g[0] == "warmmodels/status"]
+    for rule in view["rules"] + edit["rules"]:
+        assert rule["apiGroups"] == [API_GROUP] and "*" not in rule["verbs"], rule
+    for off in ({"rbac": {"aggregateToDefaultRoles": False}}, {"rbac": {"create": False}}):
+        assert not [o for o in objects(render(tmp_path, off)) if _aggregated(o)], off
+
+
+def _can(api: ClusterHandle, user: str, verb: str, resource: str, namespace: str) -> bool:
+    plural, _, subresource = resource.partition("/")
+    which = ["--subresource", subresource] if subresource else []
+    proc = api.kubectl("auth", "can-i", verb, f"{plural}.{API_GROUP}", *which, "-n", namespace, "--as", user,
+                       check=False)
+    assert proc.stdout.strip() in ("yes", "no"), (proc.stdout, proc.stderr)
+    return proc.stdout.strip() == "yes"
+
+
+def test_the_built_in_roles_reach_warmmodels_on_a_real_api_server(api_server: ClusterHandle, tmp_path: Path) -> None:
+    """The rendered ClusterRoles on a real API server, aggregated by kube-controller-manager's own
+    controller: a user bound to the built-in view may get, list and watch WarmModels and nothing
+    more, one bound to edit or admin may also create, change, scale and delete them; no one may
+    write their status.  Before the chart's roles, view could not read them at all."""
+    from tests.support.controller_manager import controllers
+
+    namespace = f"agg-{uuid.uuid4().hex[:6]}"
+    release = f"agg{uuid.uuid4().hex[:6]}"
+    users = {role: f"{role}-{namespace}" for role in ("view", "edit", "admin")}
+    api_server.kubectl("create", "namespace", namespace)
+    rendered = [o for o in objects(render(tmp_path, {})) if o["kind"] == "ClusterRole" and _aggregated(o)]
+    for obj in rendered:
+        obj["metadata"]["name"] = obj["metadata"]["name"].replace("wp-warmpool", f"{release}-warmpool")
+    try:
+        for role, user in users.items():
+            api_server.kubectl("create", "rolebinding", f"{role}-user", f"--clusterrole={role}", f"--user={user}",
+                               "-n", namespace)
+        with controllers(api_server, ["clusterrole-aggregation-controller"], tmp_path / "controller-manager.log"):
+            # The negative control: the built-in roles alone give nothing on WarmModels.
+            assert not _can(api_server, users["view"], "get", "warmmodels", namespace)
+            assert not _can(api_server, users["edit"], "create", "warmmodels", namespace)
+            api_server.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rendered))
+            deadline = time.monotonic() + 60
+            while not (_can(api_server, users["view"], "list", "warmmodels", namespace)
+                       and _can(api_server, users["admin"], "delete", "warmmodels", namespace)):
+                assert time.monotonic() < deadline, "the chart's roles were never aggregated"
+                time.sleep(0.5)
+        for role, user in users.items():
+            granted = ROLE_VERBS["view"] | (ROLE_VERBS["edit"] if role != "view" else set())
+            for resource, verb in sorted(ROLE_VERBS["view"] | ROLE_VERBS["edit"]):
+                assert _can(api_server, user, verb, resource, namespace) == ((resource, verb) in granted), (
+                    role, verb, resource)
+            for verb in ("update", "patch"):
+                assert not _can(api_server, user, verb, "warmmodels/status", namespace), (role, verb)
+        # The grants are per namespace: a binding in one namespace reaches no other.
+        assert not _can(api_server, users["edit"], "create", "warmmodels", "default")
+    finally:
+        for obj in rendered:
+            api_server.kubectl("delete", "clusterrole", obj["metadata"]["name"], "--ignore-not-found", check=False)
+        api_server.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
+
+
 # --------------------------------------------------------------------------- bad values
 
 BAD_VALUES: dict[str, tuple[Obj, str]] = {
@@ -891,6 +1163,23 @@ BAD_VALUES: dict[str, tuple[Obj, str]] = {
     "network policy bad namespace": ({"networkPolicy": {"workerNamespaces": ["Models"]}}, "workerNamespaces"),
     "activator typo": ({"activator": {"replica": 2}}, "replica"),
     "activator no replicas": ({"activator": {"replicas": 0}}, "replicas"),
+    "operator log format": ({"operator": {"logFormat": "logfmt"}}, "logFormat"),
+    "activator log format": ({"activator": {"logFormat": "JSON"}}, "logFormat"),
+    "node agent log format": ({"nodeAgent": {"logFormat": "yaml"}}, "logFormat"),
+    "extra args not a list": ({"operator": {"extraArgs": "--api-concurrency=32"}}, "extraArgs"),
+    "extra arg empty": ({"activator": {"extraArgs": [""]}}, "extraArgs"),
+    "extra arg a number": ({"nodeAgent": {"extraArgs": [2]}}, "extraArgs"),
+    "pod annotation not a string": ({"activator": {"podAnnotations": {"a": 1}}}, "podAnnotations"),
+    "pod label not a string": ({"nodeAgent": {"podLabels": {"team": True}}}, "podLabels"),
+    "priority class not a string": ({"nodeAgent": {"priorityClassName": 1000}}, "priorityClassName"),
+    "node agent affinity typo": ({"nodeAgent": {"affinity": {"nodeAfinity": {}}}}, "nodeAfinity"),
+    "pod security context typo": ({"podSecurityContext": {"runAsUsr": 1000}}, "runAsUsr"),
+    "pod security context negative uid": ({"activator": {"podSecurityContext": {"runAsUser": -1}}}, "runAsUser"),
+    "container security context typo": ({"nodeAgent": {"securityContext": {"privilegd": True}}}, "privilegd"),
+    "seccomp type": ({"securityContext": {"seccompProfile": {"type": "Default"}}}, "type"),
+    "capability lower case": ({"activator": {"securityContext": {"capabilities": {"add": ["net_admin"]}}}},
+                              "capabilities"),
+    "aggregated roles not a bool": ({"rbac": {"aggregateToDefaultRoles": "yes"}}, "aggregateToDefaultRoles"),
 }
 
 
@@ -934,6 +1223,10 @@ def test_values_schema_refuses_unknown_keys_at_every_level() -> None:
             walk(items, f"{where}[]")
 
     walk(schema, "")
+    # The Kubernetes objects values share ($ref: the security contexts), as strict.
+    assert schema["definitions"]
+    for name, definition in schema["definitions"].items():
+        walk(definition, f"definitions.{name}")
 
 
 def test_every_value_is_commented_and_in_the_schema() -> None:
