@@ -4,7 +4,30 @@ by hand on a `cluster up --node-runtime containerd` cluster (`warmpool images li
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+#: For renders that start no pod (tests of the chart's objects, the monitors a Prometheus is given):
+#: the chart requires image repositories (no registry publishes warmpool's), and these are ones no
+#: registry serves (``.invalid`` never resolves).
+RENDER_ONLY_IMAGES: dict[str, dict[str, str]] = {
+    "image": {"repository": "warmpool.invalid/warmpool-operator"},
+    "workerImage": {"repository": "warmpool.invalid/warmpool-worker"},
+}
+
+
+def render_only_values(values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``values`` with `RENDER_ONLY_IMAGES` wherever they name no image of their own."""
+    out = dict(values or {})
+    for key, default in RENDER_ONLY_IMAGES.items():
+        out[key] = {**default, **(out.get(key) or {})}
+    return out
+
+
+def render_only_set_flags() -> list[str]:
+    """`RENDER_ONLY_IMAGES` as ``helm --set`` arguments."""
+    return [arg for key, image in RENDER_ONLY_IMAGES.items()
+            for arg in ("--set", f"{key}.repository={image['repository']}")]
 
 
 def _split(tag: str) -> tuple[str, str]:

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from warmpool_devcluster import build
+from warmpool_devcluster.chart_values import render_only_set_flags
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "warmpool"
@@ -57,7 +58,8 @@ def render_monitoring(
     """The chart's Service, ServiceMonitor, PodMonitor and PrometheusRule, as `helm template` renders them."""
     helm = build.ensure_binaries(["helm"])["helm"]
     # The dev cluster's version: `helm template` would otherwise check the chart's kubeVersion against v1.20.
-    args = [str(helm), "template", release, str(chart), "-n", namespace, "--kube-version", build.KUBERNETES_VERSION]
+    args = [str(helm), "template", release, str(chart), "-n", namespace, "--kube-version", build.KUBERNETES_VERSION,
+            *render_only_set_flags()]
     for value in (*MONITORING_VALUES, *extra_values):
         args += ["--set", value]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=120)

@@ -38,6 +38,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import config
 from warmpool_devcluster import build, kwok
+from warmpool_devcluster.chart_values import render_only_values
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.api.types import parse_spec
 from warmpool_operator.control import children
@@ -103,7 +104,7 @@ def installed(cluster: ClusterHandle, namespace: str, tmp_path: Path, values: di
     this test's own; the cluster-scoped ones deleted afterwards."""
     name = f"ap{uuid.uuid4().hex[:6]}"
     values_file = tmp_path / f"values-{name}.yaml"
-    values_file.write_text(yaml.safe_dump(values))
+    values_file.write_text(yaml.safe_dump(render_only_values(values)))
     rendered = helm("template", name, str(CHART), "--namespace", namespace, "-f", str(values_file)).stdout
     objects = [o for o in yaml.safe_load_all(rendered) if o and o["kind"] in KINDS]
     try:

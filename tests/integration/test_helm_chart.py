@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from warmpool_devcluster import build
+from warmpool_devcluster.chart_values import render_only_set_flags, render_only_values
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.rules import status
 from warmpool_operator.rules.forecast import report as forecast_report
@@ -98,8 +99,10 @@ def render(tmp_path: Path, values: Mapping[str, Any] | None = None, namespace: s
     args = ["template", "wp", str(CHART), "--namespace", namespace]
     if values is not None:
         path = tmp_path / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
-        path.write_text(yaml.safe_dump(dict(values)))
+        path.write_text(yaml.safe_dump(render_only_values(values)))
         args += ["-f", str(path)]
+    else:
+        args += render_only_set_flags()
     return helm(*args).stdout
 
 
@@ -313,7 +316,7 @@ VALUE_SETS: dict[str, Obj] = {
 def test_helm_lint() -> None:
     for values in ({}, VALUE_SETS["cluster-wide, everything on"]):
         args = ["lint", "--strict", str(CHART)]
-        for key, value in _flatten(values):
+        for key, value in _flatten(render_only_values(values)):
             args += ["--set-json", f"{key}={json.dumps(value)}"]
         proc = helm(*args)
         assert "0 chart(s) failed" in proc.stdout, proc.stdout
@@ -916,7 +919,7 @@ def test_the_chart_names_the_kubernetes_it_needs(tmp_path: Path) -> None:
     old = helm("template", "wp", str(CHART), "--kube-version", "v1.29.9", check=False)
     assert old.returncode != 0 and "chart requires kubeVersion: >=1.30.0-0" in old.stderr, old.stderr
     for version in ("v1.30.0", "v1.30.4-eks-a737599", "v1.31.1-gke.1146000", KUBE_VERSION):
-        helm("template", "wp", str(CHART), "--kube-version", version)
+        helm("template", "wp", str(CHART), "--kube-version", version, *render_only_set_flags())
 
 
 def test_log_format_and_extra_args_reach_every_component(tmp_path: Path) -> None:
@@ -1196,7 +1199,8 @@ def test_bad_values_fail_with_the_schemas_message(name: str, tmp_path: Path) -> 
 
 def test_servicemonitor_needs_the_service(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}))
+    path.write_text(yaml.safe_dump(render_only_values(
+        {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}})))
     proc = helm("template", "wp", str(CHART), "-f", str(path), check=False)
     assert proc.returncode != 0 and "metrics.service.enabled" in proc.stderr
 

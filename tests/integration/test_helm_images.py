@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from warmpool_devcluster import build
 
 pytestmark = pytest.mark.integration
 
@@ -65,3 +67,44 @@ def test_dockerfile_policy(dockerfile: Path) -> None:
         if line.strip() and not line.startswith("#"):
             assert re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+\-]+", line), f"unpinned: {line}"
     assert (dockerfile.parent / f"{dockerfile.name}.dockerignore").is_file()
+
+
+# --------------------------------------------------------------------------- the chart's image values
+
+CHART = REPO / "helm" / "warmpool"
+BUILD_AND_PUSH = "warmpool images build --registry REGISTRY --push"
+
+
+def helm_template(*args: str) -> subprocess.CompletedProcess[str]:
+    helm = str(build.ensure_binaries(["helm"])["helm"])
+    return subprocess.run([helm, "template", "wp", str(CHART), "--kube-version", build.KUBERNETES_VERSION, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_chart_names_no_image_that_nobody_publishes() -> None:
+    """No registry serves warmpool's images: the chart's defaults name none, and a render without
+    them stops naming the value and the command that builds and pushes the images."""
+    values = (CHART / "values.yaml").read_text()
+    assert "ghcr.io" not in values
+    defaults = yaml.safe_load(values)
+    assert defaults["image"]["repository"] == "" and defaults["workerImage"]["repository"] == ""
+
+    for given, missing in (([], "image.repository"),
+                           (["--set", "image.repository=r.example/warmpool-operator"], "workerImage.repository")):
+        proc = helm_template(*given)
+        assert proc.returncode != 0, proc.stdout[:300]
+        assert f"{missing} is required" in proc.stderr and BUILD_AND_PUSH in proc.stderr, proc.stderr
+    # The README's Images section gives the very command the error names.
+    assert BUILD_AND_PUSH in (CHART / "README.md").read_text().split("\n## Images\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_images_come_from_the_repositories_given() -> None:
+    proc = helm_template("--set", "image.repository=r.example/ml/warmpool-operator",
+                         "--set", "workerImage.repository=r.example/ml/warmpool-worker")
+    assert proc.returncode == 0, proc.stderr
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    (operator,) = [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] == "Deployment"
+                   and o["metadata"]["labels"].get("app.kubernetes.io/component") == "operator"]
+    (container,) = operator["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"r.example/ml/warmpool-operator:{app_version}"
+    assert f"--worker-image=r.example/ml/warmpool-worker:{app_version}" in container["args"]

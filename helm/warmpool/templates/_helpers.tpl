@@ -59,21 +59,30 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* An image's repository, required: no registry publishes warmpool's images, so the chart
+names none and says how to get them into one (README.md, "Images"). */}}
+{{- define "warmpool.imageRepository" -}}
+{{- $key := index . 0 }}{{- $image := index . 1 }}
+{{- required (printf "%s is required: warmpool publishes no images, so build them and push them to a registry your nodes pull from (from a warmpool checkout: `warmpool images build --registry REGISTRY --push`), then install with --set image.repository=REGISTRY/warmpool-operator --set workerImage.repository=REGISTRY/warmpool-worker (the chart's README, Images)" $key) $image.repository }}
+{{- end }}
+
 {{/* The operator image: digest wins over tag; the tag defaults to the chart's appVersion. */}}
 {{- define "warmpool.image" -}}
+{{- $repository := include "warmpool.imageRepository" (list "image.repository" .Values.image) }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 
 {{/* The default worker image: digest wins over tag; the tag defaults to the chart's appVersion. */}}
 {{- define "warmpool.workerImage" -}}
+{{- $repository := include "warmpool.imageRepository" (list "workerImage.repository" .Values.workerImage) }}
 {{- if .Values.workerImage.digest }}
-{{- printf "%s@%s" .Values.workerImage.repository .Values.workerImage.digest }}
+{{- printf "%s@%s" $repository .Values.workerImage.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.workerImage.repository (default .Chart.AppVersion .Values.workerImage.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.workerImage.tag) }}
 {{- end }}
 {{- end }}
 
