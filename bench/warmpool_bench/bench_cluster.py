@@ -64,7 +64,7 @@ class BenchCluster:
         log = (self.work / "operator.log").open("ab")
         self.operator = subprocess.Popen(
             [sys.executable, "-m", "warmpool", "operator", "--namespace", self.namespace,
-             "--scrape-network", self.cluster.node.pod_cidr, "--metrics-port", "0", "--liveness-port", "0",
+             "--scrape-network", self.cluster.node.pod_cidr, "--metrics-port", "0", "--health-port", "0",
              "--bind", "127.0.0.1", f"--worker-image={self.cluster.images['worker']}",
              *(f"--allowed-host-path={path}" for path in published.values()), *self.operator_args],
             env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},

@@ -317,7 +317,7 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
     with log_path.open("wb") as log:
         operator = subprocess.Popen(
             [sys.executable, "-m", "warmpool", "operator", "-n", namespace, "--scrape-interval", str(scrape_interval),
-             "--scrape-network", "127.0.0.0/8", "--metrics-port", str(port), "--liveness-port", "0",
+             "--scrape-network", "127.0.0.0/8", "--metrics-port", str(port), "--health-port", "0",
              "--bind", HOST, "--log-level", "WARNING"],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )

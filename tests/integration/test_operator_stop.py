@@ -44,7 +44,7 @@ class PidOne:
             self.proc = subprocess.Popen(
                 [unshare, "--pid", "--fork", "--kill-child", sys.executable, "-m", "warmpool", "operator",
                  "--namespace", namespace, "--leader-elect", "--leader-election-namespace", namespace,
-                 "--leader-election-name", LEASE, "--metrics-port", "0", "--liveness-port", "0"],
+                 "--leader-election-name", LEASE, "--metrics-port", "0", "--health-port", "0"],
                 env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},
                 stdout=out, stderr=subprocess.STDOUT)
 

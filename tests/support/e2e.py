@@ -224,7 +224,7 @@ class Operator:
                 [sys.executable, "-m", "warmpool", "operator", "--namespace", self.namespace,
                  "--scrape-interval", "1", "--scrape-timeout", "1",
                  "--heat-write-interval", f"{self.heat_write_interval:g}",
-                 "--metrics-port", "0", "--liveness-port", "0", "--scrape-network", self.scrape_network,
+                 "--metrics-port", "0", "--health-port", "0", "--scrape-network", self.scrape_network,
                  *(f"--allowed-host-path={path}" for path in local_model_dirs()),
                  *([f"--worker-image={self.cluster.images['worker']}"] if "worker" in self.cluster.images else []),
                  *self.extra_args],
