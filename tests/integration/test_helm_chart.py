@@ -1114,6 +1114,7 @@ def test_the_built_in_roles_reach_warmmodels_on_a_real_api_server(api_server: Cl
     users = {role: f"{role}-{namespace}" for role in ("view", "edit", "admin")}
     api_server.kubectl("create", "namespace", namespace)
     rendered = [o for o in objects(render(tmp_path, {})) if o["kind"] == "ClusterRole" and _aggregated(o)]
+    assert rendered, "the chart renders no aggregated ClusterRole"
     for obj in rendered:
         obj["metadata"]["name"] = obj["metadata"]["name"].replace("wp-warmpool", f"{release}-warmpool")
     try:
