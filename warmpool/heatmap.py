@@ -27,9 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,28 +122,6 @@ def read_heatmap(path: Path) -> HeatMap:
     except json.JSONDecodeError as error:
         raise HeatMapError(f"{path}: not JSON: {error}") from None
     return HeatMap.from_json(body, source=str(path))
-
-
-def write_heatmap(path: Path, heat_map: HeatMap) -> None:
-    """Write atomically (temp file in the same directory, fsync, rename): readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = heat_map.to_text()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def heatmap_from_engine(model_digest: str, heat: Mapping[int, float], num_layers: int) -> HeatMap:
-    """Snapshot an engine's live heat (Engine.layer_heat()) as a heat map."""
-    clean = {i: float(v) for i, v in heat.items() if 0 <= i < num_layers and math.isfinite(v) and v >= 0}
-    return HeatMap(model_digest=model_digest, num_layers=num_layers, heat=clean, updated_at=time.time())
 
 
 def default_layer_order(num_layers: int) -> list[int]:

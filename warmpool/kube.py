@@ -102,15 +102,3 @@ class KubeClient:
 
 def micro_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime(MICRO_TIME)
-
-
-def parse_micro_time(text: object) -> datetime | None:
-    """A Lease time as the API server writes it (MicroTime, or a plain RFC 3339 second); None if not one."""
-    if not isinstance(text, str) or not text:
-        return None
-    for fmt in (MICRO_TIME, "%Y-%m-%dT%H:%M:%SZ"):
-        try:
-            return datetime.strptime(text, fmt).replace(tzinfo=UTC)
-        except ValueError:
-            continue
-    return None

@@ -37,7 +37,7 @@ from warmpool.contract.zero import (
     LABEL_SERVICE_NAME,
     held_annotation,
     held_value,
-    parse_held,
+    read_held,
 )
 from warmpool.kube import KubeClient
 
@@ -140,7 +140,8 @@ class Rig:
 
     async def held_value_on_server(self) -> tuple[int, float, str | None] | None:
         wm = await self.client.request("GET", self._path("m"))
-        return parse_held((wm["metadata"].get("annotations") or {}).get(held_annotation(ME)))
+        value = (wm["metadata"].get("annotations") or {}).get(held_annotation(ME))
+        return None if value is None else read_held(value)
 
     async def wait(self, check: Any, what: str, within: float = 10.0) -> None:
         deadline = asyncio.get_running_loop().time() + within

@@ -13,31 +13,22 @@ from warmpool.heatmap import (
     HeatMap,
     HeatMapError,
     default_layer_order,
-    heatmap_from_engine,
     hot_layers,
     layer_order,
     read_heatmap,
     usable_heat,
-    write_heatmap,
 )
 
 pytestmark = pytest.mark.unit
 
 
 def test_round_trip(tmp_path: Path) -> None:
+    """What the operator writes into the ConfigMap (to_text) is what the worker reads from the file."""
     original = HeatMap(model_digest="sha256:abc", num_layers=4, heat={0: 1.0, 3: 7.5}, updated_at=12.0)
-    path = tmp_path / "sub" / "heatmap.json"
-    write_heatmap(path, original)
+    path = tmp_path / "heatmap.json"
+    path.write_text(original.to_text())
     assert read_heatmap(path) == original
     assert json.loads(path.read_text())["format"] == HEATMAP_FORMAT
-    assert [p.name for p in path.parent.iterdir()] == ["heatmap.json"]  # no temp file left
-
-
-def test_atomic_write_replaces(tmp_path: Path) -> None:
-    path = tmp_path / "heatmap.json"
-    write_heatmap(path, HeatMap("d", 2, {0: 1.0}))
-    write_heatmap(path, HeatMap("d", 2, {1: 2.0}))
-    assert read_heatmap(path).heat == {1: 2.0}
 
 
 @pytest.mark.parametrize(
@@ -112,15 +103,9 @@ def test_hot_layers_bad_percent() -> None:
         hot_layers([0, 1], 101)
 
 
-def test_from_engine_drops_garbage() -> None:
-    heat_map = heatmap_from_engine("d", {0: 1.0, 1: math.inf, 7: 2.0, 2: -1.0}, 3)
-    assert heat_map.heat == {0: 1.0}
-    assert heat_map.updated_at is not None
-
-
 def test_usable_heat_applies_only_to_its_own_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "heat.json"
-    write_heatmap(path, HeatMap(model_digest="sha256:a", num_layers=3, heat={0: 1.0, 2: 9.0}))
+    path.write_text(HeatMap(model_digest="sha256:a", num_layers=3, heat={0: 1.0, 2: 9.0}).to_text())
     assert usable_heat(path, "sha256:a", 3) == {0: 1.0, 2: 9.0}
     assert usable_heat(path, "sha256:b", 3) is None  # another checkpoint's heat
     assert usable_heat(path, "sha256:a", 4) is None  # same digest, other shape: stale

@@ -4,8 +4,8 @@ model's context, with the prompts each would serve; too few prompts keep the con
 from __future__ import annotations
 
 import pytest
-from warmpool_operator.rules.forecast.buckets import learn_buckets, prompts_served, share_within
-from warmpool_operator.rules.forecast.lengths import BIN_COUNT, histogram
+from warmpool_operator.rules.forecast.buckets import learn_buckets, prompts_served
+from warmpool_operator.rules.forecast.lengths import histogram
 
 pytestmark = pytest.mark.unit
 
@@ -36,13 +36,9 @@ def test_too_few_prompts_keep_the_configured_buckets() -> None:
     assert not learned.learned and learned.buckets == () and "50 prompts observed" in learned.reason
 
 
-def test_share_within_warmed_lengths() -> None:
-    counts = histogram(MIX)
-    assert share_within((32, 128, 512), counts) == 0.0
-    assert share_within((1024, 6144, 8192), counts) == pytest.approx(0.995)
+def test_prompts_served_counts_each_prompt_in_the_smallest_bucket_that_covers_it() -> None:
     served, longer = prompts_served((32, 128, 512), histogram([20, 100, 500, 600]))
     assert served == (1, 1, 1) and longer == 1
-    assert share_within((32,), [0] * BIN_COUNT) is None
 
 
 def test_bad_input_is_refused() -> None:

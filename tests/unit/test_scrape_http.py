@@ -88,6 +88,12 @@ async def test_an_announced_length_over_the_bound_is_unknown(session: aiohttp.Cl
     assert not sample.ok and sample.used_ratio is None
 
 
+async def _send_tier(session: aiohttp.ClientSession, url: str, limit: float) -> str | None:
+    """One tier directive the way a pass sends it (WorkerClient.send_tiers); its error or None."""
+    sent = await scrape.WorkerClient(session, timeout=limit).send_tiers([("pod", url, Tier.FULL)], "token", 30.0)
+    return sent["pod"]
+
+
 async def test_a_refused_directive_with_a_huge_error_body_is_not_read_whole(
     session: aiohttp.ClientSession,
 ) -> None:
@@ -95,9 +101,7 @@ async def test_a_refused_directive_with_a_huge_error_body_is_not_read_whole(
     async with LoopbackPeer() as peer:
         # 64 MiB of error text (the issue saw 200 MiB cost the operator 448 MiB).
         peer.replies[PATH_CONTROL_TIER] = Reply((piece,) * 1024, status=500)
-        error = await scrape.send_directive(
-            session, peer.url(PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 10.0
-        )
+        error = await _send_tier(session, peer.url(PATH_CONTROL_TIER), limit=10.0)
         sent = peer.sent[PATH_CONTROL_TIER]
     assert sent < 32 * 1024 * 1024, f"the operator read on: the peer sent {sent} bytes"
     assert error is not None and error.startswith("http 500")
@@ -107,12 +111,8 @@ async def test_a_refused_directive_with_a_huge_error_body_is_not_read_whole(
 async def test_a_refused_directive_reports_its_error_body(session: aiohttp.ClientSession) -> None:
     async with LoopbackPeer() as peer:
         peer.replies[PATH_CONTROL_TIER] = Reply((b"bad ", b"token"), pause=0.2, status=401)
-        error = await scrape.send_directive(
-            session, peer.url(PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 5.0
-        )
+        error = await _send_tier(session, peer.url(PATH_CONTROL_TIER), limit=5.0)
         peer.replies[PATH_CONTROL_TIER] = Reply((b"ok",), status=200)
-        delivered = await scrape.send_directive(
-            session, peer.url(PATH_CONTROL_TIER), "token", Tier.FULL, 30.0, 5.0
-        )
+        delivered = await _send_tier(session, peer.url(PATH_CONTROL_TIER), limit=5.0)
     assert error == "http 401: bad token"
     assert delivered is None

@@ -27,7 +27,6 @@ from warmpool.contract.zero import (
     BadHeldValue,
     held_annotation,
     held_value,
-    parse_held,
     read_held,
 )
 
@@ -69,8 +68,9 @@ def test_held_counts_sum_the_live_replicas_and_leave_out_stale_garbage_and_forei
                                    "\u00b2 1", "1 \u00b2", "\u0663 5", "\uff13 5", "3 \u0661\u0668\u0660\u0660",
                                    "+1 5", " 1 5", "1  5", "1\t5", "1_0 5", "1e3 5", "nan 5", "inf 5",
                                    f"{HELD_COUNT_MAX + 1} 5", "9" * 5000 + " 5", "1 " + "9" * 400, "1 99999999999"])
-def test_a_malformed_held_value_is_none(value: object) -> None:
-    assert parse_held(value) is None
+def test_a_malformed_held_value_is_refused(value: object) -> None:
+    with pytest.raises(BadHeldValue):
+        read_held(value)
 
 
 @pytest.mark.parametrize(("value", "why"), [("\u00b2 1", "count: '\\xb2' is not a whole number in ASCII digits"),
@@ -106,11 +106,11 @@ def test_a_held_time_ahead_of_the_operators_clock_is_not_believed() -> None:
 
 def test_the_count_bound_covers_every_count_the_api_allows_an_activator_to_hold() -> None:
     assert api.MAX_ZERO_HELD_REQUESTS <= HELD_COUNT_MAX
-    assert parse_held(held_value(api.MAX_ZERO_HELD_REQUESTS, NOW)) == (api.MAX_ZERO_HELD_REQUESTS, NOW, None)
+    assert read_held(held_value(api.MAX_ZERO_HELD_REQUESTS, NOW)) == (api.MAX_ZERO_HELD_REQUESTS, NOW, None)
 
 
 def test_held_values_round_trip() -> None:
-    assert parse_held(held_value(4, NOW + 0.9)) == (4, NOW, None)
+    assert read_held(held_value(4, NOW + 0.9)) == (4, NOW, None)
 
 
 def _inputs(**overrides: Any) -> zero.ZeroInputs:

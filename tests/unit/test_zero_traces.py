@@ -31,7 +31,7 @@ from warmpool.contract.zero import (
     held_annotation,
     held_value,
     parse_cold_start_trace,
-    parse_held,
+    read_held,
 )
 
 pytestmark = pytest.mark.unit
@@ -88,10 +88,10 @@ def _parent_of(span: ReadableSpan) -> tuple[str, str] | None:
 
 
 def test_a_held_value_carries_the_holds_traceparent_and_old_values_still_read() -> None:
-    assert parse_held(held_value(3, NOW, HOLD)) == (3, NOW, HOLD)
-    assert parse_held(held_value(3, NOW)) == (3, NOW, None)  # an activator without tracing
+    assert read_held(held_value(3, NOW, HOLD)) == (3, NOW, HOLD)
+    assert read_held(held_value(3, NOW)) == (3, NOW, None)  # an activator without tracing
     # A garbled trace does not cost the count: the pool must still leave zero.
-    assert parse_held("3 1800000000 not-a-trace") == (3, NOW, None)
+    assert read_held("3 1800000000 not-a-trace") == (3, NOW, None)
 
 
 def test_the_trace_comes_from_the_first_live_replica_by_name_that_sends_one() -> None:

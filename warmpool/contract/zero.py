@@ -97,14 +97,6 @@ def read_held(value: object) -> HeldValue:
     return HeldValue(count, float(written), trace)
 
 
-def parse_held(value: object) -> HeldValue | None:
-    """:func:`read_held`, or None where the reason does not matter."""
-    try:
-        return read_held(value)
-    except BadHeldValue:
-        return None
-
-
 def cold_start_trace_value(traceparent: str, deadline: float) -> str:
     return f"{traceparent} {int(deadline)}"
 

@@ -82,14 +82,6 @@ def tier_body(tier: Tier, ttl: float, traceparent: str | None = None) -> dict[st
     return body
 
 
-async def send_directive(
-    session: aiohttp.ClientSession, url: str, token: str, tier: Tier, ttl: float, limit: float,
-    traceparent: str | None = None,
-) -> str | None:
-    """POST the tier to a worker's control endpoint; None on success, else why not."""
-    return await post_control(session, url, token, tier_body(tier, ttl, traceparent), limit)
-
-
 def token_refused(error: str | None) -> bool:
     """Whether :func:`post_control`'s answer says the worker refused the control token."""
     return error is not None and error.startswith(("http 401:", "http 403:"))

@@ -75,13 +75,6 @@ def prompts_served(buckets: Sequence[int], prompt_histogram: Sequence[int]) -> t
     return tuple(counts), longer
 
 
-def share_within(buckets: Sequence[int], prompt_histogram: Sequence[int]) -> float | None:
-    """Share of prompts no longer than the largest bucket (a warmed length covers them)."""
-    served, longer = prompts_served(buckets, prompt_histogram)
-    total = sum(served) + longer
-    return None if total == 0 else sum(served) / total
-
-
 def _quantile_edge(histogram: Sequence[int], q: float) -> int:
     """Upper edge of the bin holding the q-quantile (the overflow bin reads as the largest edge)."""
     needed = q * sum(histogram)

@@ -316,6 +316,3 @@ class LlamaEngine:
 
     def load_prefix_kv(self, token_ids: Sequence[int], path: Path) -> bool:
         return self.prefix_kv.load(self.checked_prompt(token_ids), path)
-
-    def forget_prefixes(self) -> None:
-        self.prefix_kv.forget()
