@@ -13,6 +13,7 @@ import copy
 import json
 import re
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -954,6 +955,11 @@ def test_log_format_and_extra_args_reach_every_component(tmp_path: Path) -> None
                                          ).max_connections == 5
     agent = agent_parser().parse_args(_pod(objs, *COMPONENTS[2][:2])["spec"]["containers"][0]["args"])
     assert agent.partial_view is True and agent.manifest_reads == 2
+    # The README's pointer for the flags extraArgs may add: each command's --help lists them.
+    for command in ("operator", "activator", "node-agent"):
+        shown = subprocess.run([sys.executable, "-m", "warmpool", command, "--help"], capture_output=True, text=True,
+                               timeout=60, check=True).stdout
+        assert "--log-format" in shown and "--log-level" in shown, command
 
 
 def test_pod_annotations_labels_and_priority_of_every_component(schema_dir: Path, tmp_path: Path) -> None:
