@@ -100,12 +100,17 @@ def model_ref(obj: Mapping[str, Any]) -> ModelRef | None:
 
 
 def open_source(source: Mapping[str, Any], secret_data: Mapping[str, str] | None, secret: str = "the Secret",
-                policy: AddressPolicy = DEFAULT_POLICY, limits: ReadLimits | None = None) -> Source:
+                policy: AddressPolicy = DEFAULT_POLICY, limits: ReadLimits | None = None,
+                ca_bundle: str | None = None, default_chain: bool = False) -> Source:
     """The Source object for a WarmModel's http/s3 block (``secret_data``: the s3 Secret's ``.data``,
     base64 values as the API returns them; None for http or an s3 source without a secretRef),
-    guarded by ``policy`` and bounded by ``limits``."""
-    credentials = None if secret_data is None else credentials_from_secret_data(secret_data, secret)
-    return source_from_spec(source, credentials=credentials, policy=policy, limits=limits)
+    guarded by ``policy`` and bounded by ``limits``; ``ca_bundle``: the PEM text its caBundle names;
+    ``default_chain``: an s3 source without a secretRef signs with the agent's own credentials."""
+    profile = (source.get("s3") or {}).get("profile")
+    profile = profile if isinstance(profile, str) else None
+    credentials = None if secret_data is None else credentials_from_secret_data(secret_data, secret, profile)
+    return source_from_spec(source, credentials=credentials, policy=policy, limits=limits, ca_bundle=ca_bundle,
+                            default_chain=default_chain)
 
 
 def safetensors_header(first_block: bytes, describe: str) -> dict[str, Any] | None:

@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default: %(default)s)")
     sources.add_argument("--manifest-reads", type=int, default=4,
                          help="manifests read at once (default: %(default)s)")
+    sources.add_argument("--s3-default-credentials", action="store_true",
+                         help="sign for an s3 source without a secretRef with this process's own credentials "
+                              "(boto3's default chain: environment, web identity such as IRSA, AWS_PROFILE, "
+                              "container or instance metadata) instead of unsigned; it lends them to every "
+                              "WarmModel the agent serves")
     endpoints = parser.add_argument_group("endpoints", "the agent's own: the kubelet's probes and Prometheus")
     endpoints.add_argument("--bind", default="0.0.0.0", help="address the probe and metrics endpoints bind")
     endpoints.add_argument("--health-port", type=int, default=0,
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                          namespace=args.namespace, lease_namespace=args.lease_namespace, interval_s=args.interval,
                          lease_duration_s=args.lease_duration, progress_interval_s=args.progress_interval,
                          partial_view=args.partial_view, policy=policy, limits=limits,
-                         manifest_reads=args.manifest_reads,
+                         manifest_reads=args.manifest_reads, s3_default_credentials=args.s3_default_credentials,
                          cluster_networks_refresh_s=args.cluster_networks_refresh, bind=args.bind,
                          health_port=args.health_port, metrics_port=args.metrics_port)
 

@@ -61,6 +61,7 @@ from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.partial import point_link
 from warmpool_nodecache.source import ReadLimits, Source, SourceError
 from warmpool_nodecache.source_errors import unavailable_text
+from warmpool_nodecache.spec import ca_bundle_from_secret_data, ca_bundle_ref
 
 log = logging.getLogger("warmpool.node_agent")
 
@@ -91,6 +92,9 @@ class AgentConfig:
     limits: ReadLimits = field(default_factory=ReadLimits)
     #: Manifest reads at once (``--manifest-reads``).
     manifest_reads: int = 4
+    #: Sign for an s3 source without a secretRef with boto3's default chain of the agent's own
+    #: process (``--s3-default-credentials``: web identity, a profile, metadata); off, it reads unsigned.
+    s3_default_credentials: bool = False
     #: Where the agent's own endpoints listen (``--bind``): its probes on ``health_port`` and its
     #: Prometheus metrics on ``metrics_port`` (0: not served).
     bind: str = "0.0.0.0"
@@ -281,8 +285,10 @@ class Agent:
             source: Source | None = None
             try:
                 secret = await self._secret(ref)
+                ca_bundle = await self._ca_bundle(ref)
                 source = agent.open_source(ref.source, secret, f"Secret {ref.namespace}/{ref.secret_name}",
-                                           policy=self.config.policy, limits=self.config.limits)
+                                           policy=self.config.policy, limits=self.config.limits,
+                                           ca_bundle=ca_bundle, default_chain=self.config.s3_default_credentials)
                 known.manifest = await read_manifest(source, self.config.limits)
                 known.source, known.error = source, None
                 self.notices.clear(self.notices.model_object(ref), notices.REASON_READ_FAILED)
@@ -311,12 +317,23 @@ class Agent:
         """The s3 Secret's ``.data`` as the API returns it (base64 values), or None without a secretRef."""
         if ref.secret_name is None:
             return None
+        return await self._secret_data(ref.namespace, ref.secret_name, "spec.model.s3.secretRef")
+
+    async def _ca_bundle(self, ref: agent.ModelRef) -> str | None:
+        """The PEM text spec.model.s3.caBundle names, or None without one."""
+        named = ca_bundle_ref(ref.source)
+        if named is None:
+            return None
+        data = await self._secret_data(ref.namespace, named[0], "spec.model.s3.caBundle")
+        return ca_bundle_from_secret_data(data, named[1], f"Secret {ref.namespace}/{named[0]}")
+
+    async def _secret_data(self, namespace: str, name: str, field: str) -> dict[str, str]:
         try:
-            secret = await self.kube.request("GET", f"/api/v1/namespaces/{ref.namespace}/secrets/{ref.secret_name}")
+            secret = await self.kube.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
         except KubeError as error:
             if error.status == 403:  # the chart's nodeAgent.secretNamespaces leaves this namespace out
-                raise SourceError(f"the node agent may not read Secret {ref.namespace}/{ref.secret_name} "
-                                  "(spec.model.s3.secretRef): let it read Secrets in this namespace (the chart's "
+                raise SourceError(f"the node agent may not read Secret {namespace}/{name} "
+                                  f"({field}): let it read Secrets in this namespace (the chart's "
                                   "nodeAgent.secretNamespaces)") from None
             raise
         return dict(secret.get("data") or {})

@@ -16,12 +16,40 @@ them): the endpoint's addresses are checked by the config's ``AddressPolicy`` (a
 source always has one), the connection goes to a checked address, no redirect is followed,
 answers are capped (the manifest at ``max_manifest_bytes``, a range at the bytes asked for) and
 each read -- retries included -- ends by ``ReadLimits.deadline_s``.
+
+Credentials, in the order a config names them:
+
+* ``credentials``: a static key pair, with a session token when they are temporary (STS's
+  AssumeRole, ``aws sts get-session-token``, a vault's lease).  From a WarmModel's Secret, from the
+  ``AWS_*`` environment of a command, or from one profile of a shared credentials file -- read
+  here, key by key (:func:`credentials_from_ini`), never handed to botocore as a file: botocore
+  would also honour a ``credential_process`` line there and run it.
+* ``default_chain``: boto3's own default chain in this process -- environment, web identity
+  (``AWS_ROLE_ARN`` + ``AWS_WEB_IDENTITY_TOKEN_FILE``: IRSA and the like, through STS), the
+  profile ``AWS_PROFILE`` names in the shared files, the container and instance metadata
+  endpoints.  Whose credentials these are is the process's business: the node agent uses them
+  only when its operator lent them (``--s3-default-credentials``), as they then read for every
+  WarmModel that names no Secret.  The address policy guards the requests to the *store* only:
+  botocore fetches credentials (STS, 169.254.169.254, the ECS/EKS container endpoint) through its
+  own HTTP client, which the policy never sees -- refusing metadata addresses as object URLs is
+  unchanged, and reaching them for credentials is the platform's choice, made by the lending.
+* neither: unsigned requests (a public bucket).
+
+``region`` is what SigV4 signs for (a store checks it); unset, the default chain's region
+(``AWS_REGION``, the profile's) where the chain is used, else ``us-east-1``, S3's own default.
+``ca_bundle`` (PEM text) replaces the system's trust store for an https endpoint: the bounded
+transport verifies with it, and a client botocore sends through itself (``warmpool model push``)
+gets it as ``verify=``.
 """
 
 from __future__ import annotations
 
 import configparser
+import functools
+import hashlib
 import os
+import ssl
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -46,10 +74,15 @@ class S3KeyError(SourceError):
     """A key or prefix that would escape the revision's prefix; refused before any request."""
 
 
+#: The region a request is signed for when nothing names one (S3's own default).
+DEFAULT_REGION = "us-east-1"
+
+
 @dataclass(frozen=True)
 class S3Credentials:
     access_key_id: str
     secret_access_key: str = field(repr=False)  # never printed, logged or put in an error
+    session_token: str | None = field(default=None, repr=False)  # temporary credentials (STS) carry one
 
 
 def check_key_part(value: str, what: str) -> str:
@@ -83,34 +116,64 @@ def parse_s3_url(url: str) -> tuple[str, str]:
 
 
 def credentials_from_env(environ: dict[str, str] | None = None) -> S3Credentials | None:
-    """The standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` pair, or None if unset."""
+    """The standard ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` pair (and ``AWS_SESSION_TOKEN``),
+    or None if unset."""
     env = os.environ if environ is None else environ
     key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
     if not key and not secret:
         return None
     if not key or not secret:
         raise SourceError("set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither")
-    return S3Credentials(key, secret)
+    return S3Credentials(key, secret, env.get("AWS_SESSION_TOKEN") or None)
+
+
+def credentials_from_ini(text: str, profile: str, where: str) -> S3Credentials:
+    """One profile of an AWS shared-credentials file's text (INI: ``[profile]`` with
+    aws_access_key_id, aws_secret_access_key and optionally aws_session_token).  Only those keys
+    are read: a ``credential_process`` or ``role_arn`` line is ignored, never run or followed."""
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(text, where)
+    except configparser.Error as exc:
+        raise SourceError(f"{where}: not an AWS credentials file ({exc.__class__.__name__})") from None
+    if not parser.has_section(profile):
+        raise SourceError(f"{where}: no [{profile}] section")
+    key = parser.get(profile, "aws_access_key_id", fallback="").strip()
+    secret = parser.get(profile, "aws_secret_access_key", fallback="").strip()
+    token = parser.get(profile, "aws_session_token", fallback="").strip()
+    if not key or not secret:
+        raise SourceError(f"{where}: [{profile}] needs aws_access_key_id and aws_secret_access_key")
+    return S3Credentials(key, secret, token or None)
 
 
 def credentials_from_file(path: Path, profile: str = "default") -> S3Credentials:
-    """Read an AWS shared-credentials file (INI: ``[profile]`` with aws_access_key_id/aws_secret_access_key)."""
-    parser = configparser.ConfigParser(interpolation=None)
+    """Read one profile of an AWS shared-credentials file (see :func:`credentials_from_ini`)."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise SourceError(f"credentials file {path}: {exc.strerror or exc}") from None
+    return credentials_from_ini(text, profile, f"credentials file {path}")
+
+
+def tls_context(ca_bundle: str | None) -> ssl.SSLContext | None:
+    """A client TLS context that trusts exactly the PEM certificates ``ca_bundle`` holds (None: the
+    system's trust store); SourceError when the text holds no certificate."""
+    if ca_bundle is None:
+        return None
     try:
-        parser.read_string(text, str(path))
-    except configparser.Error as exc:
-        raise SourceError(f"credentials file {path}: not an AWS credentials file ({exc.__class__.__name__})") from None
-    if not parser.has_section(profile):
-        raise SourceError(f"credentials file {path}: no [{profile}] section")
-    key = parser.get(profile, "aws_access_key_id", fallback="").strip()
-    secret = parser.get(profile, "aws_secret_access_key", fallback="").strip()
-    if not key or not secret:
-        raise SourceError(f"credentials file {path}: [{profile}] needs aws_access_key_id and aws_secret_access_key")
-    return S3Credentials(key, secret)
+        return ssl.create_default_context(cadata=ca_bundle)
+    except (ssl.SSLError, ValueError) as exc:
+        raise SourceError(f"the CA bundle holds no usable PEM certificate ({exc})") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _ca_file(ca_bundle: str) -> str:
+    """The bundle as a file only this process's user reads, for botocore's ``verify=`` (a path)."""
+    digest = hashlib.sha256(ca_bundle.encode()).hexdigest()[:16]
+    fd, path = tempfile.mkstemp(prefix=f"warmpool-ca-{digest}-", suffix=".pem")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(ca_bundle)
+    return path
 
 
 @dataclass(frozen=True)
@@ -118,8 +181,11 @@ class S3SourceConfig:
     endpoint: str  # e.g. http://127.0.0.1:8333 (path-style addressing: works with any S3-compatible store)
     bucket: str
     prefix: str = ""
-    credentials: S3Credentials | None = None  # None: unsigned requests (a public bucket)
-    region: str = "us-east-1"
+    credentials: S3Credentials | None = None  # None: default_chain, or unsigned requests (a public bucket)
+    region: str | None = None  # None: the default chain's region where it is used, else DEFAULT_REGION
+    #: Without credentials: boto3's default chain of this process (see the module's docstring).
+    default_chain: bool = False
+    ca_bundle: str | None = field(default=None, repr=False)  # PEM text; None: the system's trust store
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
     attempts: int = 4
@@ -148,27 +214,48 @@ def make_client(config: S3SourceConfig) -> Any:
     if config.attempts < 1 or config.connect_timeout_s <= 0 or config.read_timeout_s <= 0:
         raise SourceError(f"{config.endpoint}: attempts must be >= 1 and timeouts > 0")
     parse_url(config.endpoint)  # SourceError naming what is wrong (botocore would raise ValueError)
+    tls_context(config.ca_bundle)  # a bundle that holds no certificate is said now, not at the first read
+    creds = config.credentials
+    if creds is not None:
+        # A session of its own: no profile, config file or environment credentials leak in.
+        session = boto3.session.Session(
+            aws_access_key_id=creds.access_key_id,
+            aws_secret_access_key=creds.secret_access_key,
+            aws_session_token=creds.session_token,
+            region_name=config.region or DEFAULT_REGION,
+        )
+    elif config.default_chain:
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            session = boto3.session.Session(region_name=config.region)
+            found = session.get_credentials()
+        except BotoCoreError as exc:  # e.g. AWS_PROFILE names a profile the shared files lack
+            raise SourceError(f"{config.endpoint}: boto3's default credential chain: {exc}") from None
+        if found is None:
+            raise SourceError(f"{config.endpoint}: boto3's default credential chain found no credentials "
+                              "(environment, web identity, AWS_PROFILE's shared files, container or instance "
+                              "metadata)")
+    else:
+        session = boto3.session.Session(aws_access_key_id=None, aws_secret_access_key=None,
+                                        region_name=config.region or DEFAULT_REGION)
+    signed = creds is not None or config.default_chain
+    region = config.region or session.region_name or DEFAULT_REGION
     botocore_config = Config(
-        region_name=config.region,
+        region_name=region,
         connect_timeout=config.connect_timeout_s,
         read_timeout=config.read_timeout_s,
         retries={"mode": "standard", "total_max_attempts": config.attempts},
         s3={"addressing_style": "path"},
-        signature_version=UNSIGNED if config.credentials is None else "s3v4",
+        signature_version="s3v4" if signed else UNSIGNED,
         # Checksums only when an operation requires them: S3-compatible stores differ in
         # their support of the newer default CRC trailers.
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    creds = config.credentials
-    # A session of its own: no profile, config file or environment credentials leak in.
-    session = boto3.session.Session(
-        aws_access_key_id=creds.access_key_id if creds else None,
-        aws_secret_access_key=creds.secret_access_key if creds else None,
-        region_name=config.region,
-    )
+    verify = _ca_file(config.ca_bundle) if config.ca_bundle is not None else None
     try:
-        return session.client("s3", endpoint_url=config.endpoint, config=botocore_config)
+        return session.client("s3", endpoint_url=config.endpoint, config=botocore_config, verify=verify)
     except ValueError as exc:  # botocore's own check of the endpoint (e.g. an underscore in the host)
         raise SourceError(f"endpoint {config.endpoint!r} is not a valid S3 endpoint URL ({exc})") from None
 
@@ -185,7 +272,8 @@ def explain(exc: BaseException, config: S3SourceConfig, key: str | None) -> Sour
         if code == "NoSuchBucket":
             return SourceMissingError(f"bucket {config.bucket!r} does not exist at {config.endpoint} ({where})")
         if code in _AUTH_CODES or status == 403:
-            key_id = config.credentials.access_key_id if config.credentials else "(unsigned)"
+            key_id = (config.credentials.access_key_id if config.credentials
+                      else "(the default credential chain's)" if config.default_chain else "(unsigned)")
             return SourceAuthError(
                 f"{config.endpoint} refused access key id {key_id!r} for {where} ({code or status}): "
                 "wrong credentials, or they lack read/write on the bucket"
@@ -211,7 +299,8 @@ class S3Source:
             raise SourceError(f"{config.endpoint}: {error}") from None
         if client is not None and config.policy is not None:
             raise SourceError("an S3 source with an address policy makes its own client (it sends through it)")
-        self._transport = BoundedTransport(config.policy, self.config.limits, config.read_timeout_s)
+        self._transport = BoundedTransport(config.policy, self.config.limits, config.read_timeout_s,
+                                           tls_context(config.ca_bundle))
         if client is None:
             client = make_client(self.config)
             client.meta.events.register("before-send.s3", self._transport)

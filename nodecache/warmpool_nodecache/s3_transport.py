@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -42,8 +43,10 @@ class _Bounds:
 class BoundedTransport:
     """The ``before-send`` handler of one S3 client (see the module docstring)."""
 
-    def __init__(self, policy: AddressPolicy | None, limits: ReadLimits, socket_timeout_s: float) -> None:
+    def __init__(self, policy: AddressPolicy | None, limits: ReadLimits, socket_timeout_s: float,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.policy = policy
+        self.tls = tls  # None: the system's trust store (an https endpoint's own CA bundle otherwise)
         self.limits = limits
         self.socket_timeout_s = socket_timeout_s
         self._local = threading.local()
@@ -70,7 +73,7 @@ class BoundedTransport:
         headers = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in request.headers.items()}
         try:
             reply = exchange(request.url, request.method, headers, policy=self.policy, cap=bounds.cap,
-                             deadline=bounds.deadline, socket_timeout_s=self.socket_timeout_s)
+                             deadline=bounds.deadline, socket_timeout_s=self.socket_timeout_s, context=self.tls)
         except SourceUnreachableError as error:
             raise EndpointConnectionError(endpoint_url=request.url, error=str(error)) from None
         return AWSResponse(request.url, reply.status, reply.headers, _Body(reply.body))

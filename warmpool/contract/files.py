@@ -32,6 +32,12 @@ MODEL_MOUNT_PATH = "/warmpool/model"
 DEFAULT_BLOCK_CACHE_ROOT = "/var/lib/warmpool/cache"
 MANIFEST_FILENAME = "warmpool-manifest.json"
 #: Keys of the Secret that spec.model.s3.secretRef names (the AWS SDKs' own names, as
-#: KServe's S3 secrets use them): the node agent reads these two and nothing else.
+#: KServe's S3 secrets use them): the node agent reads these and nothing else -- the key pair
+#: and, for temporary credentials, the session token; or instead a shared credentials file
+#: (spec.model.s3.profile names its section).
 S3_SECRET_ACCESS_KEY_ID_KEY = "AWS_ACCESS_KEY_ID"
 S3_SECRET_SECRET_ACCESS_KEY_KEY = "AWS_SECRET_ACCESS_KEY"
+S3_SECRET_SESSION_TOKEN_KEY = "AWS_SESSION_TOKEN"
+S3_SECRET_CREDENTIALS_FILE_KEY = "credentials"
+#: spec.model.s3.caBundle's key when it names none.
+S3_CA_BUNDLE_DEFAULT_KEY = "ca.crt"

@@ -203,6 +203,15 @@ class SecretRef(ApiObject):
     """Name of the Secret."""
 
 
+class S3CaBundle(ApiObject):
+    """A key of a Secret in the WarmModel's namespace holding PEM CA certificates."""
+
+    name: DNS1123Subdomain
+    """Name of the Secret (it may be the secretRef's)."""
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = "ca.crt"
+    """Key inside it."""
+
+
 class S3ModelSource(ApiObject):
     """Weights in an S3-compatible bucket, filled into each node's block cache by the node agent.
 
@@ -216,8 +225,37 @@ class S3ModelSource(ApiObject):
     """Bucket name (S3 naming: lower case, digits, dots and dashes)."""
     prefix: RelativePath | None = None
     """Key prefix of the revision's files inside the bucket, no ".." segments; unset means the bucket's root."""
-    secret_ref: SecretRef
-    """Secret (same namespace) with the keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; the node agent reads it."""
+    secret_ref: SecretRef | None = None
+    """Secret (same namespace) with the credentials; the node agent reads it. Keys: AWS_ACCESS_KEY_ID and
+    AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN (temporary credentials); or instead a shared
+    credentials file under the key "credentials" (with spec.model.s3.profile naming its section).
+    Unset: the node agent's own credentials (boto3's default chain: environment, web identity such as
+    IRSA, profile, container or instance metadata) when the platform lent them
+    (--s3-default-credentials), else unsigned requests (a public bucket)."""
+    profile: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+=,@-]+$")] | None = None
+    """Section of the shared credentials file in the Secret's "credentials" key to use; unset means
+    [default]. Needs secretRef."""
+    region: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")] | None = None
+    """Region the requests are signed for (SigV4), e.g. eu-west-1; unset means the node agent's default
+    chain's region where it lends its credentials, else us-east-1."""
+    ca_bundle: S3CaBundle | None = None
+    """PEM certificates (a key of a Secret in the same namespace) the endpoint's TLS certificate must
+    chain to, instead of the node's system trust store: for a store behind a private CA."""
+
+    cel_rules = (
+        Rule(
+            cel="!has(self.profile) || has(self.secretRef)",
+            message="spec.model.s3.profile needs spec.model.s3.secretRef (the Secret holding the credentials file)",
+            check=lambda s: s.profile is None or s.secret_ref is not None,
+            field_path=".profile",
+        ),
+        Rule(
+            cel="!has(self.caBundle) || self.endpoint.startsWith('https://')",
+            message="spec.model.s3.caBundle needs an https:// spec.model.s3.endpoint",
+            check=lambda s: s.ca_bundle is None or s.endpoint.startswith("https://"),
+            field_path=".caBundle",
+        ),
+    )
 
 
 def _count_set(*values: object) -> int:
