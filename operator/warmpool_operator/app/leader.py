@@ -134,7 +134,7 @@ class Renewal:
                         continue
                     self._lose("another replica holds the Lease")
                 except (KubeError, OSError, TimeoutError) as error:
-                    reason = f"renewal failed: {error or type(error).__name__}"
+                    reason = f"renewal failed: {str(error) or type(error).__name__}"  # a timeout has no text
                     log.warning("leader: %s", reason)
         finally:
             await kube.close()
