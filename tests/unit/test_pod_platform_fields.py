@@ -127,6 +127,12 @@ def test_labels_and_annotations_reach_the_pod_beside_the_operators() -> None:
         ({"extraVolumes": [{"name": "a", "emptyDir": {}}],
           "extraVolumeMounts": [{"name": "a", "mountPath": "/d"}, {"name": "a", "mountPath": "/d"}]},
          "spec.pod.extraVolumeMounts", "share a mountPath"),
+        ({"extraVolumes": [{"name": "a", "hostPath": {"path": "/models/shared"}}],
+          "extraVolumeMounts": [{"name": "a", "mountPath": "/shared"}]}, "spec.pod.extraVolumeMounts",
+         "mounted readOnly: true"),
+        ({"extraVolumes": [{"name": "a", "hostPath": {"path": "/models/shared"}}],
+          "extraVolumeMounts": [{"name": "a", "mountPath": "/shared", "readOnly": False}]},
+         "spec.pod.extraVolumeMounts", "mounted readOnly: true"),
         ({"extraVolumes": [{"name": "a", "hostPath": {"path": "/models/../etc"}}]},
          "spec.pod.extraVolumes[0].hostPath.path", "pattern"),
     ],
@@ -147,7 +153,7 @@ def test_shared_memory_and_extra_volumes_reach_every_main_container() -> None:
                          {"name": "tls", "secret": {"secretName": "engine-tls"}},
                          {"name": "extra", "configMap": {"name": "engine-conf", "optional": True}},
                          {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}}],
-        "extraVolumeMounts": [{"name": "compile-cache", "mountPath": "/root/.cache/vllm"},
+        "extraVolumeMounts": [{"name": "compile-cache", "mountPath": "/root/.cache/vllm", "readOnly": True},
                               {"name": "tls", "mountPath": "/etc/engine-tls", "readOnly": True},
                               {"name": "data", "mountPath": "/data", "subPath": "set/a"}],
     }
@@ -164,7 +170,8 @@ def test_shared_memory_and_extra_volumes_reach_every_main_container() -> None:
         for name in names:
             mounts = {m["mountPath"]: m for m in container(template, name)["volumeMounts"]}
             assert mounts["/dev/shm"] == {"name": "shm", "mountPath": "/dev/shm"}
-            assert mounts["/root/.cache/vllm"] == {"name": "compile-cache", "mountPath": "/root/.cache/vllm"}
+            assert mounts["/root/.cache/vllm"] == {"name": "compile-cache", "mountPath": "/root/.cache/vllm",
+                                                   "readOnly": True}
             assert mounts["/etc/engine-tls"]["readOnly"] is True
             assert mounts["/data"]["subPath"] == "set/a"
 

@@ -930,7 +930,7 @@ class ExtraVolume(ApiObject):
     name: DNS1123Label
     """Volume name, referred to by spec.pod.extraVolumeMounts; not one of the operator's own."""
     host_path: HostPathVolume | None = None
-    """A node path (checked against the allowed host paths like a hostPath model)."""
+    """A node path (checked against the allowed host paths like a hostPath model; mounted read-only)."""
     empty_dir: EmptyDirVolume | None = None
     """Scratch space."""
     config_map: ConfigMapVolume | None = None
@@ -1082,6 +1082,18 @@ class PodSpec(ApiObject):
             "&& self.extraVolumes.exists(v, v.name == m.name))",
             message="spec.pod.extraVolumeMounts: each mount must name a volume of spec.pod.extraVolumes",
             check=lambda p: all(any(v.name == m.name for v in p.extra_volumes or ())
+                                for m in p.extra_volume_mounts or ()),
+            field_path=".extraVolumeMounts",
+        ),
+        Rule(
+            # A writable node directory under the allowed prefixes could rewrite another WarmModel's
+            # hostPath weights (they share those prefixes): node paths are mounted read-only.
+            cel="!has(self.extraVolumeMounts) || !has(self.extraVolumes) || self.extraVolumeMounts.all(m, "
+            "(has(m.readOnly) && m.readOnly) || !self.extraVolumes.exists(v, v.name == m.name && has(v.hostPath)))",
+            message="spec.pod.extraVolumeMounts: a hostPath volume is mounted readOnly: true (another WarmModel's "
+            "weights may lie under the same allowed host paths); use an emptyDir or a PersistentVolumeClaim to write",
+            check=lambda p: all(m.read_only or not any(v.name == m.name and v.host_path is not None
+                                                       for v in p.extra_volumes or ())
                                 for m in p.extra_volume_mounts or ()),
             field_path=".extraVolumeMounts",
         ),
