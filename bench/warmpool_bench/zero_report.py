@@ -43,9 +43,12 @@ def render_zero(result: Mapping[str, Any]) -> str:
                      SLEEP_OVERHEAD_TARGET_S)
     burst = result.get("burst")
     if burst:
-        lines += ["## Burst at zero", "", f"{burst['requests']} requests at once: statuses {burst['statuses']}, "
-                  f"lost {burst['lost']}, slowest answered in {burst['slowest_s']:.2f} s: "
-                  f"**{'met' if burst['lost'] == 0 else 'missed'}** (no request lost).", ""]
+        lines += ["## Burst at zero", "",
+                  f"{burst['requests']} requests at once (maxHeldRequests {burst['max_held_per_replica']} per "
+                  f"activator replica): answered {burst['answered']}, refused 429 {burst['refused_429']}, "
+                  f"refused 503 {burst['refused_503']}, lost {burst['lost']}; slowest answered in "
+                  f"{burst['slowest_s']:.2f} s: **{'met' if burst['met'] else 'missed'}** (every request answered "
+                  "with 200: below the bound a refusal is a failure too).", ""]
     forward = result.get("forward")
     if forward:
         p95 = forward["added_p95_s"]
