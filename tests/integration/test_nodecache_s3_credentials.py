@@ -219,7 +219,8 @@ def test_the_region_reaches_the_signed_request(store: SeaweedHandle, manifest: s
 
 def test_an_https_endpoint_is_trusted_only_through_its_ca_bundle(store: SeaweedHandle, manifest: str,
                                                                  front: TlsRecordingProxy, pki: Path,
-                                                                 tmp_path: Path) -> None:
+                                                                 tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     secret = {"AWS_ACCESS_KEY_ID": b64(store.access_key_id), "AWS_SECRET_ACCESS_KEY": b64(store.secret_access_key)}
     block = s3_block(front.endpoint, store, secretRef={"name": "s"}, caBundle={"name": "ca"})
     right = agent_ca({"ca.crt": b64((pki / "ca.crt").read_text())})
@@ -234,6 +235,10 @@ def test_an_https_endpoint_is_trusted_only_through_its_ca_bundle(store: SeaweedH
         with pytest.raises(SourceError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
             source.fetch_manifest()
         assert len(front.request_heads()) == sent  # not a byte of the request (nor its signature) went out
+    # A platform-wide CA as the agent's own trust store (what examples/object-store-s3.yaml says).
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki / "ca.crt"))
+    assert read_digest(agent.open_source(plain, secret, policy=LOOPBACK)) == manifest
+    monkeypatch.delenv("SSL_CERT_FILE")
     # The Secret's key must hold a certificate; the spec must name the bundle's Secret to get one.
     with pytest.raises(SourceSpecError, match=r"no PEM certificate under 'ca\.crt'"):
         agent_ca({"ca.crt": b64("not a certificate")})
