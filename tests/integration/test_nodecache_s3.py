@@ -16,12 +16,11 @@ import stat
 import struct
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from warmpool_devcluster.seaweedfs import SeaweedHandle, start_seaweedfs
+from warmpool_devcluster.seaweedfs import SeaweedHandle
 from warmpool_nodecache.blocks import BlockCorruptError
 from warmpool_nodecache.fill import fill_revision
 from warmpool_nodecache.layout import CacheLayout
@@ -76,12 +75,8 @@ class CountingSource:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedHandle]:
-    handle = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    try:
-        yield handle
-    finally:
-        handle.stop()
+def store(loopback_s3_store: SeaweedHandle) -> SeaweedHandle:
+    return loopback_s3_store  # shared with the other modules that use the store directly (conftest.py)
 
 
 @pytest.fixture(scope="module")

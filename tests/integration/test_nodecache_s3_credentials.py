@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from warmpool_devcluster.certs import generate_pki
-from warmpool_devcluster.seaweedfs import SeaweedHandle, start_seaweedfs
+from warmpool_devcluster.seaweedfs import SeaweedHandle
 from warmpool_nodecache import agent
 from warmpool_nodecache.manifest import parse_manifest
 from warmpool_nodecache.netguard import AddressPolicy
@@ -51,12 +51,8 @@ def clean_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedHandle]:
-    handle = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
-    try:
-        yield handle
-    finally:
-        handle.stop()
+def store(loopback_s3_store: SeaweedHandle) -> SeaweedHandle:
+    return loopback_s3_store  # shared with the other modules that use the store directly (conftest.py)
 
 
 @pytest.fixture(scope="module")
