@@ -4,9 +4,11 @@ is the engine's own greedy text.
 
 One pool goes through the whole story, so the suite pays a few cold starts of a tiny model rather
 than one per check: warm -> idle to zero (its Events say so) -> an activator replica killed while it
-holds a request (the client gets an error at once; the other replica serves) -> back at zero, 20
-concurrent requests all answered -> warm again, the Service routes to the pod and the activator sees
-no more traffic -> a hold timeout answers 503 naming the WarmModel.
+holds a request (the client gets an error at once; the other replica serves) -> back at zero, 50
+concurrent requests, each answered with the engine's greedy text and none refused (429/503): the
+pool's maxHeldRequests is 50 per activator replica, so no replica can be full -> warm again, the
+Service routes to the pod and the activator sees no more traffic -> a hold timeout answers 503
+naming the WarmModel.  A wait for kube-proxy polls its iptables rules (tests/support/kube_proxy.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from warmpool_bench import zero_activator as activator
 from warmpool_devcluster.testing import ClusterHandle
 
 from tests.support.e2e import Operator, World, http, metric, pod_ready, tiny_model, warmmodel
+from tests.support.kube_proxy import cluster_ip_destinations
 from warmpool.contract.api import CONDITION_READY, PLURAL
 from warmpool.contract.metrics import METRIC_ACTIVATOR_REQUESTS
 from warmpool.contract.zero import (
@@ -39,7 +42,10 @@ from warmpool.contract.zero import (
 
 PROMPT = "hello there"
 MAX_TOKENS = 6
-CONCURRENT = 20
+#: Requests sent at once to the pool at zero: at most maxHeldRequests (MAX_HELD, per activator
+#: replica), so whichever replicas kube-proxy spreads them over, none is refused.
+CONCURRENT = 50
+MAX_HELD = 50
 
 
 @pytest.fixture()
@@ -131,7 +137,7 @@ def test_a_pool_idles_to_zero_and_every_request_is_held_until_a_pod_answers(zero
     assert node is not None
     body = warmmodel("zero", tiny_model(), replicas=1, min_warm=1)
     body["spec"]["pool"]["scaleToZero"] = {"afterIdleSeconds": 6, "holdTimeoutSeconds": 240,
-                                           "maxHeldRequests": 50}
+                                           "maxHeldRequests": MAX_HELD}
     world.apply(body)
     world.wait(lambda: len([p for p in _activator_pods(world) if pod_ready(p)]) == 2, 240, "two activator replicas")
     world.wait_ready("zero", warm=1, timeout=240)
@@ -139,7 +145,8 @@ def test_a_pool_idles_to_zero_and_every_request_is_held_until_a_pod_answers(zero
     reference = world.complete(pod, "zero", PROMPT, max_tokens=MAX_TOKENS)
     service = world.get("service", "zero")
     cluster_ip = service["spec"]["clusterIP"]
-    via_service = f"http://{cluster_ip}:{service['spec']['ports'][0]['port']}"
+    service_port = int(service["spec"]["ports"][0]["port"])
+    via_service = f"http://{cluster_ip}:{service_port}"
     assert "selector" not in service["spec"], "a scale-to-zero pool's Service is routed by the operator's slices"
     assert _slice_ips(world, "zero")["zero-pods"] == [pod["status"]["podIP"]]
 
@@ -174,20 +181,29 @@ def test_a_pool_idles_to_zero_and_every_request_is_held_until_a_pod_answers(zero
     print(f"the other replica held a request {took:.2f}s until a pod answered it")
     assert "request(s) held by the activator" in _events(world, "zero")["ScaledFromZero"]
 
-    # -- back at zero, 20 requests at once through the Service's ClusterIP: every one answered.
+    # -- back at zero, 50 requests at once through the Service's ClusterIP: every one answered with
+    # the engine's greedy text, none refused (each replica holds up to MAX_HELD).
+    assert CONCURRENT <= MAX_HELD
     world.wait(lambda: _at_zero(world, activators=2), 180, "the pool at zero again, both activator replicas back")
+    activator_ips = set(_slice_ips(world, "zero")["zero-activator"])
+    world.wait(lambda: cluster_ip_destinations(cluster_ip, service_port) == activator_ips, 30,
+               "kube-proxy routing the ClusterIP to the two activator replicas only")
     with ThreadPoolExecutor(CONCURRENT) as pool:
         answers = list(pool.map(lambda _: _post(via_service), range(CONCURRENT)))
-    assert [code for code, _, _ in answers] == [200] * CONCURRENT, [(c, t[:200]) for c, t, _ in answers if c != 200]
-    assert {_text(text) for _, text, _ in answers} == {reference}
+    codes = [code for code, _, _ in answers]
+    assert 429 not in codes and 503 not in codes, f"refused below maxHeldRequests: {sorted(codes)}"
+    assert codes == [200] * CONCURRENT, [(c, t[:200]) for c, t, _ in answers if c != 200]
+    assert [_text(text) for _, text, _ in answers] == [reference] * CONCURRENT, "not the engine's greedy text"
     print(f"{CONCURRENT} concurrent held requests answered in {min(t for *_, t in answers):.2f}-"
           f"{max(t for *_, t in answers):.2f}s")
 
     # -- warm: the Service routes to the pod, and the activator sees no more traffic.
     world.wait(lambda: _slice_ips(world, "zero").get("zero-pods") and not _slice_ips(world, "zero")["zero-activator"],
                60, "the Service switched back to the pod")
+    pod_ips = set(_slice_ips(world, "zero")["zero-pods"])
+    world.wait(lambda: cluster_ip_destinations(cluster_ip, service_port) == pod_ips, 30,
+               "kube-proxy routing the ClusterIP to the pod only")
     before = _activator_requests(world)
-    time.sleep(2)  # kube-proxy's rules follow the slices
     for _ in range(5):
         code, text, _ = _post(via_service)
         assert code == 200 and _text(text) == reference, (code, text)
