@@ -5,9 +5,9 @@ Two `warmpool operator --leader-elect` processes run against a private API serve
 fixture's store, served by a second kube-apiserver that writes an audit log).  Each has a client
 certificate of its own, so the server's log names who made each write.  The leader (A) reaches
 the server through a loopback relay (tests/support/stall_proxy.py); the standby (B) directly.
-The relay is frozen: A's open connections stall (its Lease renewal among them) while A itself
-runs on, and new connections it dials still get through.  B takes the Lease once the record has
-stood still for the lease's duration.  Then the stall ends (the relay drops the stalled
+The relay is frozen, new connections too: every connection A holds or dials stalls (its Lease
+renewal among them; a dial connects, then nothing passes) while A itself runs on.  B takes the
+Lease once the record has stood still for the lease's duration.  Then the stall ends (the relay drops the stalled
 connections), and the WarmModel is changed so that an operator still running would write.
 
 Proof, by the API server's own clock: A's last write request was answered before B's first
@@ -110,17 +110,17 @@ def test_a_stalled_leader_stops_acting_before_the_standby_acts(pair: Pair) -> No
     # A alone: it takes the Lease and acts (the WarmModel's children are its writes).
     pair.leader.start()
     leader_identity = _until(pair.holder, START_S, "the first operator holding the Lease")
+    pair.standby.start()
     pair.kubectl("apply", "-n", pair.namespace, "-f", "-",
                  input=json.dumps(warmmodel("stall", model_root() / "leader-stall")))
     _until(lambda: any(w.resource == "deployments" for w in pair.writes_of(LEADER)), START_S,
            "the leader writing the WarmModel's Deployment")
     # B waits: a standby writes nothing.
-    pair.standby.start()
     _until(lambda: "waiting for the Lease" in pair.standby.log(), START_S, "the second operator waiting as standby")
     assert pair.writes_of(STANDBY) == [], "the standby wrote while another held the Lease"
 
-    # The stall: every connection A holds stops carrying bytes; A itself runs on.
-    assert pair.proxy.freeze() > 0, "the leader held no connection through the relay"
+    # The stall: every connection A holds or opens stops carrying bytes; A itself runs on.
+    assert pair.proxy.freeze(new_too=True) > 0, "the leader held no connection through the relay"
     stalled = time.monotonic()
     _until(lambda: pair.holder() not in ("", leader_identity), TAKEOVER_S, "the standby taking the Lease")
     print(f"\nthe standby took the Lease {time.monotonic() - stalled:.1f}s after the stall began")

@@ -3,7 +3,9 @@
 `freeze()` stops relaying on every connection open at that moment, in both directions, without
 closing anything: the bytes (the API server's watch events, even its end of the watch) simply
 stop arriving, as with a dropped NAT entry or a hung middlebox.  Connections opened afterwards
-are relayed as usual, so a client that gives a stalled connection up and dials again recovers.
+are relayed as usual, so a client that gives a stalled connection up and dials again recovers --
+unless the freeze takes new connections too (``freeze(new_too=True)``: a path cut off entirely,
+where a dial still connects but nothing passes) until :meth:`cut` ends the stall.
 TLS passes through untouched (the relay never looks at the bytes).  Loopback only.
 """
 
@@ -49,11 +51,15 @@ class StallProxy:
         #: connections accepted after the last freeze (a client that dialled again)
         self.accepted_since_freeze = 0
         self.frozen_links = 0
+        #: new connections are frozen as they open (freeze(new_too=True)), until cut()
+        self._freeze_new = False
         threading.Thread(target=self._accept, name="stall-proxy-accept", daemon=True).start()
 
-    def freeze(self) -> int:
-        """Stall every connection open now; returns how many there were."""
+    def freeze(self, new_too: bool = False) -> int:
+        """Stall every connection open now (and, ``new_too``, every one opened until :meth:`cut`);
+        returns how many were open."""
         with self._lock:
+            self._freeze_new = new_too
             for link in self._links:
                 link.frozen.set()
             self.frozen_links = len(self._links)
@@ -62,8 +68,10 @@ class StallProxy:
 
     def cut(self) -> int:
         """End every frozen connection at once (both sockets closed): its client learns only now
-        that the connection is gone, whatever happened upstream meanwhile.  Returns how many."""
+        that the connection is gone, whatever happened upstream meanwhile; connections opened from
+        now on are relayed.  Returns how many."""
         with self._lock:
+            self._freeze_new = False
             frozen = [link for link in self._links if link.frozen.is_set()]
             for link in frozen:
                 for sock in (link.client, link.upstream):
@@ -93,6 +101,8 @@ class StallProxy:
                 continue
             link = _Link(client, upstream)
             with self._lock:
+                if self._freeze_new:
+                    link.frozen.set()
                 self._links.append(link)
                 self.accepted_since_freeze += 1
             for src, dst in ((client, upstream), (upstream, client)):
