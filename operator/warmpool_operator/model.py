@@ -107,6 +107,8 @@ class Sample:
     phase_durations: dict[str, float] = field(default_factory=dict)
     phase_timestamps: dict[str, float] = field(default_factory=dict)
     prefills: dict[str, float] = field(default_factory=dict)  # bucket -> count
+    #: bucket -> warm-up prompts the worker's last warm-up plan asked for
+    planned_prefills: dict[str, float] = field(default_factory=dict)
     heat: dict[int, float] = field(default_factory=dict)
     digest: str | None = None
     num_layers: int | None = None

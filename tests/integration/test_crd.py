@@ -220,11 +220,13 @@ def test_status_subresource_and_printer_columns(cluster: ClusterHandle, crd: str
     )  # fmt: skip
     assert refused.returncode != 0 and "status.conditions[0].reason" in refused.stderr
 
+    # By default: Ready, warm pods beside minWarm, and the Ready condition's reason (AWAKE is empty here).
     table = cluster.kubectl("get", "-n", namespace, "wm", "smollm2").stdout.splitlines()
-    assert table[0].split() == ["NAME", "DESIRED", "READY", "WARM", "AWAKE", "TIERS", "AGE"]
-    assert table[1].split()[:6] == ["smollm2", "2", "2", "1", "full=1", "truncated=1"]
+    assert table[0].split() == ["NAME", "READY", "WARM", "MIN-WARM", "DESIRED", "AWAKE", "TIERS", "STATUS", "AGE"]
+    assert table[1].split()[:9] == ["smollm2", "True", "1", "1", "2", "full=1", "truncated=1", "paused=0",
+                                    "MinWarmReached"]
     wide = cluster.kubectl("get", "-n", namespace, "wm", "smollm2", "-o", "wide").stdout
-    assert "MIN-WARM" in wide and "MinWarmReached" in wide and "builtin" in wide
+    assert "PODS-READY" in wide and "URL" in wide and "builtin" in wide
 
     # The HPA's view: the scale subresource reports status.replicas and the selector.
     scale = json.loads(

@@ -159,25 +159,30 @@ def root_schema() -> dict[str, Any]:
 
 
 def printer_columns() -> list[dict[str, Any]]:
-    """What `kubectl get wm` shows."""
+    """What `kubectl get wm` shows: by default whether the pool is Ready, its warm pods beside
+    minWarm, and the Ready condition's reason; ``-o wide`` adds the rest."""
     ready_condition = '.status.conditions[?(@.type=="Ready")]'
     return [
-        {"name": "Desired", "type": "integer", "jsonPath": ".spec.pool.replicas",
-         "description": "Desired worker pods"},
-        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas",
-         "description": "Worker pods whose readiness probe passes"},
+        {"name": "Ready", "type": "string", "jsonPath": f"{ready_condition}.status",
+         "description": "Whether the WarmModel is Ready: at least minWarm pods verified warm"},
         {"name": "Warm", "type": "integer", "jsonPath": ".status.warmReplicas",
          "description": "Worker pods verified warm"},
-        {"name": "Min-Warm", "type": "integer", "jsonPath": ".spec.pool.minWarm", "priority": 1,
+        {"name": "Min-Warm", "type": "integer", "jsonPath": ".spec.pool.minWarm",
          "description": "Pods that must be warm for the WarmModel to be Ready"},
+        {"name": "Desired", "type": "integer", "jsonPath": ".spec.pool.replicas",
+         "description": "Desired worker pods"},
         {"name": "Awake", "type": "integer", "jsonPath": ".status.awakeReplicas",
          "description": "Worker pods whose engine is awake (the rest sleep)"},
         {"name": "Tiers", "type": "string", "jsonPath": ".status.tierSummary",
          "description": "Worker pods in each warm-up tier"},
+        {"name": "Status", "type": "string", "jsonPath": f"{ready_condition}.reason",
+         "description": "Why the WarmModel is or is not Ready (the Ready condition's reason)"},
+        {"name": "Pods-Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "priority": 1,
+         "description": "Worker pods whose readiness probe passes"},
         {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.kind", "priority": 1,
          "description": "builtin or sidecar"},
-        {"name": "Status", "type": "string", "jsonPath": f"{ready_condition}.reason", "priority": 1,
-         "description": "Why the WarmModel is or is not Ready"},
+        {"name": "URL", "type": "string", "jsonPath": ".status.url", "priority": 1,
+         "description": "The pool's in-cluster URL"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]  # fmt: skip
 

@@ -1320,6 +1320,36 @@ class LearnedBucketsStatus(ApiObject):
     """How they were chosen, or why none were."""
 
 
+#: Most pods listed in status.pods: a large pool's status stays small; the rest are counted.
+MAX_LISTED_PODS = 16
+
+
+class PodProgress(ApiObject):
+    """One worker pod's cold start, as its own metrics (and, before it reports any, the kubelet) show it."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    """The pod's name."""
+    stage: Annotated[str, Field(min_length=1, max_length=64)]
+    """Where its cold start is: the worker's last phase reached (process_start, imports_done,
+    weights_mapped, first_layer_ready, weights_loaded, warmup_done, ready), "asleep", or before the
+    worker reports, the pod's own state (Pending, ContainerCreating, CrashLoopBackOff, Starting...)."""
+    warm: bool = False
+    """Verified warm: Ready, and its own metrics say so."""
+    layers_resident: Annotated[int, Field(ge=0)] | None = None
+    """Model layers resident in memory."""
+    layers_total: Annotated[int, Field(ge=0)] | None = None
+    """Model layers in all."""
+    prefills_done: Annotated[int, Field(ge=0)] | None = None
+    """Warm-up prefills done (at most prefillsPlanned)."""
+    prefills_planned: Annotated[int, Field(ge=0)] | None = None
+    """Warm-up prefills its warm-up plan asked for."""
+    seconds_left: Annotated[int, Field(ge=0)] | None = None
+    """Estimated seconds until warm: the pool's own median past cold start less this pod's time so
+    far (unset: warm, failing, or no past cold start to go by)."""
+    message: Annotated[str, Field(max_length=1024)] | None = None
+    """Why it is failing, when it is (its container's last termination message when there is one)."""
+
+
 class WarmModelStatus(ApiObject):
     """The observed state, written by the operator (cacheNodes: by the node agents).
     Decisions never read it back, except the revision digest the node agents report."""
@@ -1375,6 +1405,23 @@ class WarmModelStatus(ApiObject):
     """Demand prediction's figures (spec.pool.predictive)."""
     learned_buckets: LearnedBucketsStatus | None = None
     """Warm-up lengths learned from traffic (spec.warmup.learnBuckets)."""
+    url: Annotated[str, Field(max_length=512)] | None = None
+    """The pool's in-cluster address, http://<service>.<namespace>.svc:<port> (the cluster's DNS search
+    path completes the domain), as KServe and Knative give theirs."""
+    pods: (
+        Annotated[
+            list[PodProgress],
+            Field(
+                max_length=MAX_LISTED_PODS,
+                json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+            ),
+        ]
+        | None
+    ) = None
+    """Each worker pod's cold-start progress: pods not yet warm first (failing, then warming), then
+    warm ones, by name; at most 16 (podsNotListed counts the rest)."""
+    pods_not_listed: Annotated[int, Field(ge=0)] | None = None
+    """Worker pods left out of status.pods (a large pool)."""
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of this type, if present."""

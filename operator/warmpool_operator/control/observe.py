@@ -22,7 +22,7 @@ from warmpool_operator.io.watch_cache import Cache
 from warmpool_operator.io.worker_client import worker_url
 from warmpool_operator.model import Obj, Sample, Target
 from warmpool_operator.rules import gating
-from warmpool_operator.rules.observation import PodObservation, pod_failure, pod_ready
+from warmpool_operator.rules.observation import PodObservation, pod_failure, pod_ready, pod_state
 from warmpool_operator.rules.ownership import deployment_pods
 from warmpool_operator.settings import OperatorConfig
 
@@ -154,5 +154,6 @@ def observations(pool: PoolPods, decisions: Mapping[str, gating.Decision]) -> li
             sample=pool.samples.get(uid),
             decision=decisions.get(uid),
             failure=pod_failure(pod),
+            state=pod_state(pod),
         ))
     return out

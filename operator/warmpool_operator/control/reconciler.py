@@ -274,8 +274,8 @@ class Reconciler:
             metrics.show_failed_pass(*self.key, self._min_warm_parsed(generation))
             first = failure.generation != generation or failure.reason != error.degradation.reason
             failure.generation, failure.reason, failure.at = generation, error.degradation.reason, now
-            await write_status(self.shared.kube, self.body, self._status(None, generation, Outcome(),
-                                                                         error.degradation))
+            await write_status(self.shared.kube, self.body, _status(self, None, generation, Outcome(),
+                                                                    error.degradation))
             if first:
                 kopf.event(self.body, type="Warning", reason=error.degradation.reason,  # type: ignore[arg-type]
                            message=str(error))
@@ -316,7 +316,7 @@ class Reconciler:
                                   config.heat_write_interval, self.shared.wall())
         await learning.write_learned_buckets(self.shared.kube, self.cache, target, outcome.predicted.learned)
         with self.shared.tracing.span(SPAN_STATUS):
-            await write_status(self.shared.kube, self.body, self._status(spec, generation, outcome))
+            await write_status(self.shared.kube, self.body, _status(self, spec, generation, outcome), announce=True)
 
     async def _children_and_pods(self, target: Target) -> Outcome:
         """The children, then the pass's steps over the pods: observe, tiers, forecast, sleep/wake, scale."""
@@ -405,21 +405,8 @@ class Reconciler:
         if refused is not None:
             raise Permanent(st.REASON_HOST_PATH_NOT_ALLOWED, refused)
         namespace, name = self.key
-        return Target(name=name, namespace=namespace, spec=spec, cache=self._cache_revision(spec),
+        return Target(name=name, namespace=namespace, spec=spec, cache=_cache_revision(self, spec),
                       default_worker_image=config.worker_image)
-
-    def _cache_revision(self, spec: WarmModelSpec) -> CacheRevision | None:
-        """For an http/s3 source, the revision the node agents read; Temporary until one has."""
-        if spec.model.object_store() is None:
-            return None
-        digest = resolved_revision(spec, self.body.get("status"))
-        if digest is None:
-            raise Temporary(
-                "waiting for a node agent (warmpool node-agent) to read the revision's manifest from "
-                "spec.model's object store: no node has reported it in status.cacheNodes yet"
-            )
-        return CacheRevision(self.shared.config.block_cache_root, digest, self.key[0],
-                             partial=spec.model.start_on_partial_cache)
 
     def _min_warm_parsed(self, generation: int) -> int | None:
         """pool.minWarm of this generation's spec, when a failed pass got as far as parsing it."""
@@ -433,15 +420,34 @@ class Reconciler:
         metrics.MIN_WARM_PODS.labels(namespace, name).set(spec.pool.min_warm)
         metrics.show_forecast(namespace, name, outcome.predicted.forecast)
 
-    def _status(self, spec: WarmModelSpec | None, generation: int, outcome: Outcome,
-                degraded: st.Degradation | None = None) -> Obj:
-        now = datetime.fromtimestamp(self.shared.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return st.compute_status(
-            name=self.key[1], spec=spec, generation=generation, pods=outcome.observations,
-            deployment=outcome.deployment, cold_starts=self.memory.cold, previous=self.body.get("status"), now=now,
-            degraded=degraded, forecast=outcome.predicted.forecast, learned_buckets=outcome.predicted.learned,
-            extra_conditions=outcome.predicted.conditions, zero=outcome.zero,
+
+
+def _cache_revision(reconciler: Reconciler, spec: WarmModelSpec) -> CacheRevision | None:
+    """For an http/s3 source, the revision the node agents read; Temporary until one has."""
+    if spec.model.object_store() is None:
+        return None
+    digest = resolved_revision(spec, reconciler.body.get("status"))
+    if digest is None:
+        raise Temporary(
+            "waiting for a node agent (warmpool node-agent) to read the revision's manifest from "
+            "spec.model's object store: no node has reported it in status.cacheNodes yet"
         )
+    return CacheRevision(reconciler.shared.config.block_cache_root, digest, reconciler.key[0],
+                         partial=spec.model.start_on_partial_cache)
+
+
+def _status(reconciler: Reconciler, spec: WarmModelSpec | None, generation: int, outcome: Outcome,
+            degraded: st.Degradation | None = None) -> Obj:
+    """The status this pass observed (rules/status.py), by the operator's clock."""
+    (namespace, name), wall = reconciler.key, reconciler.shared.wall()
+    now = datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return st.compute_status(
+        name=name, spec=spec, generation=generation, pods=outcome.observations,
+        deployment=outcome.deployment, cold_starts=reconciler.memory.cold, previous=reconciler.body.get("status"),
+        now=now, degraded=degraded, forecast=outcome.predicted.forecast, learned_buckets=outcome.predicted.learned,
+        extra_conditions=outcome.predicted.conditions, zero=outcome.zero, wall=wall,
+        url=None if spec is None else st.pool_url(name, namespace, spec.pod.port),
+    )
 
 
 def _sleep_context(reconciler: Reconciler, target: Target) -> sleep_actions.Context:

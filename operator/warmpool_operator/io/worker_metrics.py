@@ -50,6 +50,7 @@ from warmpool.contract.metrics import (
     METRIC_SLEEP_LEVEL,
     METRIC_TIER,
     METRIC_WAKE_DURATION,
+    METRIC_WARMUP_PLANNED,
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
 )
@@ -134,6 +135,8 @@ def _read(reading: _Reading, name: str, labels: Mapping[str, str], value: float,
         or (name == METRIC_WARMUP_PREFILLS and family_type == "counter")
     ) and _non_negative(value):
         reading.sample.prefills[labels.get(LABEL_BUCKET, "")] = value
+    elif name == METRIC_WARMUP_PLANNED and _non_negative(value):
+        reading.sample.planned_prefills[labels.get(LABEL_BUCKET, "")] = value
     elif name == METRIC_LAYER_HEAT and _non_negative(value):
         layer = _layer_index(labels.get(LABEL_LAYER, ""))
         if layer is not None:

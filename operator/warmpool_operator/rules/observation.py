@@ -19,6 +19,9 @@ FAILING_WAITING_REASONS = frozenset({
     "CreateContainerConfigError", "RunContainerError", "CommandNotRunnable",
 })
 
+#: Most characters of a container's termination message carried into a pod's failure.
+TERMINATION_TEXT_CHARS = 512
+
 #: Cold starts remembered per WarmModel for p50/p95.
 COLD_START_WINDOW = 100
 
@@ -33,6 +36,9 @@ class PodObservation:
     decision: Decision | None
     #: Why the pod is failing (crash-looping, image not pulled...), None when it is not.
     failure: str | None = None
+    #: The pod's own state as the kubelet reports it (a container's waiting reason, else the pod's
+    #: phase): what its cold start shows before the worker reports anything.
+    state: str = ""
 
     @property
     def warm(self) -> bool:
@@ -111,10 +117,35 @@ def pod_failure(pod: Mapping[str, Any]) -> str | None:
         if waiting.get("reason") in FAILING_WAITING_REASONS or (restarts > 0 and exit_code not in (None, 0)):
             reason = waiting.get("reason") or last.get("reason") or "Restarting"
             detail = f"exit code {exit_code}, " if exit_code is not None else ""
-            message = str(waiting.get("message") or last.get("message") or "").strip().splitlines()
-            tail = f": {message[-1][:200]}" if message else ""
+            # The container's own last words (its termination message) say more than the kubelet's
+            # "back-off restarting failed container": they come first.
+            message = _termination_text(str(last.get("message") or "")) or _termination_text(
+                str(waiting.get("message") or ""))
+            tail = f": {message}" if message else ""
             return f"container {container.get('name')} {reason} ({detail}{restarts} restarts){tail}"
     return None
+
+
+def _termination_text(message: str) -> str:
+    """A termination message in one bounded line: the worker's own (one line) from its head, which
+    names what failed; a log tail (the kubelet's fallback, many lines) from its last lines."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return "".join(lines)[:TERMINATION_TEXT_CHARS]
+    return " | ".join(lines[-3:])[-TERMINATION_TEXT_CHARS:]
+
+
+def pod_state(pod: Mapping[str, Any]) -> str:
+    """The pod's state in one word, as the kubelet reports it: a container's waiting reason
+    (ContainerCreating, CrashLoopBackOff...), else its phase; a Running pod whose worker has
+    said nothing yet is Starting."""
+    status = pod.get("status") or {}
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (container.get("state") or {}).get("waiting")
+        if isinstance(waiting, Mapping):
+            return str(waiting.get("reason") or "Waiting")[:64]
+    phase = str(status.get("phase") or "Pending")[:64]
+    return "Starting" if phase == "Running" else phase
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:

@@ -29,8 +29,9 @@ from warmpool_operator.api.types import (
     WarmModelStatus,
     dump_status,
 )
-from warmpool_operator.rules.builders import selector_string
+from warmpool_operator.rules.builders import selector_string, service_name
 from warmpool_operator.rules.observation import ColdStarts, PodObservation, wake_figures
+from warmpool_operator.rules.progress import pool_progress
 from warmpool_operator.rules.zero import REASON_SCALED_TO_ZERO, REASON_STARTING_ON_DEMAND, ZeroState
 
 # Reasons (CamelCase, one word each).
@@ -55,6 +56,15 @@ REASON_METRICS_UNAVAILABLE = "MetricsUnavailable"
 REASON_NO_PODS = "NoPods"
 REASON_ROLLOUT_STALLED = "RolloutStalled"
 REASON_PODS_FAILING = "PodsFailing"
+
+#: Failing pods named in the Ready condition's message (the rest are counted).
+FAILURES_SHOWN = 3
+
+# Events on the WarmModel, once per transition of its Ready condition (reasons, CamelCase).
+#: Ready turned True: minWarm pods verified warm (or minWarm 0, or at zero on demand).
+EVENT_POOL_READY = "PoolReady"
+#: Ready turned False while the spec is fine: fewer warm pods than minWarm.
+EVENT_BELOW_MIN_WARM = "BelowMinWarm"
 
 
 def _condition(
@@ -126,7 +136,18 @@ def _ready_condition(cond: _Stamp, min_warm: int, pods: Sequence[PodObservation]
     if unreadable:
         return cond(CONDITION_READY, "False", REASON_METRICS_UNAVAILABLE,
                     f"{counts}; metrics unavailable from: {', '.join(unreadable)}")
-    return cond(CONDITION_READY, "False", REASON_BELOW_MIN_WARM, counts)
+    return cond(CONDITION_READY, "False", REASON_BELOW_MIN_WARM, counts + _failing_pods(pods))
+
+
+def _failing_pods(pods: Sequence[PodObservation]) -> str:
+    """Why pods are not coming up, when some are failing (the first few, each with its container's
+    last words): what keeps the pool below minWarm, at a glance in `kubectl describe wm`."""
+    failing = sorted((p for p in pods if p.failure and not p.ready), key=lambda p: p.name)
+    if not failing:
+        return ""
+    shown = "; ".join(f"{p.name}: {p.failure}" for p in failing[:FAILURES_SHOWN])
+    more = f"; and {len(failing) - FAILURES_SHOWN} more" if len(failing) > FAILURES_SHOWN else ""
+    return f"; failing: {shown}{more}"
 
 
 def _progressing_condition(cond: _Stamp, pods: Sequence[PodObservation],
@@ -198,9 +219,12 @@ def compute_status(
     learned_buckets: LearnedBucketsStatus | None = None,
     extra_conditions: Sequence[tuple[str, str, str, str]] = (),
     zero: ZeroState | None = None,
+    wall: float | None = None,
+    url: str | None = None,
 ) -> dict[str, Any]:
     """The status subresource's body.  ``extra_conditions``: (type, status, reason, message) of
-    conditions beyond the four, written only when their feature is on."""
+    conditions beyond the four, written only when their feature is on; ``wall``: the clock (unix
+    seconds) the pods' time left is estimated by (None: no estimate); ``url``: status.url."""
     cond = _Stamp(generation, previous_conditions(previous), now)
     live = [p for p in pods if not p.terminating]
     if degraded is not None or spec is None:
@@ -215,6 +239,7 @@ def compute_status(
             *(cond(*extra) for extra in extra_conditions),
         ]
     counts = _tier_counts(live)
+    progress = pool_progress(live, cold_starts.figures().p50_seconds, wall)
     status = WarmModelStatus(
         observed_generation=generation,
         conditions=conditions,
@@ -231,5 +256,41 @@ def compute_status(
         selector=selector_string(name),
         forecast=forecast,
         learned_buckets=learned_buckets,
+        url=url,
+        pods=progress.pods or None,
+        pods_not_listed=progress.not_listed or None,
     )
     return dump_status(status)
+
+
+def pool_url(name: str, namespace: str, port: int) -> str:
+    """status.url: the pool Service's in-cluster URL.  The domain is left to the cluster's DNS
+    search path (every pod's resolv.conf completes "<service>.<namespace>.svc"), so it is right
+    whatever the cluster's domain is."""
+    return f"http://{service_name(name)}.{namespace}.svc:{port}"
+
+
+@dataclass(frozen=True)
+class PoolEvent:
+    """An Event to post on the WarmModel."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+def ready_transitions(previous: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[PoolEvent]:
+    """The Events a status change calls for: Ready turning True, and Ready turning False below
+    minWarm (a Degraded spec has its own Event).  Read from the status before and after the
+    write, so each transition is announced once, also across an operator restart."""
+    before = previous_conditions(previous).get(CONDITION_READY) or {}
+    after = previous_conditions(current).get(CONDITION_READY) or {}
+    if before.get("status") == after.get("status"):
+        return []
+    message = str(after.get("message") or "")
+    if after.get("status") == "True":
+        return [PoolEvent("Normal", EVENT_POOL_READY, f"{after.get('reason')}: {message}")]
+    degraded = previous_conditions(current).get(CONDITION_DEGRADED) or {}
+    if before.get("status") == "True" and after.get("status") == "False" and degraded.get("status") != "True":
+        return [PoolEvent("Warning", EVENT_BELOW_MIN_WARM, f"{after.get('reason')}: {message}")]
+    return []
