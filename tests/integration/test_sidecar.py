@@ -441,7 +441,9 @@ def test_prefetch_with_a_missing_shard_is_reported_and_ready_anyway(
 
 # -- the built-in worker standing in for the engine -----------------------------------------
 def test_against_the_builtin_worker_as_engine(sidecars: list[SidecarProcess], tmp_path: Path) -> None:
-    from warmpool_worker.prefetch import evict, file_ranges, resident_bytes
+    from warmpool_worker.prefetch import evict, resident_bytes
+
+    from tests.support.prefetch_ranges import file_ranges
 
     model = _tiny_model(tmp_path)
     shards = sorted(model.glob("*.safetensors"))
@@ -505,7 +507,9 @@ def _smollm2_gguf() -> Path | None:
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python[server] not installed "
                     "(make engine-test)")
 def test_against_llama_cpp_server(sidecars: list[SidecarProcess], tmp_path: Path) -> None:
-    from warmpool_worker.prefetch import evict, file_ranges, resident_bytes
+    from warmpool_worker.prefetch import evict, resident_bytes
+
+    from tests.support.prefetch_ranges import file_ranges
 
     gguf = _smollm2_gguf()
     if gguf is None:

@@ -31,13 +31,11 @@ ALLOWED = {
     "field_title_should_be_set": "pydantic's GenerateJsonSchema calls it",
     "ignore_aliases": "yaml's Dumper calls it",
     "_check_rules": "a pydantic model validator",
-    # Called only from tests today, and kept: each is a small reader or writer of a format the
-    # product owns, which the tests use to build or read that format the product's way.
-    "round_up": "lengths.py's edges from the reader's side (a prompt length -> its bucket)",
-    "generated_histogram": "the forecast history's generated-token histogram, beside prompt_histogram",
-    "seed_sampling": "the engine's only way to make sampled (temperature > 0) output repeatable",
-    "file_ranges": "prefetch's whole-file ranges, what resident_bytes measures",
-    "write_manifest": "the object-store manifest's writer, as a publisher lays it beside the blocks",
+    # Called only from tests today, and kept on purpose (each says why):
+    "round_up": "lengths.py's edges from the reader's side (a prompt length -> its bucket); the predictive "
+                "operator test reads a served request's bucket with it",
+    "generated_histogram": "the forecast history's generated-token histogram, stored beside prompt_histogram",
+    "write_manifest": "the only writer of the manifest an http source serves (no CLI wraps it yet)",
 }
 
 

@@ -16,7 +16,6 @@ from warmpool_worker.prefetch import (
     Prefetcher,
     PrefetchStopped,
     evict,
-    file_ranges,
     layer_of,
     map_weights,
     page_residency,
@@ -24,6 +23,7 @@ from warmpool_worker.prefetch import (
     resident_bytes,
 )
 
+from tests.support.prefetch_ranges import file_ranges
 from warmpool.contract.api import Tier
 
 pytestmark = pytest.mark.unit

@@ -320,16 +320,6 @@ def resident_bytes(ranges: Iterable[ByteRange]) -> tuple[int, int] | None:
     return resident, total
 
 
-def file_ranges(paths: Iterable[Path]) -> list[ByteRange]:
-    out = []
-    for path in paths:
-        try:
-            out.append(ByteRange(path, 0, path.stat().st_size))
-        except OSError:
-            continue
-    return out
-
-
 def evict(paths: Iterable[Path]) -> None:
     """Drop these files' clean pages from the page cache (POSIX_FADV_DONTNEED): for tests and benches."""
     for path in paths:

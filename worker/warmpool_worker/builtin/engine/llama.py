@@ -204,10 +204,6 @@ class LlamaEngine:
         pool = self.kv_pool
         return KVBlockStats(pool.total, pool.used, pool.reserved, pool.free, KV_BLOCK_TOKENS)
 
-    def seed_sampling(self, seed: int) -> None:
-        """Make sampling (temperature > 0) repeatable from here on."""
-        self._sample_generator.manual_seed(seed)
-
     def sample_tokens(self, logits: torch.Tensor, temperature: float) -> list[int]:
         return sample(logits, temperature, self._sample_generator)
 
