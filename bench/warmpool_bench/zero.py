@@ -27,7 +27,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from warmpool.contract.zero import DEFAULT_ACTIVATOR_PORT
 from warmpool_bench import zero_activator as activator
 from warmpool_bench.bench_cluster import BenchCluster
 from warmpool_bench.stats import percentile
+from warmpool_bench.zero_report import MAX_HELD_PER_REPLICA, burst_outcome
 
 POOL = "zero"
 PROMPT = "The capital of France is"
@@ -52,11 +52,6 @@ WARM_IDLE_S = 3600
 ZERO_IDLE_S = 5
 #: Seconds a pod watch (kubectl) is given to start and list before the request it times is sent.
 WATCH_START_S = 1.5
-
-
-#: The pool's spec.pool.scaleToZero.maxHeldRequests: what each activator replica holds at once
-#: (the burst stays below it, so every request must be answered, none refused).
-MAX_HELD_PER_REPLICA = 100
 
 
 @dataclass
@@ -258,18 +253,6 @@ def _burst(run: Run, url: str) -> dict[str, Any]:
     return {**burst_outcome([int(a["status"]) for a in answers], MAX_HELD_PER_REPLICA),
             "slowest_s": max((a.get("total_s", 0.0) for a in answers), default=0.0)}
 
-
-def burst_outcome(statuses: Sequence[int], max_held_per_replica: int) -> dict[str, Any]:
-    """A burst's answers by kind: answered (200), refused because a replica's hold was full (429),
-    refused because the hold timed out or the activator was busy (503), and lost (anything else: a
-    connection cut, another status).  A refusal is not an answer: below each replica's
-    maxHeldRequests the burst meets its target only when every request was answered."""
-    counts = {code: sum(1 for s in statuses if s == code) for code in sorted(set(statuses))}
-    answered, full, unavailable = counts.get(200, 0), counts.get(429, 0), counts.get(503, 0)
-    return {"requests": len(statuses), "statuses": {str(code): n for code, n in counts.items()},
-            "answered": answered, "refused_429": full, "refused_503": unavailable,
-            "lost": len(statuses) - answered - full - unavailable, "max_held_per_replica": max_held_per_replica,
-            "met": len(statuses) <= max_held_per_replica and answered == len(statuses)}
 
 
 def _activator_requests(run: Run) -> float:

@@ -33,6 +33,24 @@ def _rounds(title: str, floor: str, rows: Sequence[Mapping[str, Any]], target: f
     return lines
 
 
+#: The pool's spec.pool.scaleToZero.maxHeldRequests in `bench zero`: what each activator replica
+#: holds at once (the burst stays below it, so every request must be answered, none refused).
+MAX_HELD_PER_REPLICA = 100
+
+
+def burst_outcome(statuses: Sequence[int], max_held_per_replica: int) -> dict[str, Any]:
+    """A burst's answers by kind: answered (200), refused because a replica's hold was full (429),
+    refused because the hold timed out or the activator was busy (503), and lost (anything else: a
+    connection cut, another status).  A refusal is not an answer: below each replica's
+    maxHeldRequests the burst meets its target only when every request was answered."""
+    counts = {code: sum(1 for s in statuses if s == code) for code in sorted(set(statuses))}
+    answered, full, unavailable = counts.get(200, 0), counts.get(429, 0), counts.get(503, 0)
+    return {"requests": len(statuses), "statuses": {str(code): n for code, n in counts.items()},
+            "answered": answered, "refused_429": full, "refused_503": unavailable,
+            "lost": len(statuses) - answered - full - unavailable, "max_held_per_replica": max_held_per_replica,
+            "met": len(statuses) <= max_held_per_replica and answered == len(statuses)}
+
+
 def render_zero(result: Mapping[str, Any]) -> str:
     lines = [f"# warmpool bench zero ({result['model']}, {result['rounds']} rounds)", ""]
     if result.get("error"):
@@ -43,6 +61,9 @@ def render_zero(result: Mapping[str, Any]) -> str:
                      SLEEP_OVERHEAD_TARGET_S)
     burst = result.get("burst")
     if burst:
+        # Results written before refusals were counted apart hold only the statuses: count them now.
+        codes = [int(code) for code, count in burst["statuses"].items() for _ in range(int(count))]
+        burst = {**burst, **burst_outcome(codes, int(burst.get("max_held_per_replica", MAX_HELD_PER_REPLICA)))}
         lines += ["## Burst at zero", "",
                   f"{burst['requests']} requests at once (maxHeldRequests {burst['max_held_per_replica']} per "
                   f"activator replica): answered {burst['answered']}, refused 429 {burst['refused_429']}, "

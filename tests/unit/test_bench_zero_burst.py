@@ -5,8 +5,7 @@ answered (the bench used to count a refusal as not lost, and so as met)."""
 from __future__ import annotations
 
 import pytest
-from warmpool_bench.zero import burst_outcome
-from warmpool_bench.zero_report import render_zero
+from warmpool_bench.zero_report import burst_outcome, render_zero
 
 pytestmark = pytest.mark.unit
 
@@ -26,3 +25,10 @@ def test_a_burst_all_answered_below_the_bound_is_met() -> None:
     outcome = burst_outcome([200] * 50, max_held_per_replica=100)
     assert outcome["met"] is True and outcome["answered"] == 50 and outcome["lost"] == 0
     assert "**met**" in render_zero({"model": "tiny", "rounds": 0, "burst": {**outcome, "slowest_s": 3.0}})
+
+
+def test_a_results_file_from_before_is_judged_by_its_statuses() -> None:
+    """A burst recorded with statuses only (lost counted 429 and 503 as not lost, and so met)."""
+    old = {"requests": 50, "statuses": {"200": 47, "429": 2, "503": 1}, "lost": 0, "slowest_s": 9.0}
+    line = render_zero({"model": "smollm2", "rounds": 0, "burst": old})
+    assert "answered 47, refused 429 2, refused 503 1, lost 0" in line and "**missed**" in line
