@@ -13,6 +13,7 @@ must parse, run, and return data, or be listed there with the reason it cannot.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import time
@@ -27,9 +28,10 @@ import pytest
 import yaml
 from warmpool_devcluster import build, prometheus, prometheus_config
 from warmpool_devcluster.chart_values import local_values
-from warmpool_devcluster.node_network import on_a_node_bridge
+from warmpool_devcluster.node_network import SERVICE_CIDR, on_a_node_bridge
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.rules.forecast import report as forecast_report
+from warmpool_operator.rules.zero import activator_slice_name
 
 from tests.support import promql
 from tests.support.e2e import http, model_root, tiny_model, warmmodel
@@ -47,8 +49,10 @@ from warmpool.contract.metrics import (
     METRIC_READY,
     METRIC_REQUESTS_TOTAL,
     METRIC_TTFT,
+    NODE_AGENT_STAGE_MANIFEST,
 )
 from warmpool.contract.pods import LABEL_MODEL, WORKER_CONTAINER
+from warmpool.contract.zero import ERROR_HOLD_TIMEOUT, LABEL_SERVICE_NAME
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +74,30 @@ PREDICT_STEP_S = 4
 CAPACITY_MAX_REQUESTS = 400
 CAPACITY_TIMEOUT_S = 150.0
 CAPACITY_CHECK_EVERY = 10
+#: The alerts' durations and windows shortened through the chart's values (defaults unchanged), so each
+#: one this module drives fires within seconds of the state it names.
+FAST_ALERTS = (
+    "metrics.prometheusRule.belowMinWarmFor=4s",
+    "metrics.prometheusRule.operatorDownFor=4s",
+    "metrics.prometheusRule.degradedFor=4s",
+    "metrics.prometheusRule.reconcileErrorsWindow=1m",
+    "metrics.prometheusRule.reconcileErrorsThreshold=3",
+    "metrics.prometheusRule.reconcileErrorsFor=4s",
+    "metrics.prometheusRule.activatorRefusedWindow=1m",
+    "metrics.prometheusRule.activatorRefusedFor=2s",
+    "metrics.prometheusRule.nodeAgentFillFailuresWindow=1m",
+    "metrics.prometheusRule.nodeAgentFillFailuresThreshold=0",
+    "metrics.prometheusRule.nodeAgentFillFailuresFor=4s",
+)
+#: The node agent's cache root (the chart's default); the operator may mount it (an http-sourced pool's pods would).
+NODE_CACHE_ROOT = "/var/lib/warmpool/cache"
+#: Every alert the chart ships (this module's install runs the activator and the node agent).
+ALERTS = ("WarmpoolPoolBelowMinWarm", "WarmpoolTierPaused", "WarmpoolColdStartSlow", "WarmpoolWorkerScrapeDown",
+          "WarmpoolOperatorScrapeFailures", "WarmpoolOperatorDown", "WarmpoolModelDegraded", "WarmpoolReconcileErrors",
+          "WarmpoolActivatorRefusing", "WarmpoolNodeAgentFillFailures")
+#: Bound on the wait for an alert driven into its state to fire (its `for:` above, a few scrapes and
+#: evaluations, and the operator's or the agent's pass).
+FIRE_TIMEOUT_S = 90.0
 #: The operator's per-WarmModel forecast series (status.forecast's figures) for this module's WarmModel.
 FORECAST_SERIES = (
     f'{METRIC_OPERATOR_FORECAST_RATE_NOW}{{warmmodel="tiny"}}',
@@ -181,7 +209,8 @@ _NAMESPACE = f"t-promql-{uuid.uuid4().hex[:6]}"
 @pytest.fixture(scope="module")
 def rendered() -> list[dict[str, Any]]:
     """The chart's Service, monitors and rules, rendered for this module's release."""
-    return prometheus_config.render_monitoring(RELEASE, _NAMESPACE, [f"watch.namespaces[0]={_NAMESPACE}"])
+    return prometheus_config.render_monitoring(RELEASE, _NAMESPACE, [f"watch.namespaces[0]={_NAMESPACE}",
+                                                                     "nodeAgent.enabled=true", *FAST_ALERTS])
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +225,9 @@ def live_pool(cluster: ClusterHandle, crd: str, tmp_path_factory: pytest.TempPat
         "crds": {"install": False},
         "watch": {"namespaces": [_NAMESPACE]},
         "operator": {**values["operator"], "replicas": 1, "scrapeInterval": 2,
-                     "allowedHostPaths": [str(model_root())]},
+                     "allowedHostPaths": [str(model_root()), NODE_CACHE_ROOT]},
+        # The node agent, for its failed-fill alert: a pass every 2 s, so a failing read repeats.
+        "nodeAgent": {**values.get("nodeAgent", {}), "enabled": True, "interval": 2, "cacheRoot": NODE_CACHE_ROOT},
         "probes": {"readiness": {"initialDelaySeconds": 1, "periodSeconds": 2, "timeoutSeconds": 5,
                                  "failureThreshold": 3}},
     }
@@ -253,9 +284,7 @@ def test_promtool_checks_the_charts_rules_and_the_scrape_config(rendered: list[d
     assert checked.returncode == 0, checked.stdout + checked.stderr
     alerts = [e for e in promql.rule_expressions(o for o in rendered if o["kind"] == "PrometheusRule")]
     assert f"SUCCESS: {len(alerts)} rules found" in checked.stdout, checked.stdout
-    assert {e.where for e in alerts} == {f"alert: {name}" for name in (
-        "WarmpoolPoolBelowMinWarm", "WarmpoolTierPaused", "WarmpoolColdStartSlow", "WarmpoolWorkerScrapeDown",
-        "WarmpoolOperatorScrapeFailures", "WarmpoolOperatorDown")}
+    assert {e.where for e in alerts} == {f"alert: {name}" for name in ALERTS}
     # Every alert links a runbook page that exists.
     for obj in rendered:
         for group in obj["spec"]["groups"] if obj["kind"] == "PrometheusRule" else []:
@@ -336,9 +365,9 @@ def _data_within(url: str, expr: str, timeout: float) -> bool:
 def test_every_shipped_promql_expression_runs_and_returns_data(live_pool: str,
                                                               rendered: list[dict[str, Any]]) -> None:
     expressions = _all_expressions(rendered)
-    # Each source contributes: a dashboard, six alerts and the runbooks' blocks.
+    # Each source contributes: a dashboard, the alerts and the runbooks' blocks.
     assert sum(e.where.startswith("dashboard") for e in expressions) >= 20
-    assert sum(e.is_alert for e in expressions) == 6
+    assert sum(e.is_alert for e in expressions) == len(ALERTS)
     assert sum(e.where.startswith("runbook") for e in expressions) >= 10
     assert not set(promql.NEEDS) - {e.where for e in expressions}, "NEEDS names an expression that is gone"
     problems = []
@@ -373,7 +402,7 @@ def test_every_shipped_promql_expression_runs_and_returns_data(live_pool: str,
 def test_the_charts_rules_evaluate_without_error(live_pool: str) -> None:
     groups = _api(live_pool, "/api/v1/rules")["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 6
+    assert len(rules) == len(ALERTS)
     _wait_for("every rule to have been evaluated",
               lambda: all(r.get("lastEvaluation", "").startswith("2") and r["health"] != "unknown"
                           for g in _api(live_pool, "/api/v1/rules")["data"]["groups"] for r in g["rules"]),
@@ -390,3 +419,78 @@ def test_the_charts_rules_evaluate_without_error(live_pool: str) -> None:
     # that timed out on a loaded 2-core machine made WarmpoolOperatorDown pending for a round.)
     assert not [r["name"] for g in groups for r in g["rules"] if r.get("state") == "firing"]
     _wait_for("no alert pending or firing on a healthy pool", lambda: not active() or None, DATA_TIMEOUT_S, 2.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Each alert driven into the state it names, on the module's live pool, until the real Prometheus fires it.
+# These run last: they leave the release broken on purpose (a pool at zero, the operator scaled to 0).
+
+
+def _firing(url: str, alert: str, **labels: str) -> list[dict[str, Any]]:
+    matchers = "".join(f', {key}="{value}"' for key, value in labels.items())
+    return _series(url, f'ALERTS{{alertname="{alert}", alertstate="firing"{matchers}}}')
+
+
+def _fires(url: str, alert: str, **labels: str) -> dict[str, str]:
+    """Wait (bounded) for ``alert`` with ``labels`` to fire; its labels."""
+    (found, *_) = _wait_for(f"{alert} {labels} firing in Prometheus", lambda: _firing(url, alert, **labels),
+                            FIRE_TIMEOUT_S, 2.0)
+    got: dict[str, str] = found["metric"]
+    return got
+
+
+def test_a_forbidden_host_path_and_an_unreadable_source_fire_their_alerts(live_pool: str,
+                                                                          cluster: ClusterHandle) -> None:
+    """A WarmModel refused before it has a child (a hostPath outside operator.allowedHostPaths) still has
+    its gauges: it is Degraded and below minWarm.  One whose http source the node agent may not read
+    (loopback: refused before any packet leaves the pod) fails its fills on the node, and the operator
+    waits for its manifest, a failed pass every retry."""
+    forbidden = warmmodel("forbidden", tiny_model(layers=2, name="tiny-llama-2l"))
+    forbidden["spec"]["model"] = {"hostPath": {"path": "/srv/not-allowed/model"}, "revision": "r1"}
+    unreadable = warmmodel("unreadable", tiny_model(layers=2, name="tiny-llama-2l"))
+    unreadable["spec"]["model"] = {"http": {"url": "http://127.0.0.1:9/model"}, "revision": "r1"}
+    for obj in (forbidden, unreadable):
+        cluster.kubectl("apply", "-n", _NAMESPACE, "-f", "-", input=yaml.safe_dump(obj))
+    degraded = _fires(live_pool, "WarmpoolModelDegraded", warmmodel="forbidden")
+    assert degraded["reason"] == "HostPathNotAllowed" and degraded["namespace"] == _NAMESPACE, degraded
+    _fires(live_pool, "WarmpoolPoolBelowMinWarm", warmmodel="forbidden")
+    _fires(live_pool, "WarmpoolPoolBelowMinWarm", warmmodel="unreadable")
+    assert _fires(live_pool, "WarmpoolReconcileErrors", reason="temporary")
+    failed = _fires(live_pool, "WarmpoolNodeAgentFillFailures", warmmodel="unreadable")
+    nodes = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+    assert failed["stage"] == NODE_AGENT_STAGE_MANIFEST and failed["node"] in nodes, (failed, nodes)
+    assert not _firing(live_pool, "WarmpoolModelDegraded", warmmodel="tiny")
+
+
+def test_a_request_held_past_its_timeout_at_zero_fires_the_activator_alert(live_pool: str,
+                                                                           cluster: ClusterHandle) -> None:
+    """The pool scales to zero; a request through its Service is held by the activator for one second,
+    no pod is warm by then: 503, and WarmpoolActivatorRefusing fires for the pool."""
+    patch = {"spec": {"pool": {"scaleToZero": {"afterIdleSeconds": 2, "holdTimeoutSeconds": 1}}}}
+    cluster.kubectl("patch", PLURAL, "tiny", "-n", _NAMESPACE, "--type=merge", "-p", json.dumps(patch))
+
+    def at_zero() -> bool:
+        """No pod of the pool, and its Service's only addresses the activator's (as the e2e test waits)."""
+        replicas = cluster.kubectl("get", "deployment", "tiny", "-n", _NAMESPACE, "-o", "jsonpath={.spec.replicas}")
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", _NAMESPACE, "-l", f"{LABEL_MODEL}=tiny",
+                                          "-o", "json").stdout)["items"]
+        slices = json.loads(cluster.kubectl("get", "endpointslices", "-n", _NAMESPACE, "-l",
+                                            f"{LABEL_SERVICE_NAME}=tiny", "-o", "json").stdout)["items"]
+        ips = {s["metadata"]["name"]: [a for e in s.get("endpoints") or [] for a in e["addresses"]] for s in slices}
+        activators = ips.pop(activator_slice_name("tiny"), [])
+        return replicas.stdout == "0" and not pods and bool(activators) and not any(ips.values())
+
+    _wait_for("the pool at zero, its Service routed to the activator", at_zero, FIRE_TIMEOUT_S, 1.0)
+    service = json.loads(cluster.kubectl("get", "service", "tiny", "-n", _NAMESPACE, "-o", "json").stdout)
+    address = f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+    assert ipaddress.ip_address(service["spec"]["clusterIP"]) in ipaddress.ip_network(SERVICE_CIDR), address
+    code, text = http(f"http://{address}/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2},
+                      timeout=30)
+    assert code == 503 and json.loads(text)["error"]["type"] == ERROR_HOLD_TIMEOUT, (code, text)
+    refused = _fires(live_pool, "WarmpoolActivatorRefusing", warmmodel="tiny")
+    assert refused["outcome"] == "timed_out" and refused["namespace"] == _NAMESPACE, refused
+
+
+def test_the_operator_scaled_to_zero_fires_operator_down(live_pool: str, cluster: ClusterHandle) -> None:
+    cluster.kubectl("scale", "-n", _NAMESPACE, f"deployment/{RELEASE}-warmpool", "--replicas=0")
+    _fires(live_pool, "WarmpoolOperatorDown")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from warmpool.contract.metrics import (
+    METRIC_ACTIVATOR_HELD,
     METRIC_ACTIVATOR_REQUESTS,
     METRIC_NODE_AGENT_FILL_FAILURES,
     METRIC_OPERATOR_RECONCILE_ERRORS,
@@ -38,11 +39,12 @@ NEEDS: dict[str, str] = {}
 #: Panels not on the dashboard yet, for want of a metric (kept here so the list has one home).
 PANELS_WAITING: dict[str, str] = {}
 
-#: Counters with a free-form label that expose no series until their first event.
+#: Metrics that expose no series until their first event (labelled counters, and the activator's per-pool gauge).
 QUIET_METRICS: dict[str, str] = {
     METRIC_OPERATOR_SCRAPE_FAILURES: "no series until the operator's first failed scrape",
     METRIC_OPERATOR_RECONCILE_ERRORS: "no series until the first failed reconcile",
     METRIC_ACTIVATOR_REQUESTS: "no series until the activator learns of a pool with spec.pool.scaleToZero",
+    METRIC_ACTIVATOR_HELD: "no series until the activator learns of a pool with spec.pool.scaleToZero",
     METRIC_NODE_AGENT_FILL_FAILURES: "no series until a node agent serves a WarmModel with an http or s3 source",
 }
 
