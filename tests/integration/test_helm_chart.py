@@ -991,6 +991,19 @@ def test_pod_annotations_labels_and_priority_of_every_component(schema_dir: Path
     assert _pod(objs, "DaemonSet", "wp-warmpool-node-agent")["spec"]["affinity"] == affinity
 
 
+def test_the_node_agents_service_account_takes_a_cloud_identity(schema_dir: Path, tmp_path: Path) -> None:
+    """IRSA and the like: the agent's ServiceAccount carries the annotations boto3's default chain needs."""
+    def account(objs: list[Obj]) -> Obj:
+        (found,) = [o for o in by_kind(objs, "ServiceAccount") if o["metadata"]["name"] == "wp-warmpool-node-agent"]
+        return found
+
+    assert "annotations" not in account(objects(render(tmp_path, {"nodeAgent": {"enabled": True}})))["metadata"]
+    role = {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/warmpool-models"}
+    manifest = render(tmp_path, {"nodeAgent": {"enabled": True, "serviceAccountAnnotations": role}})
+    assert_valid(schema_dir, manifest)
+    assert account(objects(manifest))["metadata"]["annotations"] == role
+
+
 #: What each component's pod and container ran as before the values existed: the defaults stay.
 RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
                   "seccompProfile": {"type": "RuntimeDefault"}}
