@@ -8,8 +8,10 @@ operator and the pods, not the model.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,8 @@ from tests.support.e2e import (
     tiny_model,
     warmmodel,
 )
-from warmpool.contract.api import CONDITION_READY, CONDITION_WARMUP_GATED, PLURAL
-from warmpool.contract.http import PATH_METRICS
+from warmpool.contract.api import CONDITION_READY, CONDITION_WARMUP_GATED, KIND, PLURAL
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_METRICS
 from warmpool.contract.metrics import METRIC_MEMORY_USED_RATIO, METRIC_PHASE_TIMESTAMP, METRIC_TIER
 from warmpool.contract.pods import ANNOTATION_TIER
 
@@ -39,10 +41,13 @@ WARM_COST = 1000  # the operator's deletion cost of a verified-warm pod is at le
 
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
-def test_scale_up_down_coldest_first_and_worker_restart(world: World) -> None:
+def test_scale_up_down_coldest_first_and_worker_restart(world: World, pod_dir: Callable[[str], Path]) -> None:
     model = tiny_model()
     world.apply(warmmodel("pool", model, replicas=1, min_warm=1, max_replicas=4))
+    # Beside it, a pool whose weights its workers may not read: its status must say why.
+    world.apply(warmmodel("denied", unreadable_copy(model, pod_dir("denied")), replicas=1, min_warm=1))
     world.wait_ready("pool", warm=1, timeout=120)
+    status_explains(world)
 
     # -- scale up through the scale subresource (as `kubectl scale`, an HPA or KEDA would);
     # the pool never stops being Ready while the new pods warm.
@@ -132,6 +137,46 @@ def test_scale_up_down_coldest_first_and_worker_restart(world: World) -> None:
     assert seen_pool_ready == {"True"}, "minWarm 1 held by the other pod: the pool stays Ready"
     world.wait_ready("pool", warm=2, timeout=60)
     print(f"worker of {victim_name} killed: restarts {before_restarts} -> {restarts(pod)}, warm again")
+
+
+def unreadable_copy(model: Path, directory: Path) -> Path:
+    """The model copied, its model.safetensors mode 0600 and root's (as `save_pretrained` leaves a
+    file for a pod that runs as another user): the worker (UID 65532) cannot read it."""
+    for item in model.iterdir():
+        shutil.copy2(item, directory / item.name)
+        (directory / item.name).chmod(0o644)
+    (directory / "model.safetensors").chmod(0o600)
+    return directory
+
+
+def status_explains(world: World) -> None:
+    """`kubectl get/describe wm` at a glance (issue 42 item 4): the warm pool's URL, progress and
+    PoolReady Event; the denied pool's Ready condition carrying its worker's termination message."""
+    status = world.wm("pool")["status"]
+    assert status["url"] == f"http://pool.{world.ns}.svc:{DEFAULT_WORKER_PORT}"
+    (entry,) = status["pods"]
+    assert entry["warm"] and entry["stage"] == "ready" and entry["layersResident"] > 0, entry
+    assert entry["prefillsPlanned"] > 0 and entry["prefillsDone"] > 0 and "secondsLeft" not in entry, entry
+
+    def reasons() -> str | None:
+        found = world.kubectl("get", "events", "-o", "jsonpath={.items[*].reason}",
+                              "--field-selector", f"involvedObject.kind={KIND},involvedObject.name=pool")
+        return found if "PoolReady" in found.split() else None
+
+    world.wait(reasons, 30, "a PoolReady Event on the warm pool")
+
+    def explained() -> str | None:
+        message = str(world.condition("denied", CONDITION_READY).get("message") or "")
+        return message if "Permission denied" in message else None
+
+    message = world.wait(explained, 90, "the denied pool's Ready condition naming its worker's error")
+    assert "model.safetensors" in message and "cannot read" in message, message
+    described = world.kubectl("describe", PLURAL, "denied")
+    assert "Permission denied" in described and "BelowMinWarm" in described
+    (denied,) = world.wm("denied")["status"]["pods"]
+    assert not denied["warm"] and "Permission denied" in denied["message"]
+    world.kubectl("delete", PLURAL, "denied", "--wait=false")
+    print(f"\ndenied pool, Ready condition: {message}")
 
 
 @pytest.mark.e2e

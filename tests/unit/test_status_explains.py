@@ -85,6 +85,16 @@ def test_a_crash_loops_termination_message_wins_over_the_kubelets_back_off_line(
     assert len(failure) < 700
 
 
+def test_a_container_that_just_exited_on_an_error_is_failing_before_its_first_restart() -> None:
+    def exited(terminated: dict[str, Any]) -> dict[str, Any]:
+        return {"status": {"phase": "Running", "containerStatuses": [{
+            "name": WORKER_CONTAINER, "ready": False, "restartCount": 0, "state": {"terminated": terminated}}]}}
+
+    failure = pod_failure(exited({"exitCode": 1, "reason": "Error", "message": DENIED}))
+    assert failure is not None and "Error (exit code 1, 0 restarts)" in failure and "Permission denied" in failure
+    assert pod_failure(exited({"exitCode": 0, "reason": "Completed"})) is None
+
+
 def test_below_min_warm_the_ready_condition_names_the_failing_pods_and_their_last_words() -> None:
     pods = [_failing(f"m-{i}") for i in range(5)]
     out = st.compute_status(name="m", spec=_spec(), generation=1, pods=pods, deployment=None,

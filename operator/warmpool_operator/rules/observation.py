@@ -105,16 +105,21 @@ def percentile(sorted_values: Sequence[float], pct: float) -> float:
 
 def pod_failure(pod: Mapping[str, Any]) -> str | None:
     """A short account of why a pod that is not Ready is failing, from its container statuses:
-    a container waiting for a failing reason, or one that exited non-zero and was restarted."""
+    a container waiting for a failing reason, or one that exited non-zero (just now, or before
+    its restart)."""
     status = pod.get("status") or {}
     for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         if container.get("ready"):
             continue
-        waiting = (container.get("state") or {}).get("waiting") or {}
-        last = (container.get("lastState") or {}).get("terminated") or {}
+        state = container.get("state") or {}
+        waiting = state.get("waiting") or {}
+        # A container that has just exited has failed already: its restart is no news.
+        ended = state.get("terminated") or {}
+        last = ended or (container.get("lastState") or {}).get("terminated") or {}
         restarts = int(container.get("restartCount") or 0)
         exit_code = last.get("exitCode")
-        if waiting.get("reason") in FAILING_WAITING_REASONS or (restarts > 0 and exit_code not in (None, 0)):
+        if waiting.get("reason") in FAILING_WAITING_REASONS or (
+                (restarts > 0 or ended) and exit_code not in (None, 0)):
             reason = waiting.get("reason") or last.get("reason") or "Restarting"
             detail = f"exit code {exit_code}, " if exit_code is not None else ""
             # The container's own last words (its termination message) say more than the kubelet's
