@@ -80,6 +80,9 @@ oom_score = 0
       bin_dir = "/usr/lib/cni"
       conf_dir = "{cni_conf_dir}"
       max_conf_num = 1
+    # No hosts directory: the CRI plugin's own resolver, whose default scheme is plain HTTP for
+    # localhost and 127.0.0.0/8 and TLS for every other host, so the node (in the host's network
+    # namespace) pulls from a registry on this machine's loopback and from nowhere else in clear.
     [plugins."io.containerd.grpc.v1.cri".registry]
       config_path = ""
 """
