@@ -35,6 +35,14 @@ def _split(tag: str) -> tuple[str, str]:
     return repository, version
 
 
+def image_set_flags(images: dict[str, str]) -> list[str]:
+    """``helm --set`` arguments naming the operator and worker images ``images`` gives (name -> tag),
+    as `local_values` does (`warmpool images list --helm-set`)."""
+    values = local_values(images, "")
+    return [arg for key in ("image", "workerImage") for field in ("repository", "tag")
+            for arg in ("--set", f"{key}.{field}={values[key][field]}")]
+
+
 def local_values(images: dict[str, str], pod_cidr: str) -> dict[str, Any]:
     """Values for ``helm install``: the operator and worker images as loaded on the node (never
     pulled: IfNotPresent and tags no registry serves), and scraping limited to the node's pods."""

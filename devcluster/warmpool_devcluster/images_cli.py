@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from warmpool_devcluster import cluster, docker_engine, images, images_push, node
+from warmpool_devcluster.chart_values import image_set_flags
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,6 +22,10 @@ def _parser() -> argparse.ArgumentParser:
         one.add_argument("--repo", type=Path, default=Path.cwd(), help="the source checkout (default: here)")
         if action == "load":
             one.add_argument("--cluster", default="default", help="the cluster whose node gets them")
+        if action in ("load", "list"):
+            one.add_argument("--helm-set", action="store_true",
+                             help="print the operator's and the worker's image as `helm --set` arguments "
+                                  "(for `helm install ... $(warmpool images list --helm-set)`)")
         if action == "build":
             one.add_argument("--registry", metavar="HOST[:PORT][/PATH]",
                              help="also tag each image as HOST[:PORT][/PATH]/warmpool-NAME (the chart's "
@@ -38,6 +43,8 @@ def main(argv: list[str]) -> int:
     names = list(args.names) or None
     if args.action == "build" and args.push and not args.registry:
         parser.error("--push needs --registry HOST[:PORT][/PATH]: the registry to push to")
+    if getattr(args, "helm_set", False) and names and not {"operator", "worker"} <= set(names):
+        parser.error("--helm-set names the operator and the worker image: leave out NAME, or give both")
     try:
         if args.action == "list":
             found = images.tags(images.check_checkout(args.repo))
@@ -51,6 +58,9 @@ def main(argv: list[str]) -> int:
     except (images.ImageError, docker_engine.DockerError, RuntimeError) as error:
         print(f"warmpool images {args.action}: {error}", file=sys.stderr)
         return 1
+    if getattr(args, "helm_set", False):
+        print(" ".join(image_set_flags(found)))
+        return 0
     for name, tag in found.items():
         print(f"{name}\t{tag}")
     return 0

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
-from warmpool_devcluster import images_cli, images_push
+from warmpool_devcluster import images, images_cli, images_push
 
 pytestmark = pytest.mark.unit
 
@@ -103,3 +104,20 @@ REF = "registry.example.com/team/warmpool-operator:0.1.0"
 def test_a_failed_push_says_why(docker_says: str, needle: str) -> None:
     message = images_push._explain_push_failure(R, REF, f"The push refers to repository [{REF}]\n{docker_says}\n")
     assert needle in message and docker_says in message, message
+
+
+def test_list_prints_the_local_images_as_helm_set_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    """For installing the chart by hand on the dev cluster: `helm install ... $(warmpool images list --helm-set)`."""
+    repo = Path(__file__).resolve().parents[2]
+    assert images_cli.main(["list", "--helm-set", "--repo", str(repo)]) == 0
+    line = capsys.readouterr().out.strip()
+    tags = images.tags(repo)
+    assert line.split() == [
+        "--set", f"image.repository={tags['operator'].rpartition(':')[0]}",
+        "--set", f"image.tag={tags['operator'].rpartition(':')[2]}",
+        "--set", f"workerImage.repository={tags['worker'].rpartition(':')[0]}",
+        "--set", f"workerImage.tag={tags['worker'].rpartition(':')[2]}",
+    ]
+    with pytest.raises(SystemExit):
+        images_cli.main(["list", "operator", "--helm-set", "--repo", str(repo)])
+    assert "--helm-set names the operator and the worker image" in capsys.readouterr().err
