@@ -86,7 +86,6 @@ def pod_url(pod: dict[str, Any], path: str, port: int = DEFAULT_WORKER_PORT) -> 
 # --------------------------------------------------------------------------- tests
 
 
-@pytest.mark.integration
 def _greedy(model_dir: Path, prompt: str, max_tokens: int) -> str:
     """The built-in engine's greedy completion of ``prompt`` on these weights, in this process: what
     a pod serving them must answer (the engine itself is held to transformers in test_engine_correctness)."""
@@ -96,6 +95,7 @@ def _greedy(model_dir: Path, prompt: str, max_tokens: int) -> str:
     return engine.decode([step.token_id for step in engine.generate(engine.encode(prompt), max_tokens)])
 
 
+@pytest.mark.integration
 def test_tiny_pool_goes_ready_and_serves(env: World, tiny_model: Path) -> None:
     started = time.monotonic()
     env.apply(warmmodel("tiny", tiny_model, pool={"replicas": 2, "minWarm": 2, "maxReplicas": 3}))

@@ -324,7 +324,6 @@ async def test_the_status_is_written_only_when_it_changed_and_a_deleted_warmmode
     assert len(world.kube.writes(PLURAL)) == status_writes + 1
 
 
-@pytest.mark.unit
 async def test_a_pool_with_no_pod_to_scrape_asks_for_a_pass_every_few_rounds_one_with_pods_every_round(
         world: World) -> None:
     # The pass loop is not started here: whether a round asked for a pass is its wake-up flag.
