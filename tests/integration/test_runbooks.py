@@ -401,6 +401,17 @@ def test_notes_log_commands_name_the_namespace_and_the_leader(runner: Runner) ->
         assert logs and all("get lease " + install.fullname in text for text in logs), logs
 
 
+def test_notes_pod_security_advice_fits_host_path_models(runner: Runner) -> None:
+    """NOTES.txt advises "restricted" only for PVC models and says hostPath, nodeCache and object-store
+    models need "privileged" (both "restricted" and "baseline" refuse a hostPath volume); the PVC
+    half is what this module's model namespace enforces while its WarmModel warms."""
+    notes = " ".join(runner.installs[PRIMARY].notes.split())
+    restricted, _, rest = notes.partition("enforce=restricted")
+    assert "PersistentVolumeClaim" in restricted[-300:], restricted[-300:]
+    for source in ("hostPath", "nodeCache", "object-store"):
+        assert source in rest.partition("enforce=privileged")[0], rest[:600]
+
+
 @pytest.mark.parametrize(("release", "block"), _cases(frozenset({Mark.TEARDOWN})))
 def test_runbook_teardown_block_runs(runner: Runner, release: str, block: Block) -> None:
     """Last: the blocks that uninstall the release (the module's teardown then finds it gone)."""
