@@ -166,7 +166,7 @@ def test_install_run_rbac_warm_uninstall(
         operator_pods = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
         pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", operator_pods,
                                           "-o", "json").stdout)["items"]
-        # Two replicas (issue #14); the one acting holds the leader Lease "<pod name>-<pid>".
+        # Two replicas; the one acting holds the leader Lease ("<pod name>-<pid>-<6 hex>").
         assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
 
         def holder() -> str | None:
@@ -276,7 +276,8 @@ def test_install_run_rbac_warm_uninstall(
         denied = [line for line in log.splitlines() if permission_denied(line)]
         assert not denied, "the operator hit a permission it lacks:\n" + "\n".join(denied)[:3000]
 
-        # The WarmModel goes before the operator: its finalizer is the operator's to remove.
+        # The WarmModel goes before the operator, so the operator sees it go and stops its pass (it holds no
+        # finalizer: its children go with it by their owner references).
         cluster.kubectl("delete", "wm", "tiny", "-n", models_namespace, "--timeout=120s")
     finally:
         if installed:

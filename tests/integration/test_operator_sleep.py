@@ -70,7 +70,7 @@ def world(cluster: ClusterHandle, namespace: str, crd: str, tmp_path: Path) -> I
         yield made
     finally:
         if not operator.running():
-            operator.start()  # a test that killed it: the WarmModels' finalizers need it to go
+            operator.start()  # a test that killed it: it sees its WarmModels go and stops their passes
         delete_warmmodels(cluster, namespace)
         operator.stop()
         made.close()
