@@ -8,7 +8,9 @@ so a test builds the object it wants and no test can leak settings into another.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from warmpool.contract.api import DEFAULT_DIRECTIVE_TTL_SECONDS, MAX_DIRECTIVE_TTL_SECONDS
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
@@ -58,6 +60,10 @@ class OperatorConfig:
     #: Seconds between resyncs (control/resync.py), the backstop for deletions no watch reported;
     #: a watch seen listing again asks for one at once.
     resync_interval: float = 600.0
+    #: Cluster-wide mode: the ingress rules of a NetworkPolicy the operator makes over each pool's
+    #: worker pods, in the pool's namespace (the chart renders them as it does its own namespaced
+    #: worker policies, and passes them as --worker-policy-ingress).  None: no such policy.
+    worker_policy_ingress: tuple[Mapping[str, Any], ...] | None = None
     #: The node agents' block cache root on every node (an http/s3 source's pods mount its revisions/).
     block_cache_root: str = DEFAULT_BLOCK_CACHE_ROOT
     #: The worker image of pods whose WarmModel names none (spec.pod.image).

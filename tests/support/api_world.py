@@ -27,6 +27,7 @@ KINDS: dict[str, tuple[k.Kind, str]] = {
     "services": (k.SERVICES, "Service"), "configmaps": (k.CONFIGMAPS, "ConfigMap"),
     "secrets": (k.SECRETS, "Secret"), "pods": (k.PODS, "Pod"),
     "poddisruptionbudgets": (k.PDBS, "PodDisruptionBudget"), "endpointslices": (k.ENDPOINTSLICES, "EndpointSlice"),
+    "networkpolicies": (k.NETWORKPOLICIES, "NetworkPolicy"),
     PLURAL: (k.WARMMODELS, KIND),
 }
 #: who the test's own edits are by: someone else, by hand

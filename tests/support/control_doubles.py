@@ -56,7 +56,8 @@ PATH = re.compile(r"^(?P<prefix>/api/v1|/apis/[^/]+/[^/]+)/namespaces/(?P<ns>[^/
                   r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
 #: The child kinds the operator watches, by the plural of their API path.
 CHILD_KINDS = {"Deployment": "deployments", "Service": "services", "ConfigMap": "configmaps",
-               "PodDisruptionBudget": "poddisruptionbudgets", "EndpointSlice": "endpointslices"}
+               "PodDisruptionBudget": "poddisruptionbudgets", "EndpointSlice": "endpointslices",
+               "NetworkPolicy": "networkpolicies"}
 
 
 @dataclass

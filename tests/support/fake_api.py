@@ -40,7 +40,7 @@ def merge(target: Any, patch: Any) -> Any:
 #: Server-side apply's schema where it differs from a plain merge, for the fields the operator's
 #: children carry: maps the server replaces whole (atomic), and lists it merges by key (what
 #: another manager added survives an apply).
-ATOMIC_MAPS = {("spec", "selector")}
+ATOMIC_MAPS = {("spec", "selector"), ("spec", "podSelector")}
 LIST_MAP_KEYS = {("spec", "ports"): ("port", "protocol")}
 
 

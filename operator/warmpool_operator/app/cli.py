@@ -19,6 +19,7 @@ import asyncio
 import atexit
 import importlib
 import ipaddress
+import json
 import logging
 import os
 import sys
@@ -108,6 +109,14 @@ def _pool_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAMESPACE/NAME",
         help="the activator's Service (the chart's <release>-activator): scale-to-zero pools at zero route "
         "to its pods' addresses; unset: no activator, and such pools have no endpoint while at zero",
+    )
+    parser.add_argument(
+        "--worker-policy-ingress",
+        default=None,
+        metavar="JSON",
+        help="make a NetworkPolicy over each pool's worker pods, in the pool's namespace, with these ingress "
+        "rules (a JSON list of NetworkPolicyIngressRule; the chart renders its worker policy's in cluster-wide "
+        "mode); unset: none",
     )
     parser.add_argument("--heat-write-interval", type=float, default=DEFAULTS.heat_write_interval,
                         help="least seconds between heat-map writes")
@@ -229,6 +238,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         activator = (namespace, name)
     return OperatorConfig(
         activator_service=activator,
+        worker_policy_ingress=worker_policy_ingress(args.worker_policy_ingress),
         scrape_interval=args.scrape_interval,
         scrape_timeout=args.scrape_timeout,
         scrape_concurrency=args.scrape_concurrency,
@@ -246,6 +256,26 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         control_key_namespace=_control_key_namespace(args),
         control_key_secret=args.control_key_secret,
     )
+
+
+def worker_policy_ingress(text: str | None) -> tuple[dict[str, Any], ...] | None:
+    """--worker-policy-ingress: a JSON list of NetworkPolicy ingress rules, each holding only
+    ``from`` and ``ports`` lists of objects (the API server checks the rest when the policy is made)."""
+    if text is None:
+        return None
+    try:
+        rules = json.loads(text)
+    except ValueError as error:
+        raise BadFlags(f"--worker-policy-ingress is not JSON: {error}") from None
+    if not isinstance(rules, list):
+        raise BadFlags("--worker-policy-ingress must be a JSON list of ingress rules")
+    for number, rule in enumerate(rules):
+        if not isinstance(rule, dict) or not set(rule) <= {"from", "ports"}:
+            raise BadFlags(f"--worker-policy-ingress rule {number}: an object with only 'from' and 'ports'")
+        for key in ("from", "ports"):
+            if not isinstance(rule.get(key, []), list) or not all(isinstance(x, dict) for x in rule.get(key, [])):
+                raise BadFlags(f"--worker-policy-ingress rule {number}: {key!r} must be a list of objects")
+    return tuple(rules)
 
 
 def config_warnings(scrape_interval: float, predict_step_seconds: int) -> list[str]:
@@ -334,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tracing = Tracing.from_env()  # OTEL_EXPORTER_OTLP_ENDPOINT set: a trace per reconcile pass
     atexit.register(tracing.shutdown)
-    importlib.import_module("warmpool_operator.app.handlers")  # the handlers register with kopf on import
+    handlers = importlib.import_module("warmpool_operator.app.handlers")  # they register with kopf on import
+    if config.worker_policy_ingress is not None:
+        handlers.watch_worker_policies()
     # Before the Lease is ours: a standby answers /metrics too (process figures, no WarmModel's), so
     # no replica is a scrape target down for ever (kube-prometheus-stack's TargetDown).
     metrics.serve(args.metrics_port, args.bind)

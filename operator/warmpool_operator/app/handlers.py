@@ -3,7 +3,8 @@
 * kopf's own settings (one ``@kopf.on.startup``), login, start-up (API client, worker client,
   the one scrape scheduler, the registry) and clean-up; the operator's settings and tracing come
   in kopf's ``memo`` from the command line (app/cli.py);
-* indexes: watch-fed caches of our children, ReplicaSets and worker pods (label-filtered);
+* indexes: watch-fed caches of our children, ReplicaSets and worker pods (label-filtered); our
+  worker NetworkPolicies only when the operator makes them (``watch_worker_policies``);
   not Secrets: list/watch on Secrets would let the operator read every Secret of a namespace,
   so the control Secret is read by name once per WarmModel and its token kept in memory;
 * events: a WarmModel's spec, status or held-requests annotations (the activator's) changing, a
@@ -171,6 +172,8 @@ def _cache(registry: Registry, kwargs: Mapping[str, Any]) -> Cache:
         "ConfigMap": kwargs["wp_configmaps"],
         "PodDisruptionBudget": kwargs["wp_pdbs"],
         "EndpointSlice": kwargs["wp_endpointslices"],
+        # Indexed only with --worker-policy-ingress (watch_worker_policies): else none to hold.
+        "NetworkPolicy": kwargs.get("wp_networkpolicies", {}),
     }
     return Cache(children=children, replicasets=kwargs["wp_replicasets"], pods=kwargs["wp_pods"], gone=registry.gone)
 
@@ -205,6 +208,17 @@ def wp_pdbs(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) 
 @kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)
 def wp_endpointslices(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return _by_name(namespace, name, body)
+
+
+def wp_networkpolicies(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return _by_name(namespace, name, body)
+
+
+def watch_worker_policies() -> None:
+    """Index and watch our worker NetworkPolicies, as the other children: only when the operator
+    makes them (--worker-policy-ingress), so an operator that does not needs no RBAC on them."""
+    kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)(wp_networkpolicies)
+    kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)(child_changed)
 
 
 @kopf.index("apps", "v1", "replicasets", labels=MANAGED)

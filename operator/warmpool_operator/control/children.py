@@ -1,4 +1,5 @@
-"""Child management: make a WarmModel's Secret, ConfigMap, Service, PDB and Deployment match
+"""Child management: make a WarmModel's Secret, ConfigMap, Service, PDB, worker NetworkPolicy
+(cluster-wide mode's ``--worker-policy-ingress``) and Deployment match
 the pure builders, reading the live objects from the watch-fed :class:`~warmpool_operator.io.watch_cache.Cache`.
 
 Never writes to an object this WarmModel does not own (:class:`ChildConflict`).  A drifted
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,9 +207,12 @@ class Supporting:
 
 
 async def ensure_supporting(
-    kube: Kube, cache: Cache, target: Target, owner: Mapping[str, Any], settled: Settled, key: bytes, known_token: str
+    kube: Kube, cache: Cache, target: Target, owner: Mapping[str, Any], settled: Settled, key: bytes, known_token: str,
+    worker_policy: Sequence[Mapping[str, Any]] | None = None,
 ) -> Supporting:
-    """Secret, ConfigMap, Service and PDB; a conflict on one does not stop the others."""
+    """Secret, ConfigMap, Service and PDB, and with ``worker_policy`` (the ingress rules of
+    ``--worker-policy-ingress``) the pool's worker NetworkPolicy; a conflict on one does not stop
+    the others."""
     out = Supporting()
     try:
         out.token = await ensure_secret(kube, target, owner, key, known_token)
@@ -219,7 +223,10 @@ async def ensure_supporting(
     except ChildConflict as conflict:
         out.conflicts.append(conflict)
     out.mounted_conflict = bool(out.conflicts)
-    for desired in (builders.build_service(target), builders.build_pdb(target)):
+    wanted = [builders.build_service(target), builders.build_pdb(target)]
+    if worker_policy is not None:
+        wanted.append(builders.build_network_policy(target, worker_policy))
+    for desired in wanted:
         try:
             await ensure(kube, cache, desired, owner, settled)
         except ChildConflict as conflict:

@@ -328,7 +328,8 @@ class Reconciler:
                 self.cache, target, memory.scrapes, str(live["metadata"]["uid"])))
         with shared.tracing.span(SPAN_APPLY):
             made = await children.ensure_supporting(kube, self.cache, target, self.body, settled,
-                                                    shared.control_key, memory.children.token)
+                                                    shared.control_key, memory.children.token,
+                                                    shared.config.worker_policy_ingress)
         memory.children.token = made.token
         outcome = Outcome(conflicts=list(made.conflicts))
         if made.mounted_conflict:

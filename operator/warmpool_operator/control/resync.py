@@ -25,6 +25,7 @@ from warmpool.contract.pods import LABEL_MANAGED_BY, MANAGED_BY
 from warmpool_operator.io.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,
+    NETWORKPOLICIES,
     PDBS,
     PODS,
     REPLICASETS,
@@ -42,6 +43,7 @@ KINDS: dict[str, Kind] = {
     "Service": SERVICES,
     "ConfigMap": CONFIGMAPS,
     "PodDisruptionBudget": PDBS,
+    "NetworkPolicy": NETWORKPOLICIES,
     "ReplicaSet": REPLICASETS,
     "Pod": PODS,
 }
@@ -93,7 +95,10 @@ async def deleted_children(kube: Kube, cache: Cache) -> list[Deleted]:
     """Every object the cache holds that was deleted without the watch telling (one LIST per kind
     and namespace held, and one GET per object the list lacks)."""
     found: list[Deleted] = []
+    indexed = cache.indexes()
     for kind_name, kind in KINDS.items():
+        if kind_name not in indexed:
+            continue  # not indexed (NetworkPolicies without --worker-policy-ingress): nothing held
         for namespace, held in sorted(_by_namespace(cache.held(kind_name)).items()):
             found += [Deleted(kind_name, obj) for obj in await _missing(kube, kind, namespace, held, SELECTOR)]
     return found

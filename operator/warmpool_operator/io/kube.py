@@ -53,6 +53,7 @@ PODS = Kind("/api/v1", "pods")
 PDBS = Kind("/apis/policy/v1", "poddisruptionbudgets")
 LEASES = Kind("/apis/coordination.k8s.io/v1", "leases")
 ENDPOINTSLICES = Kind("/apis/discovery.k8s.io/v1", "endpointslices")
+NETWORKPOLICIES = Kind("/apis/networking.k8s.io/v1", "networkpolicies")
 WARMMODELS = Kind(f"/apis/{API_GROUP}/{API_VERSION}", PLURAL)
 
 
@@ -66,6 +67,7 @@ def kind_of(obj: Mapping[str, Any]) -> Kind:
         "PodDisruptionBudget": PDBS,
         "Lease": LEASES,
         "EndpointSlice": ENDPOINTSLICES,
+        "NetworkPolicy": NETWORKPOLICIES,
     }[str(obj["kind"])]
 
 

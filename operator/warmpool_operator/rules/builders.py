@@ -12,7 +12,7 @@ import base64
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -222,6 +222,33 @@ def build_pdb(target: Target) -> Obj:
             "kind": "PodDisruptionBudget",
             "metadata": _metadata(target, pdb_name(target.name)),
             "spec": {**budget, "selector": {"matchLabels": selector_labels(target.name)}},
+        }
+    )
+
+
+def network_policy_name(name: str) -> str:
+    """Not the WarmModel's bare name, which a team's own policy for those pods may well hold, nor
+    the chart's ``<release>-workers``."""
+    return f"{name}-worker-policy"
+
+
+def build_network_policy(target: Target, ingress: Sequence[Mapping[str, Any]]) -> Obj:
+    """The pool's worker NetworkPolicy (cluster-wide mode, where the chart cannot know the
+    namespaces): the ingress rules the chart renders for its own worker policies
+    (``--worker-policy-ingress``), over this pool's pods.
+
+    The pods are selected by the pool's selector labels, never the awake label: a pod put to
+    sleep loses that, and a policy selecting by it would leave a sleeping pod open to all."""
+    return stamp(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(target, network_policy_name(target.name)),
+            "spec": {
+                "podSelector": {"matchLabels": selector_labels(target.name)},
+                "policyTypes": ["Ingress"],
+                "ingress": [dict(rule) for rule in ingress],
+            },
         }
     )
 
