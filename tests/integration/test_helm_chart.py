@@ -701,6 +701,98 @@ def test_network_policies_open_only_the_workers_port_and_the_operators(tmp_path:
                        "NetworkPolicy")
 
 
+WORKER_POLICY_FLAG = "--worker-policy-ingress="
+PROMETHEUS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def _policy_rules(objs: list[Obj]) -> list[Obj]:
+    """The ingress rules of the operator's --worker-policy-ingress, as the operator parses them."""
+    from warmpool_operator.app.cli import build_parser, config_from_args
+
+    (deployment,) = _not_activator(by_kind(objs, "Deployment"))
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert len([a for a in args if a.startswith(WORKER_POLICY_FLAG)]) == 1, args
+    rules = config_from_args(build_parser().parse_args(args)).worker_policy_ingress
+    assert rules is not None
+    return [dict(rule) for rule in rules]
+
+
+def _network_policy_rules(objs: list[Obj]) -> list[Obj]:
+    return [rule for role in by_kind(objs, "Role") + by_kind(objs, "ClusterRole") for rule in role["rules"]
+            if "networkpolicies" in rule["resources"] and "create" in rule["verbs"]]
+
+
+def test_cluster_wide_mode_has_the_operator_make_the_worker_policies(tmp_path: Path) -> None:
+    """The chart cannot know cluster-wide mode's namespaces: by default it passes the operator the
+    worker policy's rules (the very rules its namespaced policies carry, from the same values) and
+    RBAC to write NetworkPolicies.  Namespaced mode, where the chart ships them, gets neither."""
+    values: dict[str, Any] = {"metrics": {"podMonitor": {"enabled": True}},
+                              "networkPolicy": {"metricsClients": PROMETHEUS}}
+    wide = objects(render(tmp_path, {**values, "watch": {"allNamespaces": True}}))
+    rules = _policy_rules(wide)
+    (rbac,) = _network_policy_rules(wide)
+    assert rbac["apiGroups"] == ["networking.k8s.io"] and "delete" not in rbac["verbs"]
+    assert {"get", "list", "watch", "create", "patch"} <= set(rbac["verbs"])
+    (cluster_role,) = [r for r in by_kind(wide, "ClusterRole") if rbac in r["rules"]]
+    assert cluster_role["metadata"]["name"] == "wp-warmpool"  # bound cluster-wide
+    # One place owns the rule: the namespaced mode's policy renders the same ingress.
+    namespaced = objects(render(tmp_path, {**values, "watch": {"namespaces": ["team-a"]}}))
+    (chart_policy,) = [o for o in by_kind(namespaced, "NetworkPolicy")
+                       if o["metadata"]["name"] == "wp-warmpool-workers"]
+    assert chart_policy["spec"]["ingress"] == rules
+    assert not _network_policy_rules(namespaced)
+    (deployment,) = _not_activator(by_kind(namespaced, "Deployment"))
+    assert not [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                if a.startswith(WORKER_POLICY_FLAG)]
+    # Off by value, or with no NetworkPolicies at all: neither flag nor RBAC.
+    for off in ({"networkPolicy": {"operatorWorkerPolicies": False}}, {"networkPolicy": {"enabled": False}}):
+        objs = objects(render(tmp_path, {"watch": {"allNamespaces": True}, **off}))
+        assert not _network_policy_rules(objs)
+        assert not [a for a in _operator_args(tmp_path, {"watch": {"allNamespaces": True}, **off})
+                    if a.startswith(WORKER_POLICY_FLAG)]
+
+
+def test_the_operators_worker_policy_admits_the_operator_activator_and_prometheus_only_on_the_workers_port(
+        tmp_path: Path) -> None:
+    """The policy the operator builds from the chart's flag, evaluated as the activator evaluates a
+    pool's policies (activator/reach.py) for callers carrying the labels the chart gives its pods."""
+    from warmpool_operator.activator import reach
+    from warmpool_operator.api.types import parse_spec
+    from warmpool_operator.model import Target
+    from warmpool_operator.rules import builders
+
+    def pod(deployment: Obj, namespace: str = "warmpool-system") -> reach.Caller:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        return reach.Caller("10.0.0.9", namespace, labels, {"kubernetes.io/metadata.name": namespace})
+
+    def other(namespace: str) -> reach.Caller:
+        return reach.Caller("10.0.0.8", namespace, {"app": "x"}, {"kubernetes.io/metadata.name": namespace})
+
+    wm = Target("llama", "team-a", parse_spec({"model": {"hostPath": {"path": "/models/m"}}}))
+    worker_port = reach.Target("team-a", builders.pod_labels("llama"), wm.spec.pod.port, WORKER_PORT_NAME)
+    asleep = reach.Target("team-a", {**builders.pod_labels("llama"), LABEL_AWAKE: "false"}, wm.spec.pod.port,
+                          WORKER_PORT_NAME)
+    engine_port = reach.Target("team-a", builders.pod_labels("llama"), 8001, "engine")
+    for podmonitor in (True, False):
+        objs = objects(render(tmp_path, {"watch": {"allNamespaces": True},
+                                         "metrics": {"podMonitor": {"enabled": podmonitor}},
+                                         "networkPolicy": {"metricsClients": PROMETHEUS}}))
+        policies = [builders.build_network_policy(wm, _policy_rules(objs))]
+        operator = pod(_not_activator(by_kind(objs, "Deployment"))[0])
+        activator = pod(_activator(objs, "Deployment"))
+        prometheus = other("monitoring")
+        for target in (worker_port, asleep):
+            assert reach.admits(policies, target, operator) and reach.admits(policies, target, activator)
+            assert reach.admits(policies, target, other("team-a"))  # workerClients' default: the pool's namespace
+            assert not reach.admits(policies, target, other("team-b"))
+            assert reach.admits(policies, target, prometheus) is podmonitor
+        # The engine's own port is closed to all of them (the sidecar reaches it on loopback).
+        for caller in (operator, activator, prometheus, other("team-a")):
+            assert not reach.admits(policies, engine_port, caller)
+        # The operator's and activator's labels from another namespace do not pass.
+        assert not reach.admits(policies, worker_port, pod(_activator(objs, "Deployment"), "team-b"))
+
+
 def _activator_callers(objs: list[dict[str, Any]]) -> Obj:
     (found,) = [o for o in by_kind(objs, "ClusterRole") if o["metadata"]["name"] == "wp-warmpool-activator-callers"]
     return found
