@@ -676,8 +676,19 @@ async def test_the_operators_own_writes_pass_every_policy(api_server: ClusterHan
     try:
         target = Target("m", ns, parse_spec(wm["spec"]))
         settled = children.Settled()
-        made = await children.ensure_supporting(operator, harness.cache, target, wm, settled, b"k" * 32, "")
+        # Cluster-wide, the chart has the operator make the pool's worker NetworkPolicy too (its RBAC).
+        ingress = ({"ports": [{"port": "http", "protocol": "TCP"}], "from": [{"podSelector": {}}]},)
+        made = await children.ensure_supporting(operator, harness.cache, target, wm, settled, b"k" * 32, "",
+                                                ingress)
         assert not made.conflicts and made.token
+        policy_name = builders.network_policy_name("m")
+        opened = await harness.kube.get_obj("networkpolicies", ns, policy_name)
+        assert opened is not None
+        await harness.kube.put("networkpolicies", {**opened, "spec": {**opened["spec"], "ingress": [{}]}})
+        await harness.watch()
+        await children.ensure(operator, harness.cache, builders.build_network_policy(target, ingress), wm, settled)
+        restored = await harness.kube.get_obj("networkpolicies", ns, policy_name)
+        assert restored is not None and restored["spec"]["ingress"] == list(ingress)
         await children.ensure(operator, harness.cache, builders.build_deployment(target, replicas=1), wm, settled)
         await harness.watch()
         # A field of ours edited by hand: applied back (an UPDATE keeping the owner).
