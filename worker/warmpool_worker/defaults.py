@@ -15,6 +15,16 @@ ENGINE_SLEEP_APIS = ("auto", "vllm", "sglang", "none")
 #: Warm-up prompts per length bucket at the full tier, and tokens decoded after each prefill.
 DEFAULT_PROMPTS_PER_BUCKET = 2
 DEFAULT_DECODE_TOKENS = 4
+#: When a bucket's warm-up prefills have settled (`warmup.SettleRule`): the last two, of equal
+#: length, within this fraction of the faster one.  A bucket's first prefill carries one-off
+#: costs (first touch of the mapped weights, allocator growth, a kernel picked for a new shape:
+#: tens of percent or more); two warm ones of one length differ by a few percent.  5 % is half
+#: the 10 % a first request may be slower than steady (first/steady <= 1.1), so a bucket that
+#: stops here has little left to gain from another prefill.
+DEFAULT_SETTLE_TOLERANCE = 0.05
+#: Prefills a bucket runs before it may count as settled: "two in a row" needs two.  The most
+#: is the plan's prompts per bucket (--prompts-per-bucket, the fixed count before this rule).
+DEFAULT_SETTLE_MIN_PREFILLS = 2
 #: English BPE text averages about 4 characters a token; used only where no tokenizer is at hand.
 DEFAULT_CHARS_PER_TOKEN = 4.0
 #: Seconds between two readings of the local tier guard's memory probe.

@@ -9,7 +9,9 @@ Two halves, kept apart so the sidecar can reuse the first with its own executor:
   (`sized_prompt_tokens`) and approximately without one (`sized_prompt_text`, for an
   external engine reached over HTTP).
 * **Execute**: `execute_plan` runs a plan on an `engine_api.Engine` (prefill + a short
-  decode per prompt); the sidecar executes the same plan over `/v1/completions`.
+  decode per prompt); the sidecar executes the same plan over `/v1/completions`.  A bucket
+  stops early once its latency has settled (`SettleRule`): the plan's prompts per bucket is
+  the ceiling, not a fixed count.
 
 Depth by tier:
 
@@ -39,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from warmpool_worker.config import WarmupConfig
-from warmpool_worker.defaults import DEFAULT_CHARS_PER_TOKEN, DEFAULT_DECODE_TOKENS, DEFAULT_PROMPTS_PER_BUCKET
+from warmpool_worker.defaults import (
+    DEFAULT_CHARS_PER_TOKEN,
+    DEFAULT_DECODE_TOKENS,
+    DEFAULT_PROMPTS_PER_BUCKET,
+    DEFAULT_SETTLE_MIN_PREFILLS,
+    DEFAULT_SETTLE_TOLERANCE,
+)
 from warmpool_worker.engine_api import Engine, LayerProgress, ModelLoadError
 
 from warmpool.contract.api import DEFAULT_HOT_LAYER_PERCENT, DEFAULT_LENGTH_BUCKETS, Tier
@@ -235,26 +243,77 @@ def plan_for_tier(
     )
 
 
+@dataclass(frozen=True)
+class SettleRule:
+    """When a bucket's warm-up has settled: its last two prefills (same length, different
+    prompts) took times within `tolerance` of the faster one, after at least `min_prefills`.
+
+    The first prefill of a length pays one-off costs a request must not meet; once two in a
+    row agree, those are paid and another prefill would measure the same again.  The plan's
+    prompts per bucket stays the ceiling: a bucket whose latency never settles (a noisy host)
+    runs exactly as many prefills as before this rule.  The defaults, and why, are in
+    `defaults` (DEFAULT_SETTLE_TOLERANCE, DEFAULT_SETTLE_MIN_PREFILLS).
+    """
+
+    tolerance: float = DEFAULT_SETTLE_TOLERANCE
+    min_prefills: int = DEFAULT_SETTLE_MIN_PREFILLS
+
+    def __post_init__(self) -> None:
+        if not (self.tolerance >= 0 and math.isfinite(self.tolerance)):
+            raise ValueError(f"settle tolerance must be a finite fraction >= 0, got {self.tolerance!r}")
+        if self.min_prefills < 2:
+            raise ValueError(f"settle min_prefills must be >= 2 (two in a row), got {self.min_prefills!r}")
+
+    def settled(self, seconds: Sequence[float]) -> bool:
+        """Whether a bucket whose prefills took `seconds` (in order) has settled."""
+        if len(seconds) < self.min_prefills:
+            return False
+        previous, last = seconds[-2], seconds[-1]
+        return abs(last - previous) <= self.tolerance * min(last, previous)
+
+
 @dataclass
 class WarmupProgress:
     """What warm-up has already done in this process, so a deeper plan only tops up."""
 
     layers_forced: set[int] = field(default_factory=set)
     prefills: dict[int, int] = field(default_factory=dict)  # bucket -> prompts done
+    #: bucket -> prefills after which its latency settled (`SettleRule`); such a bucket is
+    #: complete at any depth, whatever its plan's prompts per bucket
+    settled: dict[int, int] = field(default_factory=dict)
+    seconds: dict[int, list[float]] = field(default_factory=dict)  # bucket -> each prefill's time
     kv_loaded: int = 0
     kv_saved: int = 0
     kv_save_errors: int = 0  # prefix KV files that could not be written (ENOSPC, read-only, ...)
 
+    def bucket_done(self, bucket: int, plan: WarmupPlan) -> bool:
+        """Settled, or at the plan's ceiling of prompts per bucket."""
+        return bucket in self.settled or self.prefills.get(bucket, 0) >= plan.prompts_per_bucket
+
     def remaining(self, plan: WarmupPlan) -> WarmupPlan:
         """The part of `plan` not yet done (buckets keep only prompts beyond those done)."""
         layers = tuple(layer for layer in plan.resident_layers if layer not in self.layers_forced)
-        buckets = tuple(b for b in plan.buckets if self.prefills.get(b, 0) < plan.prompts_per_bucket)
+        buckets = tuple(b for b in plan.buckets if not self.bucket_done(b, plan))
         return replace(plan, resident_layers=layers, buckets=buckets)
+
+    def settle_report(self, plan: WarmupPlan) -> str:
+        """One line per the plan's buckets: settled after how many prefills, or at the ceiling."""
+        parts = []
+        for bucket in plan.buckets:
+            done = self.prefills.get(bucket, 0)
+            if bucket in self.settled:
+                parts.append(f"{bucket}: settled after {self.settled[bucket]}/{plan.prompts_per_bucket}")
+            elif done >= plan.prompts_per_bucket:
+                parts.append(f"{bucket}: ceiling {done}/{plan.prompts_per_bucket}, not settled")
+            else:
+                parts.append(f"{bucket}: {done}/{plan.prompts_per_bucket}, cut short")
+        return "; ".join(parts) or "no buckets"
 
     def describe(self) -> dict[str, object]:
         return {
             "layers_forced": len(self.layers_forced),
             "prefills": {str(b): n for b, n in sorted(self.prefills.items())},
+            "settled": {str(b): n for b, n in sorted(self.settled.items())},
             "kv_loaded": self.kv_loaded,
             "kv_saved": self.kv_saved,
             "kv_save_errors": self.kv_save_errors,
@@ -349,8 +408,14 @@ def execute_plan(
     should_stop: Callable[[], bool] = lambda: False,
     kv_dir: Path | None = None,
     on_kv_save_error: Callable[[OSError], None] | None = None,
+    settle: SettleRule = SettleRule(),
+    clock: Callable[[], float] = time.monotonic,
 ) -> WarmupProgress:
     """Run `plan` on `engine`, recording into `progress`; stops early (WarmupStopped) when told to.
+
+    Each bucket runs prefills until its latency has settled (`settle`) or it reaches the plan's
+    prompts per bucket, whichever comes first; the time of each prefill (prefill + decode, the
+    engine lock's wait excluded), read from `clock`, is what `settle` judges.
 
     `engine_lock` (e.g. a threading.Lock) is held around each engine call, so live requests
     interleave between warm-up steps instead of waiting for the whole warm-up.
@@ -383,12 +448,13 @@ def execute_plan(
             time.monotonic() - started,
         )
     for bucket in todo.buckets:
-        while progress.prefills.get(bucket, 0) < plan.prompts_per_bucket:
+        while not progress.bucket_done(bucket, plan):
             if should_stop():
                 raise WarmupStopped(f"tier became stricter than {plan.tier.value}")
             variant = progress.prefills.get(bucket, 0)
-            started = time.monotonic()
+            started = clock()
             with lock:
+                locked_at = clock()
                 ids = sized_prompt_tokens(prompts, bucket, engine.encode, variant=variant)
                 kv_path = kv_prefix_path(kv_dir, engine.model_digest, ids) if kv_dir is not None else None
                 if kv_path is not None and kv_path.exists():
@@ -399,19 +465,28 @@ def execute_plan(
                             log.warning("warm prefix %s is stale or mismatched: ignored", kv_path)
                     except ModelLoadError as error:
                         log.warning("warm prefix unusable: %s", error)
+                generate_started = clock()
                 for _step in engine.generate(ids, max_new_tokens=plan.decode_tokens):
                     pass
+                seconds = clock() - generate_started
                 if kv_path is not None and not kv_path.exists():
                     _save_prefix(engine, ids, kv_path, progress, on_kv_save_error)
             progress.prefills[bucket] = variant + 1
+            timings = progress.seconds.setdefault(bucket, [])
+            timings.append(seconds)
+            if settle.settled(timings):
+                progress.settled[bucket] = variant + 1
             if on_prefill is not None:
                 on_prefill(bucket)
             log.info(
-                "warm-up (%s): bucket %d prompt %d/%d in %.3fs",
+                "warm-up (%s): bucket %d prompt %d/%d in %.3fs (prefill+decode %.3fs, waited %.3fs)%s",
                 plan.tier.value,
                 bucket,
                 variant + 1,
                 plan.prompts_per_bucket,
-                time.monotonic() - started,
+                clock() - started,
+                seconds,
+                locked_at - started,
+                ": settled" if bucket in progress.settled else "",
             )
     return progress

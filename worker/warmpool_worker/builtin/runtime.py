@@ -11,7 +11,8 @@ truth throughout):
    then map the weights (``load_engine``: headers validated, nothing read yet) -> ``weights_mapped``;
 4. load layers in heat order per the tier's plan, logging each -> ``first_layer_ready``, then
    ``weights_loaded`` once the plan's layers are all resident;
-5. warm up per the tier (prefill + short decode per bucket) -> ``warmup_done``; when the tier
+5. warm up per the tier (prefill + short decode per bucket, until its latency settles or
+   the bucket's ceiling of prompts) -> ``warmup_done``; when the tier
    ran no prefill (paused), a one-token check prefill instead: a model whose logits are
    NaN/Inf never turns Ready, whatever the tier (the check passes every layer, so it loads
    them all: what the first request would have done);
@@ -164,6 +165,9 @@ class WorkerRuntime:
             return False
         finally:
             self._refresh_engine_metrics()
+            if step.buckets:  # which buckets settled after how many prefills (the rest: at the ceiling)
+                log.info("warm-up buckets at tier %s: %s", plan.tier.value,
+                         self.status.progress.settle_report(plan))
         return True
 
     def startup(self) -> None:
