@@ -68,7 +68,11 @@ def add_predict_parser(commands: Any, results: Path) -> None:
     p.add_argument("--requests-per-pod", type=_positive_int, default=None,
                    help="serve at most this many requests at once per pod (default: the serve run's max batch; "
                         "1 replays pods that serve one request at a time)")
-    p.add_argument("--min-warm", type=_non_negative_int, default=1, help="pods kept warm by every policy")
+    p.add_argument("--min-warm", type=_non_negative_int, default=1,
+                   help="pods the @minwarm policies keep warm (the other scaled policies start from zero); "
+                        "with --live, pods kept warm by every policy")
+    p.add_argument("--step-seconds", type=_positive_int, default=None, choices=(5, 10, 15, 20, 30, 60),
+                   help="the forecast's step (default: chosen from the trace's bursts)")
     p.add_argument("--max-replicas", type=_positive_int, default=None,
                    help="most pods any policy may have (default 64 offline, 6 with --live)")
     p.add_argument("--max-extra-replicas", type=_non_negative_int, default=None,
@@ -159,7 +163,7 @@ def run_predict_command(args: argparse.Namespace) -> int:
             measured, args.extra_cold_starts,
             min_warm=args.min_warm, max_replicas=args.max_replicas or 64, max_extra_replicas=args.max_extra_replicas,
             fixed_replicas=args.fixed_replicas, forecasters=forecasters, max_context=args.max_context,
-            repeat=args.repeat)
+            repeat=args.repeat, step_s=args.step_seconds)
         result, chart = run_predict(trace, settings)
     except (TraceError, MeasuredInputError, ValueError) as error:
         print(f"warmpool bench predict: {error}", file=sys.stderr)

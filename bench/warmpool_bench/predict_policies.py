@@ -16,7 +16,17 @@
   step just closed (its count, and its peak: the busiest 10 s, scaled to the step), forecasts
   the steps one lead time ahead (their peak, unless the forecaster is set to the count) and sets the HPA's floor to
   :func:`~warmpool_operator.rules.forecast.decision.decide`'s count.  It never lowers what the
-  HPA decides.
+  HPA decides.  (The 60 s-step policy the last round measured; ``predictive60:<forecaster>``.)
+- :class:`BurstPredictive` (``predictive:<forecaster>``): prediction at the bursts' own time scale,
+  paired with a fast reactive loop (NVIDIA Dynamo's planner pairs a slow predictive loop with a 5 s
+  reactive one): every ``fast.tick_s`` it closes the history steps that ended (their length chosen
+  from the trace, :mod:`warmpool_operator.rules.forecast.timescale`), forecasts one lead time ahead
+  when a step closed, and asks for the larger of the forecast's count
+  (:func:`~warmpool_operator.rules.forecast.decision.decide`) and the fast loop's: ⌈requests in flight
+  or held ÷ a pod's batch⌉ and ⌈the last ``fast.window_s``'s arrival rate ÷ capacity⌉, read without a
+  metrics pipeline's lag (the workers' and the activator's own gauges).  It lowers the pool only to the
+  highest ask of the last ``release_s`` (a lead time and a step by default): pods are released between
+  bursts, not held five minutes as the HPA's stabilisation holds them.
 
 Every controller sees only what the operator would: arrivals so far, and the capacity the
 pods measured (:meth:`~.predict_sim.Simulation.measured_capacity_rps`).
@@ -133,6 +143,7 @@ class Predictive:
     history: History = field(default_factory=History)
     predictions: list[Prediction] = field(default_factory=list)
     forecasts: list[StepForecast] = field(default_factory=list)
+    lead_s_now: float | None = None  # the lead for the next forecast when it differs (a sleeper to wake)
     _next_step: int | None = None
     _times: list[float] = field(default_factory=list)
 
@@ -168,28 +179,98 @@ class Predictive:
         first = bisect.bisect_left(self._times, start)
         last = bisect.bisect_left(self._times, start + self.step_s)
         seen = self.requests[first:last]
-        edges = [bisect.bisect_left(self._times, start + k * PEAK_SUBSTEP_S, first, last)
-                 for k in range(self.step_s // PEAK_SUBSTEP_S)] + [last]
-        peak = peak_of([b - a for a, b in itertools.pairwise(edges)], self.step_s, PEAK_SUBSTEP_S)
+        sub = min(PEAK_SUBSTEP_S, self.step_s)
+        edges = [bisect.bisect_left(self._times, start + k * sub, first, last)
+                 for k in range(self.step_s // sub)] + [last]
+        peak = peak_of([b - a for a, b in itertools.pairwise(edges)], self.step_s, sub)
         return StepObservation(requests=len(seen), peak_requests=peak, prompt_tokens=sum(r.prompt for r in seen),
                                generated_tokens=sum(r.generated for r in seen),
                                prompt_lengths=tuple(histogram(r.prompt for r in seen)),
                                generated_lengths=tuple(histogram(r.generated for r in seen)))
 
     def _forecast(self, sim: Simulation) -> None:
-        wanted = horizons(self.lead_s, self.step_s)
+        reactive = self.reactive.last_recommendation
+        self.reactive.floor = self.forecast_floor(sim, reactive if reactive is not None else sim.desired)
+
+    def forecast_floor(self, sim: Simulation, reactive: int) -> int:
+        """Forecast the steps one lead time ahead; the pods the forecast asks for (a floor)."""
+        wanted = horizons(self.lead_s_now if self.lead_s_now is not None else self.lead_s, self.step_s)
         prediction = self.forecaster.update(self.history, wanted)
         self.predictions.append(prediction)
-        reactive = self.reactive.last_recommendation
         decision = decide(DecisionInputs(
             forecast_p90=prediction.p90, step_s=self.step_s, capacity_rps=sim.measured_capacity_rps(),
-            reactive_replicas=reactive if reactive is not None else sim.desired, min_warm=sim.pool.min_warm,
+            reactive_replicas=reactive, min_warm=sim.pool.min_warm,
             max_replicas=sim.pool.max_replicas, max_extra_replicas=self.spec.max_extra_replicas,
             autoscaler_present=True))
-        self.reactive.floor = decision.replicas
         if prediction.p50 is not None and prediction.p90 is not None:
             first = prediction.forecasts[0].horizon
             self.forecasts.append(StepForecast(
                 made_at=sim.now, step_start=(prediction.last_step + first) * self.step_s - self.epoch_start,
                 p50=prediction.p50 / self.step_s, p90=prediction.p90 / self.step_s, model=prediction.model,
                 floor=decision.replicas, predicted=decision.predicted))
+        return decision.replicas
+
+
+@dataclass(frozen=True)
+class FastLoopSettings:
+    tick_s: float = 5.0  # Dynamo's reactive loop
+    window_s: float = 10.0  # the arrival rate it reads (the shortest burst the trace cares about)
+    release_s: float | None = None  # scale-down hold; None: the lead time and one step
+
+
+@dataclass
+class BurstPredictive:
+    """Forecast at the trace's step beside a fast reactive loop (see the module docstring)."""
+
+    observer: Predictive  # records the steps and forecasts (its HPA is not used)
+    fast: FastLoopSettings = field(default_factory=FastLoopSettings)
+    wake_lead_s: float | None = None  # the lead when a sleeper can be woken (the wake p95)
+    name: str = "predictive"
+    floor: int = 0  # the forecast's count, from the last closed step
+    asks: int = 0  # ticks where the forecast asked for more than the fast loop
+    _recent: deque[tuple[float, int]] = field(default_factory=deque)
+
+    @property
+    def tick_s(self) -> float | None:
+        return self.fast.tick_s
+
+    @property
+    def release_s(self) -> float:
+        return self.fast.release_s if self.fast.release_s is not None else self.observer.lead_s + self.observer.step_s
+
+    def on_arrival(self, sim: Simulation) -> int | None:
+        return None
+
+    def fast_count(self, sim: Simulation) -> int:
+        """Pods for what is here now: the requests in flight or held, and the recent arrival rate."""
+        slots = sim.service.slots
+        wanted = math.ceil(sim.in_flight / slots - 1e-9)
+        capacity = sim.measured_capacity_rps()
+        if capacity:
+            rate = sim.arrivals_between(sim.now - self.fast.window_s, sim.now) / self.fast.window_s
+            wanted = max(wanted, math.ceil(rate / capacity - 1e-9))
+        return wanted
+
+    def on_tick(self, sim: Simulation) -> int | None:
+        observer = self.observer
+        closed = int((observer.epoch_start + sim.now) // observer.step_s)
+        if observer._next_step is None:
+            observer._next_step = int(observer.epoch_start // observer.step_s)
+        fast = self.fast_count(sim)
+        if closed > observer._next_step:
+            for step in range(observer._next_step, closed):
+                observer.history.record(step, observer._observe(step))
+            observer._next_step = closed
+            if sim.asleep and self.wake_lead_s is not None:
+                observer.lead_s_now = self.wake_lead_s
+            else:
+                observer.lead_s_now = observer.lead_s
+            self.floor = observer.forecast_floor(sim, reactive=fast)
+        self.asks += self.floor > fast
+        wanted = max(self.floor, fast)
+        self._recent.append((sim.now, wanted))
+        while self._recent and self._recent[0][0] < sim.now - self.release_s:
+            self._recent.popleft()
+        if wanted >= sim.desired:
+            return wanted
+        return max(r for _, r in self._recent)

@@ -8,19 +8,20 @@ from typing import Any
 
 from warmpool_bench.report import fmt, fmt_pct
 
-CHART_POLICIES = ("none", "reactive", "predictive:auto", "predictive:auto@count")
+CHART_POLICIES = ("fixed", "reactive", "predictive:auto", "predictive60:auto")
 
 LIMITS_OF_ONE_HOUR = (
-    "One hour at 60 s steps is 57 forecast steps.  The reference design's 15-minute feature window "
-    "leaves about 40 training rows by the end: LightGBM (24 rows needed) trains only in the last quarter "
-    "of the hour, and then has a few steps to prove itself online.",
+    "One hour at the trace's own step (chosen from its bursts, below) is hundreds of forecast steps, so "
+    "LightGBM trains early; at the last round's 60 s steps (`predictive60:auto`) it is 57 steps, and "
+    "LightGBM trains only in the last quarter of the hour.",
+    "A first request after a lull (no arrival for 60 s) follows a spell the history records as zeros: no "
+    "forecaster that reads only this history can see it coming, so from zero it waits for a cold start "
+    "under every scaled policy.  Only seasonality (a day ago, a week ago) could; one hour has none.",
     "No time-of-day or day-of-week feature can be learned (they need 2 and 14 days of history), and "
     "seasonal naive (a day ago) never has a value: it runs as its fallback (last value) throughout.",
     "The trace's load moves in sub-minute bursts (33 req/s over its busiest 10 s against 10.5 over its "
-    "busiest minute, idle minutes between them).  Each step therefore records its peak (the busiest 10 s, "
-    "scaled to the step) and the forecaster forecasts that; `predictive:auto@count` forecasts the step's "
-    "count instead, as before peaks were kept.  The first burst after an idle spell is still a surprise to "
-    "every policy.",
+    "busiest minute, idle minutes between them).  Each step records its peak (its busiest 10 s, or the "
+    "step itself when shorter, scaled to the step) and the forecaster forecasts that.",
     "What it can show: each policy's behaviour on real arrival shapes and prompt lengths, the cost of "
     "the forecaster, and the prompt-length mix the warm-up buckets should follow.",
 )
@@ -31,10 +32,12 @@ READING = (
     "*First request* = the first request after a lull (no arrival in the 60 s before it; `n` = how many): "
     "what pre-warming is for, and defined the same for every policy (a fixed pool starts no pods).  *New "
     "pod's first* = the first request each pod started during the replay served.  *Pod-hours held* count "
-    "every pod from the moment it was asked for (cold start included) to its stop, and in a wake scenario "
-    "the sleeping pods too: there every pod the policy ever has awake is held the whole replay, asleep when "
-    "not awake (a sleeping pod keeps its accelerator); *awake* counts only the pods awake.  *Memory GiB-h*: "
-    "the memory they hold, awake and asleep, as measured for one worker on this machine.",
+    "every pod that holds an accelerator, from the moment it was asked for (cold start included) to its "
+    "stop, asleep or awake: in a wake scenario a pod scaled down sleeps (and is woken first) and is held "
+    "asleep until the end; *awake* counts only the pods awake.  *Memory GiB-h*: the accelerator memory they "
+    "hold, awake and asleep, as measured for one worker on this machine.  *Forecast error*: the forecasts "
+    "the policy acted on (every horizon of every step) against the peak each target step then had, in req/s: "
+    "p50's mean absolute error, and how often the p90 covered it.",
 )
 
 
@@ -62,8 +65,14 @@ def render_predict(result: Mapping[str, Any]) -> str:
     out += ["", "## Model and settings", "", *_settings_lines(settings)]
     primary = result["scenarios"][0]
     for index, scenario in enumerate(result["scenarios"]):
-        out += ["", f"## Results: {scenario['label']}: added capacity serves {fmt(scenario['cold_start_s'])} s "
-                f"after it is asked for (lead time {fmt(scenario['lead_s'])} s)", "",
+        if scenario.get("wake_s") is not None:
+            heading = (f"pods scaled down sleep (still held); a woken pod serves {fmt(scenario['wake_s'])} s after "
+                       f"it is asked for (lead time {fmt(scenario['lead_s'])} s), a new one "
+                       f"{fmt(scenario['cold_start_s'])} s")
+        else:
+            heading = (f"added capacity serves {fmt(scenario['cold_start_s'])} s after it is asked for (lead time "
+                       f"{fmt(scenario['lead_s'])} s)")
+        out += ["", f"## Results: {scenario['label']}: {heading}", "",
                 f"Source: {scenario['source']}.", ""]
         out += policy_table(scenario["policies"])
         if index == 0:
@@ -74,9 +83,11 @@ def render_predict(result: Mapping[str, Any]) -> str:
                         f"{capped['max_extra_replicas']}`: {capped['no_warm_capacity']} requests without warm "
                         f"capacity ({fmt_pct(capped['no_warm_capacity_share'])}), TTFT p95 "
                         f"{fmt(capped['ttft_p95_s'])} s, {fmt(capped['pod_hours'])} pod-hours."]
-        out += ["", f"Targets ({scenario['targets']['policy']}, the forecaster the operator would use):", ""]
+        out += ["", f"Targets of issue 45 ({scenario['targets']['policy']} against reactive from zero and the fixed "
+                f"pool; its warm hits are {fmt_pct(scenario['targets'].get('warm_hit_share_of_fixed'))} of the "
+                "fixed pool's):", ""]
         out += target_table(scenario["targets"])
-    out += ["", "## Forecast quality over the replay (predictive:auto's candidates)", ""]
+    out += ["", f"## Forecast quality over the replay (predictive:auto's candidates, {settings['step_s']} s steps)", ""]
     out += quality_table(result["forecast_quality"])
     out += ["", "## Learned warm-up buckets", "", *bucket_lines(result["buckets"])]
     out += ["", "## Forecaster cost", "", *cost_lines(result["forecaster_cost"])]
@@ -92,7 +103,7 @@ def _speedups(speedups: list[float]) -> str:
 
 
 def _settings_lines(s: Mapping[str, Any]) -> list[str]:
-    hpa = s["hpa"]
+    hpa, fast = s["hpa"], s["fast_loop"]
     return [
         f"- Service model: up to {s['requests_per_pod']} requests at a time per pod (the built-in engine's "
         f"continuous batch); prefill {fmt(s['prefill_tokens_per_s'], digits=0)} tokens/s ({s['prefill_source']}); "
@@ -101,30 +112,39 @@ def _settings_lines(s: Mapping[str, Any]) -> list[str]:
         "(see `predict_sim.py`).",
         *(f"- Scenario *{u['label']}*: added capacity serves after {fmt(u['start_s'])} s (median), the "
           f"predictive policy plans {fmt(u['lead_s'])} s ahead (p95): {u['source']}." for u in s["scale_ups"]),
-        f"- Pool: minWarm {s['min_warm']}, maxReplicas {s['max_replicas']}; every scaled policy starts with "
-        "minWarm warm pods.  Capacity the policies use is measured from the simulated pods' throughput.",
-        f"- none (no pre-warm, the baseline of the targets): a fixed pool of {s['fixed_replicas_used']} warm pods "
+        f"- Pool: maxReplicas {s['max_replicas']}; every scaled policy starts from zero (minWarm 0: a request "
+        "that finds no pod is held and the pool raised to one pod, as the activator does) except the "
+        f"`@minwarm{max(1, s['min_warm'])}` ones.  Capacity the policies use is measured from the simulated pods' "
+        "throughput, and kept over idle spells (as the operator's meter keeps it).",
+        f"- Forecast step **{s['step_s']} s**, chosen from the trace: {s['step']['reason']}.  Horizons (steps "
+        f"ahead) {s['horizon_steps']}: those covering one p95 cold start ({fmt(s['scale_ups'][0]['lead_s'])} s) "
+        "and a step beyond.",
+        f"- fixed (no pre-warm, no autoscaler): a fixed pool of {s['fixed_replicas_used']} warm pods "
         "(no autoscaler, no forecast), sized for the trace's busiest minute: ⌈the most service seconds arriving "
         "in one minute ÷ 60 ÷ a full batch's speed-up⌉"
         + (" (set by --fixed-replicas)" if s.get("fixed_replicas") is not None else "")
-        + f".  none@mean: the same, sized for the average load (⌈total service seconds ÷ duration ÷ the speed-up⌉ = "
+        + f".  fixed@mean: the same, sized for the average load (⌈total service seconds ÷ duration ÷ the speed-up⌉ = "
         f"{s['fixed_replicas_mean']} pods).",
         f"- reactive (HPA): sync {fmt(hpa['sync_s'], digits=0)} s, rate over {fmt(hpa['window_s'], digits=0)} s "
         f"read {fmt(hpa['metrics_lag_s'], digits=0)} s late, tolerance {hpa['tolerance']}, scale-down "
         f"stabilisation {fmt(hpa['scale_down_stabilisation_s'], digits=0)} s, scale-up ≤ max(x"
         f"{hpa['scale_up_factor']:g}, +{hpa['scale_up_pods']}) per sync.",
-        f"- predictive: the same HPA with the operator's floor under it: ⌈forecast peak p90 ÷ capacity⌉ for the "
-        f"{s['step_s']} s steps one lead time ahead, maxExtraReplicas {s['max_extra_replicas']}; LightGBM "
-        f"retrained every {s['retrain_every_steps']} steps.  `predictive:<name>` uses one forecaster "
-        "(its fallback, last value, until it can forecast); `auto` uses the best recent performer.",
+        f"- predictive: every {fmt(fast['tick_s'], digits=0)} s, the larger of the forecast's count (⌈forecast peak "
+        f"p90 ÷ capacity⌉ for the {s['step_s']} s steps one lead time ahead, maxExtraReplicas "
+        f"{s['max_extra_replicas']}) and a fast reactive loop's (⌈requests in flight or held ÷ a pod's batch⌉, "
+        f"⌈arrivals over the last {fmt(fast['window_s'], digits=0)} s ÷ capacity⌉); it scales down to the highest "
+        "ask of the last lead time and step, so pods go between bursts.  LightGBM retrained every "
+        f"{s['retrain_every_steps']} steps.  `predictive:<name>` uses one forecaster (its fallback, last value, "
+        "until it can forecast); `auto` uses the best recent performer.  `predictive60:auto`: the last round's "
+        "policy (60 s steps, the forecast as a floor under the HPA above).",
     ]
 
 
 def policy_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     lines = ["| policy | no warm capacity | warm-hit | TTFT p50 s | TTFT p95 s | first request p95 s (n) "
              "| new pod's first p95 s (n) | pod-hours held (awake) | memory GiB-h | pods started "
-             "| forecaster used (steps) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| forecast error: p50 MAE req/s, p90 covered (n) | forecaster used (steps) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, p in policies.items():
         used = ", ".join(f"{k} {v}" for k, v in sorted(p.get("models_used", {}).items(), key=lambda kv: -kv[1]))
         lines.append(
@@ -133,8 +153,15 @@ def policy_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
             f"| {fmt(p['first_request_p95_s'])} ({p['first_request_count']}) "
             f"| {fmt(p['new_pod_first_p95_s'])} ({p['new_pod_first_count']}) | {fmt(p['pod_hours'])} "
             f"({fmt(p.get('awake_pod_hours'))}) | {fmt(p.get('memory_gib_hours'))} "
-            f"| {p['pods_started']} | {used or '-'} |")
+            f"| {p['pods_started']} | {_error(p.get('forecast_error'))} | {used or '-'} |")
     return lines
+
+
+def _error(error: Mapping[str, Any] | None) -> str:
+    if not error or not error.get("pairs"):
+        return "-"
+    return (f"{fmt(error['p50_mae_rps'])}, {fmt_pct(error['p90_coverage'])} ({error['pairs']}; actual mean "
+            f"{fmt(error['actual_mean_rps'])})")
 
 
 def _load(values: Sequence[float] | None) -> str:
@@ -144,13 +171,11 @@ def _load(values: Sequence[float] | None) -> str:
 def _target_value(key: str, value: float | None) -> str:
     if value is None:
         return "-"
-    if key == "warm_hit_points_vs_none":
+    if key.startswith("warm_hit_points"):
         return f"{value:+.1f} points"
-    if key == "pod_hours_increase_vs_reactive":
-        return f"{100 * value:+.0f} %"
-    more = "more" if key == "no_warm_capacity_reduction_vs_reactive" else "higher"
-    less = "fewer" if key == "no_warm_capacity_reduction_vs_reactive" else "lower"
-    return f"{100 * value:.0f} % {less}" if value >= 0 else f"{-100 * value:.0f} % {more}"
+    if "ratio" in key:
+        return f"{value:.2f}"
+    return f"{100 * value:.0f} % lower" if value >= 0 else f"{-100 * value:.0f} % higher"
 
 
 def target_table(t: Mapping[str, Any]) -> list[str]:

@@ -19,6 +19,12 @@ The queueing model (what "TTFT" means in ``warmpool bench predict``):
   first (newest first), then idle warm pods; a busy pod drains (finishes its request, then
   stops).  Pod-seconds count from the moment a pod is asked for to the moment it stops,
   cold start included, within the trace's span.
+- **Sleep** (``PoolConfig.wake_s`` set): a pod scaled down after it was warm goes to sleep
+  instead of stopping; it still holds its accelerator, so it is counted in pod-seconds held
+  (:meth:`Simulation.pod_seconds`) until the end, and apart in :meth:`Simulation.asleep_seconds`.
+  More pods wake sleepers first (serving after ``wake_s``), then start new ones (``cold_start_s``).
+- **From zero** (``min_warm`` 0): a request that arrives while no pod is asked for is held, and
+  the pool is raised to one pod at once (the activator asks the operator), whatever the policy.
 - **Capacity the controllers see** is *measured*, as the operator measures it
   (:func:`~warmpool_operator.rules.forecast.steps.capacity_curve`): per batch size, requests
   completed per busy pod-second at that size (a second in which the pod serves at least one
@@ -87,10 +93,14 @@ class PoolConfig:
     max_replicas: int
     cold_start_s: float
     capacity_window_s: float = 600.0
+    #: None: pods scaled down stop; else they sleep, and waking one takes this long
+    wake_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_warm <= self.max_replicas or self.cold_start_s < 0:
             raise ValueError(f"need 0 <= min_warm <= max_replicas and cold_start_s >= 0, got {self}")
+        if self.wake_s is not None and self.wake_s < 0:
+            raise ValueError(f"wake_s must be >= 0, got {self.wake_s}")
 
 
 @dataclass
@@ -106,6 +116,8 @@ class Pod:
     served: int = 0
     changed_at: float = 0.0  # when ``running`` last changed
     step_bucket: int = 1  # the batch-size bucket of the last busy slice that took time
+    asleep_since: float | None = None  # asleep now, since then (it still holds its accelerator)
+    asleep_s: float = 0.0  # seconds asleep before ``asleep_since``
 
     @property
     def busy(self) -> bool:
@@ -177,6 +189,8 @@ class Simulation:
     #: busy slices of every pod: (ended at, batch-size bucket, seconds, requests completed at its end)
     _busy: deque[tuple[float, int, float, int]] = field(default_factory=deque)
     _alive: dict[int, Pod] = field(default_factory=dict)  # neither stopped nor draining, by index
+    _asleep: dict[int, Pod] = field(default_factory=dict)  # asleep (held, not serving), by index
+    _last_capacity: float | None = None
     _running: int = 0  # requests being served (on draining pods too)
 
     # --- what controllers read ----------------------------------------------------------
@@ -194,17 +208,29 @@ class Simulation:
     def starting(self) -> int:
         return sum(p.warm_at > self.now for p in self._alive.values())
 
+    @property
+    def asleep(self) -> int:
+        return len(self._asleep)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being served or held in the queue (the workers' and the activator's gauges)."""
+        return self._running + len(self.queue)
+
     def measured_capacity_rps(self) -> float | None:
         """The capacity curve's best point over the recent window, else requests per busy
-        pod-second in all; None before any completion."""
+        pod-second in all; None before any completion.  A window with no work in it is no news:
+        the last figure stands (as the operator's CapacityMeter keeps it over idle steps)."""
         while self._busy and self._busy[0][0] < self.now - self.pool.capacity_window_s:
             self._busy.popleft()
         curve = capacity_curve({bucket: (float(done), seconds)} for _, bucket, seconds, done in self._busy)
-        if curve:
-            return max(curve.values())
         busy = sum(seconds for _, _, seconds, _ in self._busy)
         done = sum(done for _, _, _, done in self._busy)
-        return done / busy if busy > 0 and done else None
+        if curve:
+            self._last_capacity = max(curve.values())
+        elif busy > 0 and done:
+            self._last_capacity = done / busy
+        return self._last_capacity
 
     def arrivals_between(self, start: float, end: float) -> int:
         return bisect.bisect_left(self.arrivals, end) - bisect.bisect_left(self.arrivals, start)
@@ -228,12 +254,20 @@ class Simulation:
             self._handle(_Event(kind), payload)
         self.now = max(self.now, end_s)
         for pod in self.pods:
+            if pod.asleep_since is not None:
+                pod.asleep_s += self.now - pod.asleep_since
+                pod.asleep_since = None
             if pod.stopped_at is None:
                 pod.stopped_at = self.now
 
     def pod_seconds(self, end_s: float) -> float:
+        """Seconds pods held an accelerator within ``[0, end_s]``: starting, awake or asleep."""
         return sum(max(0.0, min(p.stopped_at if p.stopped_at is not None else end_s, end_s) - p.asked_at)
                    for p in self.pods)
+
+    def asleep_seconds(self) -> float:
+        """Seconds pods spent asleep (within :meth:`pod_seconds`); read after :meth:`run`."""
+        return sum(p.asleep_s for p in self.pods)
 
     def _handle(self, kind: _Event, payload: int) -> None:
         if kind == _Event.ARRIVAL:
@@ -241,6 +275,8 @@ class Simulation:
             self.arrivals.append(self.now)
             self._arrive(payload, request)
             self._apply(self.controller.on_arrival(self))
+            if not self._alive:  # at zero: the activator holds the request and asks for a pod
+                self._apply(1)
         elif kind == _Event.WARM:
             pod = self.pods[payload]
             if pod.alive:
@@ -252,7 +288,7 @@ class Simulation:
             self._running -= 1
             if pod.draining:
                 if not pod.running:
-                    pod.stopped_at = self.now
+                    self._release(pod)
                 return
             self._serve_next(pod)
         else:
@@ -295,8 +331,11 @@ class Simulation:
         alive = list(self._alive.values())
         if desired > len(alive):
             for _ in range(desired - len(alive)):
-                pod = Pod(len(self.pods), self.now, self.now + self.pool.cold_start_s, initial=False)
-                self._add(pod)
+                pod = self._wake_one() or Pod(len(self.pods), self.now, self.now + self.pool.cold_start_s,
+                                              initial=False)
+                if pod.index == len(self.pods):
+                    self.pods.append(pod)
+                self._alive[pod.index] = pod
                 self._push(pod.warm_at, _Event.WARM, pod.index)
         elif desired < len(alive):
             starting = sorted((p for p in alive if p.warm_at > self.now), key=lambda p: -p.asked_at)
@@ -306,9 +345,27 @@ class Simulation:
                 if pod.busy:
                     pod.draining = True
                 else:
-                    pod.stopped_at = self.now
+                    self._release(pod)
                 del self._alive[pod.index]
         self._record_pods()
+
+    def _release(self, pod: Pod) -> None:
+        """A pod scaled down: asleep where pods sleep and it has been warm, else stopped."""
+        if self.pool.wake_s is not None and pod.warm_at <= self.now:
+            pod.asleep_since, pod.draining = self.now, False
+            self._asleep[pod.index] = pod
+        else:
+            pod.stopped_at = self.now
+
+    def _wake_one(self) -> Pod | None:
+        """The sleeper that slept least long, woken (it serves after ``wake_s``); None when none sleeps."""
+        if not self._asleep or self.pool.wake_s is None:
+            return None
+        pod = self._asleep.pop(max(self._asleep, key=lambda i: self._asleep[i].asleep_since or 0.0))
+        assert pod.asleep_since is not None
+        pod.asleep_s += self.now - pod.asleep_since
+        pod.asleep_since, pod.warm_at = None, self.now + self.pool.wake_s
+        return pod
 
     def _record_pods(self) -> None:
         point = (self.now, self.warm, self.desired)

@@ -278,20 +278,46 @@ def test_predictive_records_each_steps_busiest_10_s_and_sizes_the_floor_for_it()
     assert all(f.p90 == pytest.approx(3.0) for f in peak.forecasts[3:])  # req/s at the burst's rate
 
 
-def test_a_wake_pool_holds_every_pod_it_ever_woke_asleep_in_pod_hours_and_memory() -> None:
+def test_pod_hours_on_a_hand_made_trace_count_every_pod_holding_an_accelerator_asleep_or_awake() -> None:
     from warmpool_bench.predict import figures
     from warmpool_bench.predict_inputs import PodMemory
 
-    # One pod warm throughout; a second asked for at 10 s, stopped (put to sleep) at 20 s, of a 100 s replay.
-    sim = Simulation([_req(0.0), _req(99.0)], ONE_SECOND, PoolConfig(1, 2, 0.5), Scripted({10.0: 2, 20.0: 1}))
-    sim.run(end_s=100.0)
+    # 100 s; one pod warm from the start; a second asked for at 10 s (warm at 10.5), one scaled down at
+    # 20 s, one more wanted at 50 s, one scaled down at 60 s.  Requests at 0 s and 99 s.
+    plan = {10.0: 2, 20.0: 1, 50.0: 2, 60.0: 1}
     memory = PodMemory(awake_bytes=2 * 2**30, asleep_bytes=0.5 * 2**30, source="test")
-    new_pods = figures(sim, 100.0, wakes=False, memory=memory)
-    assert new_pods["pod_hours"] == new_pods["awake_pod_hours"] == pytest.approx(110 / 3600)
-    assert new_pods["memory_gib_hours"] == pytest.approx(2 * 110 / 3600)
-    woken = figures(sim, 100.0, wakes=True, memory=memory)
-    # held: two pods for the whole replay (the second asleep but for its 10 s awake)
-    assert woken["pod_hours"] == pytest.approx(200 / 3600) and woken["awake_pod_hours"] == pytest.approx(110 / 3600)
-    assert woken["memory_gib_hours"] == pytest.approx((2 * 110 + 0.5 * 90) / 3600)
-    assert figures(sim, 100.0)["memory_gib_hours"] is None  # nothing measured: not reported
+    requests = [_req(0.0), _req(99.0)]
 
+    # Pods that stop when scaled down: pod 0 held 0-20 s, pod 1 10-60 s, pod 2 (a new one) 50-100 s.
+    stopping = Simulation(requests, ONE_SECOND, PoolConfig(1, 2, 0.5), Scripted(dict(plan)))
+    stopping.run(end_s=100.0)
+    out = figures(stopping, 100.0, memory)
+    assert len(stopping.pods) == 3
+    assert out["pod_hours"] == out["awake_pod_hours"] == pytest.approx(120 / 3600)
+    assert out["asleep_pod_hours"] == 0 and out["memory_gib_hours"] == pytest.approx(2 * 120 / 3600)
+
+    # Pods that sleep: pod 0 sleeps 20-50 s and is woken (no third pod), pod 1 sleeps 60-100 s.  Both hold
+    # their accelerator throughout: 100 + 90 s held, of which 30 + 40 s asleep.
+    sleeping = Simulation(requests, ONE_SECOND, PoolConfig(1, 2, 0.5, wake_s=0.2), Scripted(dict(plan)))
+    sleeping.run(end_s=100.0)
+    out = figures(sleeping, 100.0, memory)
+    assert len(sleeping.pods) == 2  # the sleeper was woken, not a new pod started
+    assert out["pod_hours"] == pytest.approx(190 / 3600)
+    assert out["asleep_pod_hours"] == pytest.approx(70 / 3600) and out["awake_pod_hours"] == pytest.approx(120 / 3600)
+    assert out["memory_gib_hours"] == pytest.approx((2 * 120 + 0.5 * 70) / 3600)
+    assert [t for t, warm, _ in sleeping.pod_timeline if warm == 2] == [10.5, 50.2]  # a wake, not a cold start
+    assert figures(sleeping, 100.0)["memory_gib_hours"] is None  # nothing measured: not reported
+
+
+def test_a_pool_at_zero_is_raised_to_one_pod_by_the_request_that_finds_none() -> None:
+    from warmpool_bench.predict import figures
+
+    # minWarm 0: nothing held until the first request; it waits one cold start (5 s) and its prefill.
+    sim = Simulation([_req(100.0), _req(100.5)], ONE_SECOND, PoolConfig(0, 5, 5.0), Reactive(HpaSettings()))
+    sim.run(end_s=1000.0)
+    out = figures(sim, 1000.0)
+    assert sim.pods[0].asked_at == 100.0 and out["pods_started"] == 1
+    assert sim.served[0].ttft_s == pytest.approx(5.5) and out["no_warm_capacity"] == 2
+    # The HPA lets it go back to zero once its lagged window no longer sees them (100 + 60 + 15 s) and
+    # its scale-down stabilisation (300 s) has passed, at a 15 s sync: not before.
+    assert sim.pods[0].stopped_at == 480.0
