@@ -376,3 +376,20 @@ def test_the_worker_warms_at_learned_lengths_only_from_a_valid_file(tmp_path: Pa
                 json.dumps({"format": LEARNED_BUCKETS_FORMAT, "buckets": ["32"]}), "x" * 10000):
         path.write_text(bad)
         assert read_learned_buckets(path) is None  # --buckets stands; never a pod that cannot warm
+
+
+def test_status_forecast_says_what_the_policy_expects_next_and_why() -> None:
+    wm = spec(predictive={"enabled": True})
+    decision = scaling.predictive_decision(wm, 120.0, 60, 0.5, autoscaler_present=False)
+    common: dict[str, Any] = {"enabled": True, "loaded": True, "prediction": prediction("ewma"), "step_s": 60,
+                              "history_steps": 10, "last_count": 60, "last_problem": None}
+    reason = ps.report(decision=decision, lead=LEAD, capacity_rps=0.5, **common).forecast.reason
+    assert reason is not None
+    # the forecast (p90 and p50, per second), for which seconds ahead, the lead time and where it comes
+    # from, the capacity per pod and the pods that makes, before the forecaster's and decision's words
+    assert reason.startswith("expects up to 2 req/s (p90; p50 1) 25-85 s ahead, the lead time being a new "
+                             "pod's p95 cold start (25 s); at 0.5 req/s per pod that is 4 pods; ewma: ")
+    waking = ps.report(decision=decision, lead=LeadTime(0.4, LeadSource.WAKE), capacity_rps=0.5, **common)
+    assert "0.4-60.4 s ahead, the lead time being a sleeping pod's p95 wake (0.4 s)" in str(waking.forecast.reason)
+    unmeasured = ps.report(decision=None, lead=LEAD, capacity_rps=None, **common).forecast.reason
+    assert "per-pod capacity not measured yet" in str(unmeasured)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from warmpool_operator.api.types import ForecastStatus, LearnedBucketsStatus
 from warmpool_operator.rules.forecast.buckets import LearnedBuckets
-from warmpool_operator.rules.forecast.decision import Decision, LeadTime
+from warmpool_operator.rules.forecast.decision import Decision, LeadSource, LeadTime
 from warmpool_operator.rules.forecast.forecaster import Prediction
 
 # The Predictive condition's reasons (CamelCase, one word each).
@@ -62,18 +62,42 @@ def report(*, enabled: bool, loaded: bool, prediction: Prediction | None, decisi
         desired_replicas=decision.replicas if decision is not None and decision.predicted is not None else None,
         history_steps=history_steps,
         step_seconds=step_s,
-        reason=_reason(prediction, decision)[:1024],
+        reason=_reason(prediction, decision, lead, step_s, capacity_rps)[:1024],
     )
     return Report(forecast, _verdict(enabled, loaded, prediction, decision, capacity_rps, last_problem))
 
 
-def _reason(prediction: Prediction | None, decision: Decision | None) -> str:
+def _reason(prediction: Prediction | None, decision: Decision | None, lead: LeadTime, step_s: int,
+            capacity_rps: float | None) -> str:
+    """What the policy expects next and why: the forecast (for which seconds ahead), the capacity per
+    pod and the lead time it plans with, the pods that makes, then the forecaster's and the decision's
+    own words."""
     parts = []
+    if prediction is not None and prediction.p90 is not None and math.isfinite(prediction.p90):
+        ahead = f"{lead.seconds:.3g}-{lead.seconds + step_s:.3g} s ahead"
+        expects = (f"expects up to {max(0.0, prediction.p90) / step_s:.3g} req/s (p90; p50 "
+                   f"{max(0.0, prediction.p50 or 0.0) / step_s:.3g}) {ahead}, the lead time being "
+                   f"{_LEAD_WORDS[lead.source]} ({lead.seconds:.3g} s)")
+        if capacity_rps is not None and math.isfinite(capacity_rps) and capacity_rps > 0:
+            expects += f"; at {capacity_rps:.3g} req/s per pod"
+            if decision is not None and decision.predicted is not None:
+                expects += f" that is {decision.predicted} pods"
+        else:
+            expects += "; per-pod capacity not measured yet"
+        parts.append(expects)
     if prediction is not None:
         parts.append(f"{prediction.model or 'no model'}: {prediction.reason}")
     if decision is not None:
         parts.append(decision.reason)
     return "; ".join(parts) or "no forecast yet"
+
+
+#: How status words each lead time's source.
+_LEAD_WORDS = {
+    LeadSource.WAKE: "a sleeping pod's p95 wake",
+    LeadSource.COLD_START: "a new pod's p95 cold start",
+    LeadSource.HORIZON: "spec.pool.predictive.horizonSeconds (no cold start measured yet)",
+}
 
 
 def _verdict(enabled: bool, loaded: bool, prediction: Prediction | None, decision: Decision | None,
