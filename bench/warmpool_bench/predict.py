@@ -1,6 +1,6 @@
 """`warmpool bench predict`: fixed, reactive and predictive scaling, replayed over a real trace.
 
-The policies (issue 45's honest baselines, all on the same replay, pods counted whenever they hold an
+The policies (honest baselines, all on the same replay, pods counted whenever they hold an
 accelerator, asleep or awake):
 
 - ``fixed``: a pool sized for the trace's busiest minute (``fixed@mean``: for its mean);
@@ -456,7 +456,7 @@ TARGETS_TEXT = {
 
 
 def targets(scenario: dict[str, Any], policy: str = PREDICTIVE) -> dict[str, Any]:
-    """Issue 45's targets: ``policy`` against reactive from zero and against the fixed pool."""
+    """The predictive targets: ``policy`` against reactive from zero and against the fixed pool."""
     p = scenario["policies"][policy]
     reactive, fixed = scenario["policies"][REACTIVE], scenario["policies"][FIXED]
     missed = ratio(p["no_warm_capacity"], reactive["no_warm_capacity"])

@@ -83,7 +83,7 @@ def render_predict(result: Mapping[str, Any]) -> str:
                         f"{capped['max_extra_replicas']}`: {capped['no_warm_capacity']} requests without warm "
                         f"capacity ({fmt_pct(capped['no_warm_capacity_share'])}), TTFT p95 "
                         f"{fmt(capped['ttft_p95_s'])} s, {fmt(capped['pod_hours'])} pod-hours."]
-        out += ["", f"Targets of issue 45 ({scenario['targets']['policy']} against reactive from zero and the fixed "
+        out += ["", f"Targets ({scenario['targets']['policy']} against reactive from zero and the fixed "
                 f"pool; its warm hits are {fmt_pct(scenario['targets'].get('warm_hit_share_of_fixed'))} of the "
                 "fixed pool's):", ""]
         out += target_table(scenario["targets"])
