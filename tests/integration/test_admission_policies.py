@@ -66,6 +66,7 @@ from warmpool.contract.pods import (
     LABEL_AWAKE,
     LABEL_MANAGED_BY,
     MANAGED_BY,
+    WORKER_POLICY_SUFFIX,
 )
 from warmpool.contract.zero import (
     ACTIVATOR_SLICE_SUFFIX,
@@ -144,6 +145,15 @@ class As:
 
     def create(self, kind: str, obj: dict[str, Any], namespace: str) -> tuple[bool, str]:
         return self._send("POST", f"/api/v1/namespaces/{namespace}/{kind}s", obj, "application/json")
+
+    def create_in(self, group_version: str, plural: str, obj: dict[str, Any], namespace: str) -> tuple[bool, str]:
+        """A create of a kind outside the core group (``group_version`` like networking.k8s.io/v1)."""
+        return self._send("POST", f"/apis/{group_version}/namespaces/{namespace}/{plural}", obj, "application/json")
+
+    def patch_in(self, group_version: str, plural: str, name: str, patch: dict[str, Any],
+                 namespace: str) -> tuple[bool, str]:
+        return self._send("PATCH", f"/apis/{group_version}/namespaces/{namespace}/{plural}/{name}", patch,
+                          "application/merge-patch+json")
 
     def get(self, kind: str, name: str, namespace: str) -> tuple[bool, str]:
         return self._send("GET", f"/api/v1/namespaces/{namespace}/{kind}s/{name}", None, "application/json")
@@ -305,6 +315,55 @@ def test_the_operator_patches_only_its_own_pods_tier_cost_and_awake(cluster: Clu
     assert live["metadata"]["annotations"] == {ANNOTATION_TIER: "full",
                                                ANNOTATION_POD_DELETION_COST: "1000"}
     assert "activeDeadlineSeconds" not in live["spec"]
+
+
+def test_the_operator_writes_only_its_warmmodels_worker_network_policies(cluster: ClusterHandle, namespace: str,
+                                                                         release: Release) -> None:
+    """Cluster-wide, RBAC lets the operator write every namespace's NetworkPolicies (it makes each
+    pool's worker policy): the policy keeps it to its own, so a stolen token opens no team's policy."""
+    operator = As(cluster, token(cluster, release.namespace, release.sa("")))
+    owner = {"apiVersion": API_GROUP_VERSION, "kind": KIND, "name": "m",
+             "uid": "00000000-0000-0000-0000-000000000002", "controller": True}
+    ours: dict[str, Any] = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": f"m{WORKER_POLICY_SUFFIX}", "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+                     "ownerReferences": [owner]},
+        "spec": {"podSelector": {"matchLabels": {"app": "m"}}, "policyTypes": ["Ingress"], "ingress": []}}
+    group = "networking.k8s.io/v1"
+
+    def a_teams_policy() -> tuple[bool, str]:
+        allowed, out = operator.create_in(group, "networkpolicies", {
+            **ours, "metadata": {"name": "allow-all-to-db"}, "spec": {"podSelector": {}, "ingress": [{}]}}, namespace)
+        if allowed:  # not enforced yet: undone
+            cluster.kubectl("delete", "networkpolicy", "allow-all-to-db", "-n", namespace)
+        return allowed, out
+
+    _, refused = active(a_teams_policy, "a NetworkPolicy of another name, unlabelled and owned by nobody")
+    assert "may write only its WarmModels' worker NetworkPolicies" in refused, refused
+    # Named after another WarmModel than the one owning it: refused too.
+    allowed, out = operator.create_in(group, "networkpolicies", {
+        **ours, "metadata": {**ours["metadata"], "name": f"other{WORKER_POLICY_SUFFIX}"}}, namespace)
+    assert not allowed and "Forbidden" in out, out
+    # Its own: made, and its rules rewritten (as a pass restores a hand edit).
+    allowed, out = operator.create_in(group, "networkpolicies", ours, namespace)
+    assert allowed, out
+    allowed, out = operator.patch_in(group, "networkpolicies", ours["metadata"]["name"],
+                                     {"spec": {"ingress": [{"ports": [{"port": 8080}]}]}}, namespace)
+    assert allowed or "NotFound" in out or "404" in out, out
+    # A team's own policy holding a worker-policy name: neither taken over nor opened.
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": f"theirs{WORKER_POLICY_SUFFIX}"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}))
+    patches: list[dict[str, Any]] = [
+        {"metadata": {"labels": {LABEL_MANAGED_BY: MANAGED_BY}, "ownerReferences": [{**owner, "name": "theirs"}]}},
+        {"spec": {"ingress": [{}]}}]
+    for patch in patches:
+        allowed, out = operator.patch_in(group, "networkpolicies", f"theirs{WORKER_POLICY_SUFFIX}", patch, namespace)
+        assert not allowed and "Forbidden" in out, (patch, out)
+    live = json.loads(cluster.kubectl("get", "networkpolicy", f"theirs{WORKER_POLICY_SUFFIX}", "-n", namespace,
+                                      "-o", "json").stdout)
+    assert "ingress" not in live["spec"] and "labels" not in live["metadata"], live
 
 
 def test_the_operator_writes_only_its_warmmodels_control_secrets(cluster: ClusterHandle, namespace: str,

@@ -49,6 +49,7 @@ from warmpool.contract.pods import (
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     MANAGED_BY,
+    WORKER_POLICY_SUFFIX,
 )
 from warmpool.contract.telemetry import ENV_OTEL_ENDPOINT
 from warmpool.contract.zero import (
@@ -637,6 +638,13 @@ def test_admission_policies_name_the_contracts_keys_and_can_be_left_out(tmp_path
                              "wp-warmpool-node-agent-own-node", "wp-warmpool-activator-held-annotations",
                              "wp-warmpool-operator-endpointslices", "wp-warmpool-operator-endpointslice-services",
                              "wp-warmpool-owner-references", "wp-warmpool-warmmodel-host-paths"}
+    # Cluster-wide mode, where the operator makes each pool's worker NetworkPolicy: one more.
+    wide = objects(render(tmp_path, {"watch": {"allNamespaces": True}}))
+    wide_policies = {o["metadata"]["name"]: o for o in by_kind(wide, "ValidatingAdmissionPolicy")}
+    assert "wp-warmpool-operator-network-policies" in wide_policies
+    network = json.dumps(wide_policies["wp-warmpool-operator-network-policies"])
+    for key in (WORKER_POLICY_SUFFIX, LABEL_MANAGED_BY, MANAGED_BY, KIND, API_GROUP):
+        assert key in network, key
     bindings = by_kind(objs, "ValidatingAdmissionPolicyBinding")
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)

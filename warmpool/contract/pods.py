@@ -12,6 +12,9 @@ from warmpool.contract.api import API_GROUP
 #: Suffixes of a WarmModel's children ("<name><suffix>"); the Deployment, Service and PDB take the bare name.
 CONFIGMAP_SUFFIX = "-warmup"
 CONTROL_SECRET_SUFFIX = "-control"
+#: The pool's worker NetworkPolicy in cluster-wide mode (not the bare name, which a team's own policy
+#: for those pods may hold, nor the chart's "<release>-workers").
+WORKER_POLICY_SUFFIX = "-worker-policy"
 #: Key of the control-token Secret holding the bearer token of POST /control/tier.
 CONTROL_SECRET_KEY = "token"
 #: Name of the worker container in worker pods (the one that holds the model for builtin).

@@ -43,6 +43,7 @@ from warmpool.contract.pods import (
     MANAGED_BY,
     TERMINATION_MESSAGE_PATH,
     WORKER_CONTAINER,
+    WORKER_POLICY_SUFFIX,
 )
 from warmpool.contract.zero import ANNOTATION_COLD_START_TRACE, ENV_COLD_START_TRACE
 from warmpool_operator.api.types import EnvVar, ResourceRequirements, TopologySpreadConstraint, WarmModelSpec
@@ -227,9 +228,7 @@ def build_pdb(target: Target) -> Obj:
 
 
 def network_policy_name(name: str) -> str:
-    """Not the WarmModel's bare name, which a team's own policy for those pods may well hold, nor
-    the chart's ``<release>-workers``."""
-    return f"{name}-worker-policy"
+    return f"{name}{WORKER_POLICY_SUFFIX}"
 
 
 def build_network_policy(target: Target, ingress: Sequence[Mapping[str, Any]]) -> Obj:
