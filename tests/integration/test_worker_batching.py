@@ -94,10 +94,13 @@ def test_concurrent_completions_share_the_batch_and_answer_as_alone(worker: Work
     assert metrics[("warmpool_generation_tokens_per_second", ())] > 0  # tokens in the last 10 s
 
 
-def test_a_request_larger_than_the_whole_kv_cache_is_a_400(tmp_path: Path) -> None:
+def test_a_small_kv_cache_preempts_and_refuses_only_what_never_fits(tmp_path: Path) -> None:
+    """KV for 128 positions: a request needing more than that alone is a 400; four concurrent
+    ones (two API keys) needing up to 112 each all run, preempted and recomputed as the blocks
+    run out, each answering as alone; /metrics counts the preemptions and the queue."""
     from warmpool_dev.testing_models import make_tiny_llama
 
-    model = make_tiny_llama(tmp_path / "m", layers=2, max_position_embeddings=1024)
+    model = make_tiny_llama(tmp_path / "m", layers=2, max_position_embeddings=1024, with_eos=False)
     # 2 layers x K,V x 2 heads x 16 x fp32 = 512 bytes a position: 64 KiB hold 128 positions
     handle = Worker(model, *FAST, "--kv-cache-bytes", str(64 * 1024), log_path=tmp_path / "worker.log")
     try:
@@ -105,5 +108,29 @@ def test_a_request_larger_than_the_whole_kv_cache_is_a_400(tmp_path: Path) -> No
         status, body = handle.json("POST", "/v1/completions", {"prompt": [5] * 100, "max_tokens": 100})
         assert status == 400 and "--kv-cache-bytes" in body["error"]["message"], body
         assert handle.json("POST", "/v1/completions", {"prompt": [5] * 10, "max_tokens": 10})[0] == 200
+        bodies = [{"prompt": [5 + (k + 3 * i) % 200 for i in range(12 + 4 * k)], "max_tokens": 90, "temperature": 0}
+                  for k in range(4)]
+        alone = [_text(handle, body) for body in bodies]
+        answers: dict[int, tuple[str, int]] = {}
+
+        def client(index: int) -> None:
+            headers = {"Authorization": f"Bearer key-{index % 2}"}
+            status, answer = handle.json("POST", "/v1/completions", bodies[index], headers=headers)
+            assert status == 200, answer
+            answers[index] = answer["choices"][0]["text"], answer["usage"]["completion_tokens"]
+
+        clients = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join(timeout=180)
+            assert not thread.is_alive(), "a completion did not finish within 180 s"
+        assert [answers[i] for i in range(len(bodies))] == alone
+        metrics = handle.metrics()
+        assert metrics[("warmpool_batch_preemptions_total", ())] > 0
+        assert metrics[("warmpool_batch_queue_wait_seconds_total", ())] > 0
+        assert metrics[("warmpool_batch_waiting", ())] == 0
+        assert ("warmpool_batch_overtakes_total", ()) in metrics
+        assert metrics[("warmpool_kv_blocks_used", ())] == metrics[("warmpool_kv_blocks_reserved", ())] == 0
     finally:
         handle.stop()

@@ -466,8 +466,8 @@ LONG_PROMPT = list(range(20, 45))
 @pytest.fixture(scope="module")
 def long_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     """A model with a 4096-token context and no EOS: a completion runs to max_tokens, long enough
-    to hang up in the middle; at most one request may wait for the engine, and its KV cache has
-    room for one long completion at a time (a second one waits in the queue for its blocks)."""
+    to hang up in the middle; at most one request may wait for the engine, and one runs at a
+    time (--max-batch-size 1: a second one waits in the queue)."""
     from warmpool_dev.testing_models import make_tiny_llama
 
     model = make_tiny_llama(
@@ -475,11 +475,11 @@ def long_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
         max_position_embeddings=4096, with_eos=False,
     )
     log_path = tmp_path_factory.mktemp("logs") / "long-worker.log"
-    # 4 KiB of K/V per position (8 layers x K,V x 2 heads x 32 x fp32); one long completion
-    # reserves its prompt + max_tokens: 252 blocks of 16 positions, of the 300 the cache holds.
+    # 4 KiB of K/V per position (8 layers x K,V x 2 heads x 32 x fp32); a long completion's
+    # prompt + max_tokens fill 252 blocks of 16 positions, of the 300 the cache holds.
     kv_cache_bytes = 300 * 16 * 4096
     handle = Worker(model, *FAST, "--max-queued-requests", "1", "--max-tokens-limit", str(LONG_MAX_TOKENS),
-                    "--kv-cache-bytes", str(kv_cache_bytes), log_path=log_path)
+                    "--kv-cache-bytes", str(kv_cache_bytes), "--max-batch-size", "1", log_path=log_path)
     try:
         handle.wait_for("ready", lambda: handle.readyz()[0] == 200, timeout=180)
         yield handle

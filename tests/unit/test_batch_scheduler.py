@@ -1,6 +1,8 @@
 """Continuous batching on the real engine (tiny checkpoints): the scheduler's thread runs the
-batch, requests join and leave it; greedy outputs equal a request served alone; cancellation,
-the KV bound, sleep and wake, warm-up steps and the NaN guard with a batch in flight."""
+batch, requests join and leave it; greedy outputs equal a request served alone (preempted
+ones included); short requests are not stuck behind long ones, aging lets a long prompt
+through, a client gets its share; cancellation, the KV bound, sleep and wake, warm-up steps
+and the NaN guard with a batch in flight."""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class Collected:
     admitted: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    ended_at: float = 0.0
 
     def wait(self) -> None:
         assert self.ended.wait(WAIT_S), "the batch did not end the request in time"
@@ -64,6 +67,7 @@ def _request(prompt: list[int], max_tokens: int, temperature: float = 0.0) -> Co
 
     def end(error: BaseException | None) -> None:
         collected.error = error
+        collected.ended_at = time.monotonic()
         collected.ended.set()
 
     job = BatchJob(prompt, max_tokens, temperature, threading.Event(), lambda: collected.admitted.set(), step, end)
@@ -75,14 +79,19 @@ class Serving:
     """An engine, its gate and a started scheduler, stopped at the end of the test."""
 
     def __init__(self, model_dir: Path, max_batch: int = 16, drain_s: float = 30.0,
-                 kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES) -> None:
+                 kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, aging_tokens_per_s: float | None = None) -> None:
         self.engine: LlamaEngine = load_engine(model_dir, chunk_tokens=16, kv_cache_bytes=kv_cache_bytes)
         self.gate = EngineGate()
-        self.scheduler = BatchScheduler(self.gate, BatchSettings(max_batch, drain_s))
+        settings = BatchSettings(max_batch, drain_s)
+        if aging_tokens_per_s is not None:
+            settings = BatchSettings(max_batch, drain_s, aging_tokens_per_s=aging_tokens_per_s)
+        self.recorder = StepRecorder(engine=self.engine)
+        self.scheduler = BatchScheduler(self.gate, settings, self.recorder)
         self.scheduler.attach(self.engine)
 
-    def submit(self, prompt: list[int], max_tokens: int) -> Collected:
+    def submit(self, prompt: list[int], max_tokens: int, client: str = "") -> Collected:
         collected = _request(prompt, max_tokens)
+        collected.job.client = client
         self.scheduler.submit(collected.job)
         return collected
 
@@ -122,7 +131,7 @@ def bf16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            with_eos=False, dtype="bfloat16")
 
 
-@pytest.mark.parametrize("concurrent", [1, 12])
+@pytest.mark.parametrize("concurrent", [1, 4, 12])
 @pytest.mark.parametrize("stored", ["float32", "bfloat16"], ids=["zero-copy", "packed"])
 def test_greedy_outputs_equal_a_request_served_alone(model_dir: Path, bf16_dir: Path, stored: str,
                                                       concurrent: int) -> None:
@@ -163,23 +172,110 @@ def test_requests_join_a_running_batch_at_token_boundaries(serving: Serving) -> 
     assert (running.tokens, late.tokens) == (expected_long, expected_late)
 
 
-def test_beyond_the_kv_bound_requests_wait_and_are_served_in_order(model_dir: Path) -> None:
+@pytest.mark.parametrize("concurrent", [1, 4, 12])
+def test_preempted_requests_answer_as_alone_under_a_small_kv_budget(model_dir: Path, concurrent: int) -> None:
+    """KV for 12 blocks: mixed prompts whose prompt + max_tokens need up to 9 blocks each all run,
+    taking blocks as they generate; when the blocks run out the most recent is preempted and
+    recomputed, and every greedy answer is still the one it gets alone."""
     probe = load_engine(model_dir)
-    # room for the blocks of two requests of 40 + 24 positions (4 blocks each), not three
-    serving = Serving(model_dir, kv_cache_bytes=9 * probe.kv_pool.block_bytes)
+    serving = Serving(model_dir, kv_cache_bytes=12 * probe.kv_pool.block_bytes)
     try:
-        prompts = [_prompt(40, offset=i) for i in range(5)]
-        alone = [serving.alone(p, 24) for p in prompts]
-        collected = [serving.submit(p, 24) for p in prompts]
-        _until("two admitted", lambda: sum(c.admitted.is_set() for c in collected) >= 2)
-        running, waiting = serving.scheduler.counts()
-        assert running <= 2 and running + waiting + sum(c.ended.is_set() for c in collected) == 5
-        assert serving.engine.kv_blocks().reserved <= serving.engine.kv_blocks().total
-        for c in collected:
-            c.wait()
-        assert [c.tokens for c in collected] == alone
+        prompts = [_prompt(n, offset=n) for n in LENGTHS]
+        budgets = [20 + (i * 7) % 24 for i in range(len(prompts))]
+        alone = [serving.alone(p, b) for p, b in zip(prompts, budgets, strict=True)]
+        got: list[list[int]] = []
+        for start in range(0, len(prompts), concurrent):
+            wave = [serving.submit(p, b) for p, b in zip(prompts[start : start + concurrent],
+                                                         budgets[start : start + concurrent], strict=True)]
+            for collected in wave:
+                collected.wait()
+                assert collected.error is None, collected.error
+            got += [c.tokens for c in wave]
+        assert got == alone
+        if concurrent > 1:
+            assert serving.recorder.preemptions > 0  # the budget did force preemption
+        assert max(serving.recorder.reserved) <= serving.engine.kv_blocks().total
+        assert serving.engine.kv_blocks().reserved == serving.engine.kv_blocks().used == 0
         with pytest.raises(RequestError, match="kv-cache-bytes"):
-            serving.scheduler.submit(_request(_prompt(100), 100).job)  # never fits: refused up front
+            serving.scheduler.submit(_request(_prompt(100), 200).job)  # never fits alone: refused up front
+    finally:
+        serving.scheduler.stop()
+
+
+def test_a_short_request_is_not_stuck_behind_long_generations(model_dir: Path) -> None:
+    """Three long generations whose prompt + max_tokens would reserve the whole KV cache: a
+    short request arriving after them joins at once and finishes while they still run."""
+    probe = load_engine(model_dir)
+    serving = Serving(model_dir, kv_cache_bytes=3 * 26 * probe.kv_pool.block_bytes)  # 3 x (8 + 400) positions
+    try:
+        short_prompt = _prompt(8, offset=50)
+        expected = serving.alone(short_prompt, 8)
+        longs = [serving.submit(_prompt(8, offset=k), 400) for k in range(3)]
+        _until("the long ones decoding", lambda: min(len(c.tokens) for c in longs) >= 2)
+        short = serving.submit(short_prompt, 8)
+        short.wait()
+        assert short.error is None and short.tokens == expected
+        assert not any(c.ended.is_set() for c in longs)  # it did not wait for any of them
+        for c in longs:
+            c.job.cancel.set()
+            c.wait()
+    finally:
+        serving.scheduler.stop()
+
+
+def _long_prompt_among_short_ones(serving: Serving, shorts: int) -> tuple[Collected, list[Collected]]:
+    """One slot: a 120-token prompt waits while short requests keep arriving (two always
+    waiting beside it), `shorts` of them in all; the long one and the short ones."""
+    first = serving.submit(_prompt(4), 4)  # holds the slot while the long one queues
+    long = serving.submit(_prompt(120, offset=1), 2)
+    served: list[Collected] = [first]
+    deadline = time.monotonic() + WAIT_S
+    while len(served) < shorts and time.monotonic() < deadline:
+        if serving.scheduler.counts()[1] < 3:  # the long one and two short ones wait
+            served.append(serving.submit(_prompt(4, offset=len(served)), 4))
+        else:
+            time.sleep(0.001)
+    for collected in (long, *served):
+        collected.wait()
+    return long, served
+
+
+def test_shortest_first_puts_a_long_prompt_behind_short_ones_without_aging(model_dir: Path) -> None:
+    serving = Serving(model_dir, max_batch=1, aging_tokens_per_s=0.0)
+    try:
+        long, served = _long_prompt_among_short_ones(serving, shorts=40)
+        # shortest first, no aging: every short request that arrived while it waited went before it
+        assert sum(c.ended_at < long.ended_at for c in served) >= 39
+    finally:
+        serving.scheduler.stop()
+
+
+def test_aging_lets_a_long_prompt_through(model_dir: Path) -> None:
+    serving = Serving(model_dir, max_batch=1, aging_tokens_per_s=5000.0)  # 116 tokens longer: 23 ms
+    try:
+        long, served = _long_prompt_among_short_ones(serving, shorts=60)
+        assert long.error is None
+        # it went once aged, with short requests still arriving after it
+        assert sum(c.ended_at > long.ended_at for c in served) >= 10
+    finally:
+        serving.scheduler.stop()
+
+
+def test_a_client_gets_its_share_beside_a_client_that_sent_many(model_dir: Path) -> None:
+    """Four slots; client a queues eight long requests, then client b two short ones: b runs
+    beside a at once (half the slots each) instead of waiting for a's requests to finish."""
+    serving = Serving(model_dir, max_batch=4)
+    try:
+        with serving.gate:  # all of them wait before the first step
+            many = [serving.submit(_prompt(10, offset=k), 80, client="a") for k in range(8)]
+            few = [serving.submit(_prompt(6, offset=20 + k), 6, client="b") for k in range(2)]
+        for collected in few:
+            collected.wait()
+            assert collected.error is None
+        assert not any(c.ended.is_set() for c in many)  # b did not wait for a's requests to finish
+        for c in many:
+            c.wait()
+            assert c.error is None
     finally:
         serving.scheduler.stop()
 
@@ -341,15 +437,30 @@ def test_an_exclusive_user_goes_before_the_next_batch_step() -> None:
 
 @dataclass
 class StepRecorder:
-    """The scheduler's observer: every step's (batch size, requests finished in it, seconds)."""
+    """The scheduler's observer: every step's (batch size, requests finished in it, seconds),
+    the preemptions and admissions it reported."""
 
     steps: list[tuple[int, int, float]] = field(default_factory=list)
+    preemptions: int = 0
+    admissions: int = 0
+    overtakes: int = 0
+    reserved: list[int] = field(default_factory=lambda: [0])
+    engine: LlamaEngine | None = None
 
     def set_batch(self, running: int, waiting: int) -> None:
         pass
 
     def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None:
         self.steps.append((batch, finished, seconds))
+        if self.engine is not None:
+            self.reserved.append(self.engine.kv_blocks().reserved)
+
+    def batch_admitted(self, waited_s: float, overtook: bool) -> None:
+        self.admissions += 1
+        self.overtakes += overtook
+
+    def batch_preempted(self) -> None:
+        self.preemptions += 1
 
 
 def test_each_step_reports_its_batch_size_and_the_requests_it_finished(model_dir: Path) -> None:

@@ -68,7 +68,7 @@ METRIC_TOKENS_AFTER_DISCONNECT = "warmpool_tokens_after_disconnect_total"
 METRIC_KV_CACHE_TOKENS = "warmpool_kv_cache_tokens"
 #: Capacity of the built-in engine's continuous batching: requests in the running batch (the
 #: waiting ones are METRIC_REQUESTS_QUEUED), and its KV-cache blocks: all of them, those holding
-#: K/V now (used), those promised to running requests for their prompt + max_tokens (reserved),
+#: K/V now (used), those reserved for running requests' next steps (reserved, >= used; never max_tokens),
 #: and those a new request can still reserve (free = total - reserved).
 METRIC_REQUESTS_RUNNING = "warmpool_requests_running"
 METRIC_KV_BLOCKS_TOTAL = "warmpool_kv_blocks_total"
@@ -193,3 +193,12 @@ def batch_bucket(size: int) -> int:
 #: Scrape rounds cut short: a round still running past its bound (a stuck pool) is cancelled,
 #: with every pool's scrape of it still in flight (operator; no labels).
 METRIC_OPERATOR_SCRAPE_ROUNDS_CUT = "warmpool_operator_scrape_rounds_cut_total"
+
+#: The built-in engine's scheduling (issue 43): requests waiting for the running batch, those
+#: preempted (their KV dropped to make room, recomputed when they run again) included; running
+#: requests preempted because the KV cache ran out; requests that joined the batch ahead of one
+#: that arrived earlier (shortest first, a client's share), and the seconds they waited to join.
+METRIC_BATCH_WAITING = "warmpool_batch_waiting"
+METRIC_BATCH_PREEMPTIONS = "warmpool_batch_preemptions_total"
+METRIC_BATCH_OVERTAKES = "warmpool_batch_overtakes_total"
+METRIC_BATCH_QUEUE_WAIT_SECONDS = "warmpool_batch_queue_wait_seconds_total"

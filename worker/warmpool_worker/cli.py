@@ -156,11 +156,11 @@ def _add_serve_parser(commands: Any, shared: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
                        help="requests the engine runs together at most (continuous batching)")
     serve.add_argument("--kv-cache-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
-                       help="KV-cache bytes the running batch may hold; a request joins once the blocks for "
-                            "its prompt + max_tokens are free")
+                       help="KV-cache bytes the running batch may hold; taken as tokens come (a request joins "
+                            "once its prompt's blocks are free; when they run out a running one is preempted)")
     serve.add_argument("--prefill-chunk-tokens", type=int, default=DEFAULT_PREFILL_CHUNK_TOKENS,
-                       help="prompt tokens prefilled per batch step (a long prompt stalls running decodes by "
-                            "one chunk at most)")
+                       help="prompt tokens per prefill chunk: a prompt advances one chunk a batch step, beside "
+                            "the decodes (a step feeds a few chunks at most)")
     serve.add_argument("--max-tokens-limit", type=int, default=DEFAULT_MAX_TOKENS_LIMIT,
                        help="largest max_tokens a request may ask for (above it: 400 naming max_tokens)")
     serve.add_argument("--wake-timeout", type=float, default=DEFAULT_WAKE_TIMEOUT_S,

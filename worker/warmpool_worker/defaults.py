@@ -51,13 +51,13 @@ DEFAULT_RETRIES = 3
 DEFAULT_RETRY_BACKOFF_S = 0.5
 
 # -- serve: the batch the built-in engine runs -------------------------------------------
-#: Bytes of KV cache the running batch may hold (blocks reserved for each admitted request's
-#: prompt and max_tokens): what bounds how many requests run at once, with --max-batch-size.
+#: Bytes of KV cache the running batch may hold (blocks taken as tokens come; when they run out a
+#: running request is preempted): what bounds how many requests run at once, with --max-batch-size.
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 #: Requests the engine runs in one batch at most (the rest wait in the bounded queue).
 DEFAULT_MAX_BATCH_SIZE = 16
-#: Prompt tokens one batch step may prefill: a long prompt delays the decodes beside it by at
-#: most one chunk per step.
+#: Prompt tokens per prefill chunk: a prompt advances by one chunk a batch step (the scheduler's
+#: step token budget holds a few chunks beside the decodes).
 DEFAULT_PREFILL_CHUNK_TOKENS = 64
 #: The prompt of the check prefill before ready when the warm-up ran none (a NaN checkpoint
 #: must never turn Ready, even at the paused tier); its first token only.

@@ -147,8 +147,20 @@ class BatchingEngine(Protocol):
 
     def open_sequence(self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0) -> Any:
         """A sequence ready to join the batch (nothing computed, nothing reserved); RequestError
-        if the engine cannot serve it.  It has ``blocks_needed``, ``finished`` and ``lease``
-        (``try_reserve(blocks) -> bool``)."""
+        if the engine cannot serve it.  It has ``blocks_needed`` (its most, prompt + budget),
+        ``prefilling``, ``finished`` and ``lease`` (``bounded``, ``try_reserve(blocks) -> bool``)."""
+        ...
+
+    def next_tokens(self, sequence: Any) -> int:
+        """Tokens the sequence's next step feeds (1 for a decode, a chunk for a prefill)."""
+        ...
+
+    def blocks_wanted(self, sequence: Any) -> int:
+        """KV blocks to reserve for it, beyond those its lease holds, before its next step."""
+        ...
+
+    def preempt_sequence(self, sequence: Any) -> None:
+        """Drop its KV (blocks given back); its next step recomputes what it had."""
         ...
 
     def step(self, sequences: Sequence[Any]) -> Sequence[Any]:

@@ -46,6 +46,10 @@ from warmpool.contract.metrics import (
     LABEL_REASON,
     LABEL_SOURCE,
     LABEL_TIER,
+    METRIC_BATCH_OVERTAKES,
+    METRIC_BATCH_PREEMPTIONS,
+    METRIC_BATCH_QUEUE_WAIT_SECONDS,
+    METRIC_BATCH_WAITING,
     METRIC_DIRECTIVE_ACTIVE,
     METRIC_ENGINE_BATCH_FINISHED,
     METRIC_ENGINE_BATCH_SECONDS,
@@ -275,11 +279,25 @@ class WorkerMetrics:
         self.kv_blocks_total = Gauge(METRIC_KV_BLOCKS_TOTAL, "KV-cache blocks the batch shares", registry=r)
         self.kv_blocks_used = Gauge(METRIC_KV_BLOCKS_USED, "KV-cache blocks holding K/V now", registry=r)
         self.kv_blocks_reserved = Gauge(
-            METRIC_KV_BLOCKS_RESERVED, "KV-cache blocks reserved for running requests' prompt + max_tokens",
+            METRIC_KV_BLOCKS_RESERVED, "KV-cache blocks reserved for running requests' next steps",
             registry=r,
         )
         self.kv_blocks_free = Gauge(
             METRIC_KV_BLOCKS_FREE, "KV-cache blocks a new request can still reserve", registry=r
+        )
+        self.batch_waiting = Gauge(
+            METRIC_BATCH_WAITING, "Requests waiting for the engine's running batch (preempted ones included)",
+            registry=r,
+        )
+        self.batch_preemptions = Counter(
+            METRIC_BATCH_PREEMPTIONS, "Running requests preempted (KV dropped, recomputed later) for lack of KV",
+            registry=r,
+        )
+        self.batch_overtakes = Counter(
+            METRIC_BATCH_OVERTAKES, "Requests that joined the batch ahead of one that arrived earlier", registry=r
+        )
+        self.batch_queue_wait = Counter(
+            METRIC_BATCH_QUEUE_WAIT_SECONDS, "Seconds requests waited to join the batch", registry=r
         )
         self.tokens_per_second = Gauge(
             METRIC_GENERATION_TOKENS_PER_SECOND,
@@ -384,6 +402,15 @@ class WorkerMetrics:
     # -- the running batch (`batch_scheduler.BatchObserver`) ---------------------------------
     def set_batch(self, running: int, waiting: int) -> None:
         self.requests_running.set(running)
+        self.batch_waiting.set(waiting)
+
+    def batch_admitted(self, waited_s: float, overtook: bool) -> None:
+        self.batch_queue_wait.inc(max(0.0, waited_s))
+        if overtook:
+            self.batch_overtakes.inc()
+
+    def batch_preempted(self) -> None:
+        self.batch_preemptions.inc()
 
     def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None:
         """One batch step of ``batch`` requests: its wall time is engine-busy time, once, whatever
@@ -504,7 +531,8 @@ class SidecarMetrics(WorkerMetrics):
         self._replace_series(self.engine_signals)
         # The built-in engine's batch figures: the sidecar has no such batch to report (absent, not 0).
         for builtin_only in (self.engine_batch_seconds, self.engine_batch_finished, self.requests_running,
-                             self.kv_blocks_total, self.kv_blocks_used,
+                             self.batch_waiting, self.batch_preemptions, self.batch_overtakes,
+                             self.batch_queue_wait, self.kv_blocks_total, self.kv_blocks_used,
                              self.kv_blocks_reserved, self.kv_blocks_free, self.tokens_per_second):
             self.registry.unregister(builtin_only)
 

@@ -1,11 +1,32 @@
 """Continuous batching on the built-in engine: one thread runs the batch, step after step.
 
-Requests (`BatchJob`) are submitted from the HTTP side and wait, first come first served,
-until the batch has room: fewer than ``--max-batch-size`` running, and the KV blocks for the
-request's prompt plus its max_tokens free to reserve (``--kv-cache-bytes``).  The bounded
-queue in front (``--max-queued-requests``, 429 past it) is the HTTP side's.  Each step
-advances every running request by one token (or one prompt chunk, `engine.batch`); a
-request joins or leaves at the boundary between two steps:
+Requests (`BatchJob`) are submitted from the HTTP side and wait until the batch takes them;
+the bounded queue in front (``--max-queued-requests``, 429 past it) is the HTTP side's.  Each
+step is planned against a token budget (`BatchSettings.step_tokens`, Sarathi-Serve's
+stall-free batching), in this order:
+
+1. every running decode (one token each): a decode is never stalled by a prefill;
+2. the prefills already under way, one chunk each (`engine.batch`), oldest first;
+3. new requests from the queue, while the budget, ``--max-batch-size`` and the KV blocks
+   allow: shortest prompt first, with aging (a request's prompt counts
+   ``aging_tokens_per_s`` tokens shorter per second it has waited, so a long prompt overtakes
+   new short ones after a bounded wait and none starves), and a per-client share (a client
+   past ``max_batch_size / clients with work`` running requests goes after the others'
+   requests: one client cannot hold every slot while another waits).  The first chunk of a
+   step always goes, so a prefill advances every step.
+
+KV blocks (``--kv-cache-bytes``) are taken as tokens come, never reserved for max_tokens up
+front: before each step the scheduler reserves the blocks that step needs (a new request's
+prompt, a block now and then as a generation grows).  When the pool cannot give them, it
+preempts the running request with the lowest priority (a client past its share first, then
+the most recently admitted): its KV is dropped and it goes back to the queue (first in line,
+its age kept; it comes back once the pool has its blocks and one more per running request,
+so it is not preempted again at once); when it runs again its prompt and the tokens it
+already generated are prefilled anew (recompute), so its output is the one it would have had.  A request whose
+prompt and max_tokens need more than the whole cache is refused up front (it could never
+finish alone).
+
+A request joins or leaves at the boundary between two steps:
 
 * it ends when its last token is out, when its client went away (the cancel flag is read
   before every step, so a hang-up costs at most the step under way), or when the engine
@@ -13,7 +34,7 @@ request joins or leaves at the boundary between two steps:
   its cache not allocated) or of its own callbacks ends it alone, and its batch-mates go on;
   only a failure of the shared step itself (the forward pass, e.g. weights that changed
   under the mapping) ends every request of that step;
-* its KV blocks are given back the moment it ends.
+* its KV blocks are given back the moment it ends (or is preempted).
 
 Sleep and generation never overlap: both are decided under the engine gate (`engine_gate`),
 admission included.  `sleep_when_idle` waits (bounded) for the batch to drain and nothing
@@ -24,10 +45,10 @@ it first (through `waker`, counted as a wake on request).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,6 +60,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds `stop` waits for the step under way to finish.
 STOP_JOIN_S = 30.0
+#: Tokens one step may feed (decodes, then prefill chunks): a few chunks beside a full batch's
+#: decodes, so new prompts start while the batch decodes, and a step stays short.
+DEFAULT_STEP_TOKENS = 256
+#: Aging: a waiting request's prompt counts this many tokens shorter per second it has waited.
+#: A prompt of L tokens overtakes any newly arrived one after at most L / rate seconds.
+DEFAULT_AGING_TOKENS_PER_S = 256.0
 
 
 class SchedulerStopped(RuntimeError):
@@ -57,13 +84,24 @@ class SleepRefused(Exception):
 class BatchSettings:
     max_batch_size: int
     sleep_drain_timeout_s: float
+    step_tokens: int = DEFAULT_STEP_TOKENS
+    aging_tokens_per_s: float = DEFAULT_AGING_TOKENS_PER_S
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.step_tokens < 1:
+            raise ValueError(f"step_tokens must be >= 1, got {self.step_tokens}")
+        if self.aging_tokens_per_s < 0:
+            raise ValueError(f"aging_tokens_per_s must be >= 0, got {self.aging_tokens_per_s}")
 
 
 @dataclass(eq=False)
 class BatchJob:
     """One request's generation, as the HTTP side hands it over.  The callbacks run on the
-    scheduler's thread: `on_admitted` once it joins the batch, `on_step` per token, `on_end`
-    exactly once (None when it finished or was cancelled, else the error that ended it)."""
+    scheduler's thread: `on_admitted` once it first joins the batch, `on_step` per token,
+    `on_end` exactly once (None when it finished or was cancelled, else the error that ended
+    it).  `client` names who sent it, for the per-client share (the HTTP side's choice)."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -73,6 +111,13 @@ class BatchJob:
     on_step: Callable[[GenerationStep], None]
     on_end: Callable[[BaseException | None], None]
     sequence: Any = field(default=None, repr=False)
+    client: str = ""
+    #: monotonic seconds it was submitted (aging counts from here, preemptions keep it)
+    arrived: float = field(default=0.0, repr=False)
+    #: the order it (last) joined the batch in: the most recent is preempted first
+    joined: int = field(default=0, repr=False)
+    started: bool = field(default=False, repr=False)
+    preempted: int = field(default=0, repr=False)
 
 
 class BatchObserver(Protocol):
@@ -82,12 +127,22 @@ class BatchObserver(Protocol):
 
     def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None: ...
 
+    def batch_admitted(self, waited_s: float, overtook: bool) -> None: ...
+
+    def batch_preempted(self) -> None: ...
+
 
 class _Unobserved:
     def set_batch(self, running: int, waiting: int) -> None:
         pass
 
     def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None:
+        pass
+
+    def batch_admitted(self, waited_s: float, overtook: bool) -> None:
+        pass
+
+    def batch_preempted(self) -> None:
         pass
 
 
@@ -102,8 +157,9 @@ class BatchScheduler:
         self.weights_check: Callable[[], None] | None = None
         self._engine: BatchingEngine | None = None
         self._cond = threading.Condition()
-        self._waiting: deque[BatchJob] = deque()
-        self._running: list[BatchJob] = []
+        self._waiting: list[BatchJob] = []  # in arrival order; the plan picks by priority
+        self._running: list[BatchJob] = []  # in the order they joined
+        self._joins = itertools.count(1)
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -137,6 +193,8 @@ class BatchScheduler:
                 f"the prompt and max_tokens need {sequence.blocks_needed * block_tokens} KV-cache positions, more "
                 f"than this worker's whole cache holds ({total * block_tokens}, --kv-cache-bytes): ask for fewer")
         job.sequence = sequence
+        sequence.lease.bounded = True  # its blocks come from the scheduler's reservations
+        job.arrived = time.monotonic()
         with self._cond:
             self._waiting.append(job)
             self._cond.notify_all()
@@ -210,7 +268,7 @@ class BatchScheduler:
         except Exception as error:  # the wake check failed (NaN/Inf) or the weights changed
             log.error("waking the engine for a waiting request failed: %s", error)
             with self._cond:
-                waiting, self._waiting = list(self._waiting), deque()
+                waiting, self._waiting = list(self._waiting), []
             for job in waiting:
                 self._end(job, error)
 
@@ -222,8 +280,7 @@ class BatchScheduler:
             with self.gate.step():
                 if self._asleep():
                     return  # a sleep won the gate before this turn: the loop wakes it for the waiting
-                self._admit(engine)
-                running = list(self._running)
+                running = self._plan(engine)
                 if not running:
                     return
                 if self.weights_check is not None:
@@ -242,21 +299,116 @@ class BatchScheduler:
             return
         self._deliver(outcomes)
 
-    def _admit(self, engine: BatchingEngine) -> None:
-        """Move jobs from the head of the queue into the batch while there is room."""
+    # ---- planning one step (module docstring) ------------------------------------------------
+    def _plan(self, engine: BatchingEngine) -> list[BatchJob]:
+        """The jobs this step runs, their KV blocks reserved: decodes, prefills under way, then
+        new ones; preempting the lowest-priority running job when the blocks run out."""
+        budget = self.settings.step_tokens
+        with self._cond:
+            running = list(self._running)
+        decodes = [job for job in running if not job.sequence.prefilling]
+        chosen = list(decodes)
+        used = len(decodes)
+        prefilled = False
+        for job in running:
+            if job.sequence.prefilling:
+                tokens = engine.next_tokens(job.sequence)
+                if prefilled and used + tokens > budget:
+                    continue  # its next chunk waits for a step with room
+                chosen.append(job)
+                used += tokens
+                prefilled = True
+        chosen = self._reserve_or_preempt(engine, chosen)
+        admitted = self._admit(engine, budget - used, prefilled)
+        return chosen + admitted
+
+    def _reserve_or_preempt(self, engine: BatchingEngine, chosen: list[BatchJob]) -> list[BatchJob]:
+        """Reserve the blocks the chosen jobs' step needs; while the pool cannot give them,
+        preempt (module docstring).  One job alone always fits (`submit` refused the rest)."""
+        while sum(engine.blocks_wanted(job.sequence) for job in chosen) > engine.kv_blocks().free:
+            with self._cond:
+                if len(self._running) < 2:
+                    break
+                counts = self._clients()
+                share = self._share(len(counts))
+                # preempted first: a client past its share, then the most recently joined
+                victim = max(self._running, key=lambda job: (counts[job.client] > share, job.joined))
+            self._preempt(engine, victim)
+            chosen = [job for job in chosen if job is not victim]
+        for job in chosen:
+            job.sequence.lease.try_reserve(engine.blocks_wanted(job.sequence))
+        return chosen
+
+    def _preempt(self, engine: BatchingEngine, job: BatchJob) -> None:
+        engine.preempt_sequence(job.sequence)
+        job.preempted += 1
+        with self._cond:
+            self._running.remove(job)
+            self._waiting.insert(0, job)
+        log.info("KV cache full: preempted a request after %d generated token(s); it will be recomputed",
+                 len(getattr(job.sequence, "generated", ())))
+        self.observer.batch_preempted()
+        self._report()
+
+    def _clients(self) -> dict[str, int]:
+        """Running jobs per client with work (running or waiting); caller holds the lock."""
+        counts: dict[str, int] = {}
+        for job in self._waiting:
+            counts.setdefault(job.client, 0)
+        for job in self._running:
+            counts[job.client] = counts.get(job.client, 0) + 1
+        return counts
+
+    def _share(self, clients: int) -> int:
+        return max(1, self.settings.max_batch_size // max(1, clients))
+
+    def _priority(self, job: BatchJob, now: float, counts: dict[str, int], share: int) -> tuple[bool, bool, float]:
+        """Sort key of a waiting job: a client within its share first, a preempted job first,
+        then the shortest prompt, aged (module docstring)."""
+        aged = _prefill_tokens(job) - self.settings.aging_tokens_per_s * (now - job.arrived)
+        return counts.get(job.client, 0) >= share, job.preempted == 0, aged
+
+    def _admit(self, engine: BatchingEngine, budget_left: int, prefilled: bool) -> list[BatchJob]:
+        """Move waiting jobs into the batch, best priority first, while the step's token budget,
+        the batch's size and the KV pool allow; the jobs admitted."""
         admitted: list[BatchJob] = []
         with self._cond:
-            while self._waiting and len(self._running) < self.settings.max_batch_size:
-                job = self._waiting[0]
-                if not job.sequence.lease.try_reserve(job.sequence.blocks_needed):
-                    break  # first come, first served: no overtaking by a smaller request
-                self._waiting.popleft()
+            if not self._waiting:
+                return admitted
+            now = time.monotonic()
+            counts = self._clients()
+            share = self._share(len(counts))
+            ranked = sorted(self._waiting, key=lambda job: self._priority(job, now, counts, share))
+            for job in ranked:
+                if len(self._running) >= self.settings.max_batch_size:
+                    break
+                others_waiting = any(other.client != job.client for other in self._waiting)
+                if counts.get(job.client, 0) >= share and others_waiting:
+                    continue  # past its client's share while another client waits
+                tokens = engine.next_tokens(job.sequence)
+                if prefilled and tokens > budget_left:
+                    continue  # a shorter one may still fit this step
+                wanted = engine.blocks_wanted(job.sequence)
+                if job.preempted and engine.kv_blocks().free < wanted + len(self._running):
+                    break  # back only with a block of room per running job, or it would thrash
+                if not job.sequence.lease.try_reserve(wanted):
+                    break  # the blocks go to the best-ranked first: lower ones do not take them meanwhile
+                budget_left -= tokens
+                prefilled = True
+                counts[job.client] = counts.get(job.client, 0) + 1
+                job.joined = next(self._joins)
+                self._waiting.remove(job)
                 self._running.append(job)
                 admitted.append(job)
+            earliest = min((job.arrived for job in self._waiting), default=None)
         for job in admitted:
-            self._callback(job, job.on_admitted)
+            self.observer.batch_admitted(now - job.arrived, earliest is not None and earliest < job.arrived)
+            if not job.started:
+                job.started = True
+                self._callback(job, job.on_admitted)
         if admitted:
             self._report()
+        return admitted
 
     def _deliver(self, outcomes: list[Any]) -> None:
         by_sequence = {id(job.sequence): job for job in self._running}
@@ -314,3 +466,10 @@ class BatchScheduler:
     def _report(self) -> None:
         running, waiting = self.counts()
         self.observer.set_batch(running, waiting)
+
+
+def _prefill_tokens(job: BatchJob) -> int:
+    """Tokens its prefill still has to feed (its prompt, or all it knows once preempted)."""
+    sequence = job.sequence
+    known = getattr(sequence, "known", None)
+    return int(known) if known is not None else len(job.prompt_ids)

@@ -6,7 +6,8 @@
 * ``GET /v1/models``: the one model this worker serves, and whether it is ready.
 
 Generation runs on the engine's batch (`batch_scheduler`): every request in flight shares
-one running batch, joining and leaving it at token boundaries; the engine works in its own
+one running batch, joining and leaving it at token boundaries, each client (by API key when
+the request carries one, else by address: `client_of`) with its share of the batch; the engine works in its own
 thread (torch releases the GIL), so probes and metrics answer while it loads, warms or
 serves; tokenisation runs in a few threads beside it.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import threading
@@ -187,7 +189,9 @@ class CompletionsApi:
             steps: asyncio.Queue[object] = asyncio.Queue()
             job_ended = asyncio.Event()
             try:
-                self.scheduler.submit(self._job(ident, prompt_ids, parsed, steps, generation, job_ended))
+                job = self._job(ident, prompt_ids, parsed, steps, generation, job_ended)
+                job.client = client_of(request)
+                self.scheduler.submit(job)
             except KVCacheTooSmall as error:
                 raise BadRequest(400, str(error), param="max_tokens") from None
             except RequestError as error:  # the engine's checks beyond the body's: the prompt's token ids
@@ -397,6 +401,15 @@ class CompletionsApi:
             # aiohttp drop it quietly; raising would be logged as a 500.
             generation.disconnected()
         return response
+
+
+def client_of(request: web.Request) -> str:
+    """Who sent a request, for the batch's per-client share: its API key (the bearer token a
+    gateway or client presents; only a digest is kept, never the key), else its peer address."""
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and key.strip():
+        return "key:" + hashlib.sha256(key.strip().encode()).hexdigest()[:16]
+    return f"addr:{request.remote or 'unknown'}"
 
 
 def _answer_for(error: BaseException) -> BaseException:

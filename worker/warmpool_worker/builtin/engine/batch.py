@@ -7,10 +7,13 @@ the engine's shared pool, `kv_cache`), how far its prefill got and what it gener
 
 * a sequence still in its prefill feeds its next *chunk* of prompt tokens.  Chunks end at
   multiples of ``chunk_tokens`` counted from the prompt's start, whatever else is in the
-  batch, so a request is cut the same way served alone or among others; the chunks of one
-  step together stay within ``chunk_tokens`` (the first always goes), so a long prompt
-  delays the decodes beside it by one chunk per step, never by its whole length;
-* a decoding sequence feeds its last token and gets the next one.
+  batch, so a request is cut the same way served alone or among others.  Which sequences go
+  in a step, and so how many prompt tokens the step holds, is the scheduler's choice (its
+  per-step token budget, `batch_scheduler`): every sequence given advances by one chunk;
+* a decoding sequence feeds its last token and gets the next one;
+* a sequence that was preempted (`preempt`: its KV dropped to make room) is recomputed: its
+  prompt and the tokens it generated so far are prefilled again, in the same chunks, and
+  the last chunk's logits give its next token, so it goes on where it stopped.
 
 Logits are computed only for the rows that sample (a decode, or the last chunk of a
 prompt), each row is checked finite on its own (a sequence whose logits hold NaN/Inf fails
@@ -36,7 +39,14 @@ from warmpool_worker.builtin.engine.decoding import (
     sample,
     text_increment,
 )
-from warmpool_worker.builtin.engine.kv_cache import KVBlockPool, KVCache, KVLease, blocks_for, kv_capacity
+from warmpool_worker.builtin.engine.kv_cache import (
+    KVBlockPool,
+    KVCache,
+    KVExhausted,
+    KVLease,
+    blocks_for,
+    kv_capacity,
+)
 from warmpool_worker.builtin.engine.maths import LayerWeights, Model, Segment, Weights, forward_segments
 from warmpool_worker.builtin.engine.prefix_kv import PrefixKVStore
 from warmpool_worker.engine_api import GenerationStep, NonFiniteLogitsError, RequestError
@@ -66,12 +76,27 @@ class SequenceState:
 
     @property
     def blocks_needed(self) -> int:
-        """Blocks to reserve before it may run: its prompt and its whole budget."""
+        """Blocks it holds at most (its prompt and its whole budget): a request whose
+        `blocks_needed` exceeds the whole pool can never finish, so it is refused up front."""
         return blocks_for(self.limit)
 
     @property
+    def known(self) -> int:
+        """Tokens it has: its prompt and what it generated."""
+        return len(self.ids) + len(self.generated)
+
+    @property
     def prefilling(self) -> bool:
-        return self.filled < len(self.ids)
+        """Not yet started, or more than one known token still to feed (a prompt, or a
+        preempted generation being recomputed)."""
+        return self.cache is None or self.known - self.filled > 1
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Known tokens [start, end): the prompt's, then the generated ones."""
+        prompt = len(self.ids)
+        if start >= prompt:
+            return self.generated[start - prompt : end - prompt]
+        return self.ids[start:end] + self.generated[: max(0, end - prompt)]
 
 
 @dataclass(frozen=True)
@@ -129,49 +154,59 @@ class BatchRunner:
         sequence.cache = None
         sequence.lease.release()
 
+    def preempt(self, sequence: SequenceState) -> None:
+        """Drop its KV and give its blocks back; its next step recomputes its prompt and the
+        tokens it generated (module docstring), so its greedy output is unchanged."""
+        sequence.cache = None
+        sequence.filled = 0
+        sequence.lease.release()
+
+    # ---- what a step needs (the scheduler plans with these) -------------------------------
+    def next_tokens(self, sequence: SequenceState) -> int:
+        """Tokens its next step feeds: one for a decode, its next chunk for a prefill."""
+        return self._chunk_end(sequence) - sequence.filled
+
+    def blocks_wanted(self, sequence: SequenceState) -> int:
+        """Blocks to reserve, beyond what its lease holds, before its next step can run: the
+        prompt's (all it has) when it starts, else those its next chunk or token spills into."""
+        positions = sequence.known if sequence.cache is None else sequence.filled + self.next_tokens(sequence)
+        return max(0, blocks_for(positions) - sequence.lease.reserved)
+
     # ---- one step ------------------------------------------------------------------------
     def _chunk_end(self, sequence: SequenceState) -> int:
         step = self.chunk_tokens
-        return min(len(sequence.ids), (sequence.filled // step + 1) * step)
+        return min(sequence.known, (sequence.filled // step + 1) * step)
 
     def _plan(self, sequences: Sequence[SequenceState]) -> tuple[list[_Planned], list[StepOutcome]]:
-        """The segments of this step, and the sequences that failed to start (each alone)."""
+        """The segments of this step (one chunk or token per sequence), and the sequences that
+        could not take part (each alone: its cache could not be allocated or grown)."""
         planned: list[_Planned] = []
         failed: list[StepOutcome] = []
-        prefill_left = self.chunk_tokens
-        prefilled_any = False
         for sequence in sequences:
             if sequence.finished:
                 continue
-            if sequence.cache is None:
-                try:
+            try:
+                if sequence.cache is None:
                     self._start(sequence)
-                except Exception as error:  # e.g. its cache could not be allocated: it alone fails
-                    failed.append(StepOutcome(sequence, error=error))
-                    continue
-            if sequence.prefilling:
+                assert sequence.cache is not None
                 end = self._chunk_end(sequence)
-                size = end - sequence.filled
-                if prefilled_any and size > prefill_left:
-                    continue  # its chunk waits for the next step
-                prefilled_any = True
-                prefill_left -= size
-                tokens: Sequence[int] = sequence.ids[sequence.filled : end]
-                wants = end == len(sequence.ids)
-            else:
-                tokens, wants = [sequence.generated[-1]], True
-            assert sequence.cache is not None
-            sequence.lease.grow(sequence.cache, sequence.filled + len(tokens), sequence.limit)
-            planned.append(_Planned(sequence, Segment(tokens, sequence.filled, sequence.cache, wants)))
+                tokens = sequence.tokens(sequence.filled, end)
+                sequence.lease.grow(sequence.cache, end, sequence.limit)
+            except Exception as error:  # e.g. its cache could not be allocated: it alone fails
+                failed.append(StepOutcome(sequence, error=error))
+                continue
+            planned.append(_Planned(sequence, Segment(tokens, sequence.filled, sequence.cache,
+                                                      end == sequence.known)))
         return planned, failed
 
     def _start(self, sequence: SequenceState) -> None:
-        """Its first cache (sized for the prompt, in whole blocks), seeded from a stored warm prefix."""
-        if sequence.lease.reserved == 0:  # outside the scheduler's admission (warm-up, direct calls)
-            sequence.lease.force_reserve(sequence.blocks_needed)
-        capacity = kv_capacity(len(sequence.ids), 0, sequence.limit)
+        """Its first cache (sized for what it knows, in whole blocks), seeded from a stored warm prefix."""
+        capacity = kv_capacity(sequence.known, 0, sequence.limit)
+        if not sequence.lease.cover(blocks_for(capacity)):
+            raise KVExhausted(f"the KV cache is full: no room for a {sequence.known}-token prompt's blocks")
         sequence.cache = sequence.lease.hold(self._new_cache(1, capacity))
-        sequence.filled = self._prefix_kv.seed(sequence.ids, sequence.cache)
+        known = sequence.ids + sequence.generated
+        sequence.filled = self._prefix_kv.seed(known, sequence.cache)
 
     def step(self, sequences: Sequence[SequenceState]) -> list[StepOutcome]:
         """Advance these sequences by one step (module docstring); finished ones are skipped.

@@ -2,11 +2,15 @@
 
 A generation's K/V live in a `KVCache` of its own, whose capacity is always a whole number of
 blocks of `KV_BLOCK_TOKENS` positions and grows with the tokens generated (never sized up
-front for max_tokens), by at least a quarter each time so the copies stay amortised O(1)
-per token.  Every block held comes out of one `KVBlockPool`, bounded by bytes
-(``--kv-cache-bytes``): a request is admitted to the batch only when the blocks for its
-prompt plus its max_tokens can be *reserved*, so no request ever stops half-way for memory;
-blocks are *used* (allocated) only as its tokens come.
+front for max_tokens), by a quarter each time when the pool has room for that (so the copies
+stay amortised O(1) per token) and by the blocks it needs exactly when it does not.  Every
+block held comes out of one `KVBlockPool`, bounded by bytes (``--kv-cache-bytes``).  Under the
+batch's scheduler a generation's lease is *bounded*: the scheduler reserves, step by step, the
+blocks each running generation's next step needs (a prompt's blocks when it joins, one more
+block now and then as it decodes), and when the pool cannot give them it preempts a running
+generation (`batch_scheduler`) rather than letting a request reserve its whole max_tokens up
+front.  A lease outside the scheduler (a warm-up step, a direct engine call) borrows past the
+bound: the batch is held while it runs.
 
 Why one contiguous cache per sequence rather than a paged pool with a block table: on CPU,
 attention over pages needs a gather (a copy of every page a sequence holds, per layer, per
@@ -68,8 +72,13 @@ class KVCache:
     def blocks(self) -> int:
         return self.keys[0].shape[0] * blocks_for(self.capacity)
 
-    def ensure(self, needed: int, limit: int) -> int:
-        """Grow (by copying into larger zeroed tensors) to hold `needed` positions; blocks added.
+    @property
+    def rows(self) -> int:
+        return self.keys[0].shape[0]
+
+    def ensure(self, needed: int, limit: int, size: int | None = None) -> int:
+        """Grow (by copying into larger zeroed tensors) to hold `needed` positions, to `size`
+        positions when given (else the amortised `kv_capacity`); blocks added.
 
         Zeroed, not empty: a padded batch row attends over the whole capacity under a mask,
         and 0 x NaN from uninitialised memory would poison it.
@@ -77,7 +86,7 @@ class KVCache:
         if needed <= self.capacity:
             return 0
         before = self.blocks
-        size = kv_capacity(needed, self.capacity, limit)
+        size = kv_capacity(needed, self.capacity, limit) if size is None else size
         if size < needed:
             raise RequestError(f"the KV cache cannot grow to {needed} positions (limit {limit})")
 
@@ -141,14 +150,21 @@ class KVBlockPool:
         return KVLease(self)
 
 
+class KVExhausted(RequestError):
+    """A bounded lease's cache had to grow past the blocks reserved for it and the pool had none."""
+
+
 class KVLease:
-    """The blocks one generation holds: reserved once, used as its cache is allocated or
-    grown, all given back by `release` (in the generation's `finally`, however it ends)."""
+    """The blocks one generation holds: reserved (ahead of its next step when `bounded`, by the
+    scheduler; borrowed past the bound otherwise), used as its cache is allocated or grown,
+    all given back by `release` (in the generation's `finally`, however it ends)."""
 
     def __init__(self, pool: KVBlockPool) -> None:
         self._pool = pool
         self.reserved = 0
         self.used = 0
+        #: Under the scheduler: growth past the reserved blocks must find them free in the pool.
+        self.bounded = False
 
     def try_reserve(self, blocks: int) -> bool:
         if not self._pool.try_reserve(blocks):
@@ -168,8 +184,30 @@ class KVLease:
         self._use(cache.blocks)
         return cache
 
+    def cover(self, blocks: int) -> bool:
+        """Hold at least `blocks` reserved in all: reserve the difference (past the bound when
+        not `bounded`); False when a bounded lease cannot."""
+        extra = blocks - self.reserved
+        if extra <= 0:
+            return True
+        if self.bounded:
+            return self.try_reserve(extra)
+        self.force_reserve(extra)
+        return True
+
     def grow(self, cache: KVCache, needed: int, limit: int) -> None:
-        self._use(cache.ensure(needed, limit))
+        """Grow the cache to hold `needed` positions: by the amortised quarter when the blocks
+        for it can be covered, else by exactly the blocks needed; KVExhausted when not even those."""
+        if needed <= cache.capacity:
+            return
+        amortised = kv_capacity(needed, cache.capacity, limit)
+        exact = blocks_for(needed) * KV_BLOCK_TOKENS
+        for size in (amortised, exact):
+            if self.cover(cache.rows * blocks_for(size)):
+                self._use(cache.ensure(needed, limit, size))
+                return
+        raise KVExhausted(f"the KV cache is full: no block left to grow a generation to {needed} positions "
+                          f"(--kv-cache-bytes holds {self._pool.total} blocks)")
 
     def release(self) -> None:
         self._pool._change(-self.reserved, -self.used)

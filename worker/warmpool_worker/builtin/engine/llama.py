@@ -227,6 +227,15 @@ class LlamaEngine:
     def close_sequence(self, sequence: SequenceState) -> None:
         self.batch.close(sequence)
 
+    def next_tokens(self, sequence: SequenceState) -> int:
+        return self.batch.next_tokens(sequence)
+
+    def blocks_wanted(self, sequence: SequenceState) -> int:
+        return self.batch.blocks_wanted(sequence)
+
+    def preempt_sequence(self, sequence: SequenceState) -> None:
+        self.batch.preempt(sequence)
+
     def generate(self, token_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
                  ) -> Iterator[GenerationStep]:
         """One generation on its own: a batch of one (the same steps as served), or the
