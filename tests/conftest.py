@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 TEST_KINDS = ("unit", "integration", "e2e", "node_lifecycle")
 
 
+#: Fixtures that start a server or a cluster: no test under tests/unit/ may use one.
+SERVER_FIXTURES = frozenset({"cluster", "namespace", "api_server"})
+UNIT_FOLDER = Path(__file__).resolve().parent / "unit"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     unmarked = [item.nodeid for item in items
                 if sum(1 for kind in TEST_KINDS if item.get_closest_marker(kind) is not None) != 1]
@@ -34,6 +39,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("each test needs exactly one of the markers " + ", ".join(TEST_KINDS)
                                 + " (pytestmark = pytest.mark.<kind>); these have none or several:\n  "
                                 + "\n  ".join(unmarked[:20]))
+    # tests/unit/ is what `make unit` runs in about a minute: no server, no cluster.  A test with a
+    # real API server twin (the control_cluster fixture's "api" run) lives in tests/integration/.
+    def starts_a_server(item: pytest.Item) -> bool:
+        return item.get_closest_marker("unit") is None or bool(SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+    misplaced = sorted({str(item.path.relative_to(UNIT_FOLDER.parent)) for item in items
+                        if UNIT_FOLDER in item.path.parents and starts_a_server(item)})
+    if misplaced:
+        raise pytest.UsageError("tests under tests/unit/ start no server or cluster; these files have tests "
+                                "that do (move them to tests/integration/):\n  " + "\n  ".join(misplaced))
 
 
 @pytest.fixture(scope="session")

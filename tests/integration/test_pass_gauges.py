@@ -2,7 +2,7 @@
 io/metrics.py): a pass refused before any child exists (a forbidden hostPath, a name held by someone
 else, waiting for a node agent) still shows the pool's warm count and minWarm, and a Degraded gauge
 with the reason, so the alerts on them fire.  Over the in-memory API server and a real one (the
-control_cluster fixture), as tests/unit/test_control_pass.py."""
+control_cluster fixture), as tests/integration/test_control_pass.py."""
 
 from __future__ import annotations
 
