@@ -162,15 +162,21 @@ class Predictive:
         return None
 
     def on_tick(self, sim: Simulation) -> int | None:
+        if self.close_steps(sim):
+            self._forecast(sim)
+        return self.reactive.on_tick(sim)
+
+    def close_steps(self, sim: Simulation) -> bool:
+        """Record the steps that ended by now; True when any did (a forecast is due)."""
         closed = int((self.epoch_start + sim.now) // self.step_s)  # steps before this one are complete
         if self._next_step is None:
             self._next_step = int(self.epoch_start // self.step_s)
-        if closed > self._next_step:
-            for step in range(self._next_step, closed):
-                self.history.record(step, self._observe(step))
-            self._next_step = closed
-            self._forecast(sim)
-        return self.reactive.on_tick(sim)
+        if closed <= self._next_step:
+            return False
+        for step in range(self._next_step, closed):
+            self.history.record(step, self._observe(step))
+        self._next_step = closed
+        return True
 
     def _observe(self, step: int) -> StepObservation | None:
         start = step * self.step_s - self.epoch_start
@@ -253,18 +259,10 @@ class BurstPredictive:
 
     def on_tick(self, sim: Simulation) -> int | None:
         observer = self.observer
-        closed = int((observer.epoch_start + sim.now) // observer.step_s)
-        if observer._next_step is None:
-            observer._next_step = int(observer.epoch_start // observer.step_s)
         fast = self.fast_count(sim)
-        if closed > observer._next_step:
-            for step in range(observer._next_step, closed):
-                observer.history.record(step, observer._observe(step))
-            observer._next_step = closed
-            if sim.asleep and self.wake_lead_s is not None:
-                observer.lead_s_now = self.wake_lead_s
-            else:
-                observer.lead_s_now = observer.lead_s
+        if observer.close_steps(sim):
+            # a sleeper to wake serves after a wake, not a cold start: plan that far ahead
+            observer.lead_s_now = self.wake_lead_s if sim.asleep and self.wake_lead_s is not None else None
             self.floor = observer.forecast_floor(sim, reactive=fast)
         self.asks += self.floor > fast
         wanted = max(self.floor, fast)
