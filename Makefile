@@ -94,8 +94,9 @@ test: real-node-free ## every test: lint, types, unit, and integration/e2e on a 
 real-node-free:
 	@PYTHONPATH=devcluster:dev $(PYTHON) -m warmpool_devcluster.node_holder --suite-cluster "$${WARMPOOL_TEST_CLUSTER:-}"
 
+# --durations: the slowest tests in CI's log, where the suite's 30-minute budget is watched.
 suite: venv lint prepare
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=40
 	$(VENV)/bin/pytest -m node_lifecycle tests/node_lifecycle
 
 # The end-to-end suite alone (tests/e2e): the local cluster, or the one in WARMPOOL_KUBECONFIG.
