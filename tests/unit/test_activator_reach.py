@@ -117,3 +117,35 @@ async def test_a_pod_that_calls_before_its_address_arrives_is_waited_for_briefly
     # Loopback is only ever the activator's own pod: as a node, at once.
     await asyncio.wait_for(callers.settle("127.0.0.1"), 1)
     assert callers.caller("127.0.0.1").is_node
+
+
+def test_one_namespaces_relist_keeps_every_other_namespaces_policies_and_slices() -> None:
+    """The activator runs one policy watch and one slice watch per watched namespace (the chart's
+    release namespace and the pools'): each list started over every namespace's objects, so the last
+    namespace listed left the pools' namespaces with no policy (every caller admitted) and no pods.
+    Found on the real node by e2e/test_e2e_network_policies.py."""
+    from warmpool_operator.activator.pools import Pools
+
+    callers = Callers()
+    for ip, namespace in ((OTHER.ip, "team-a"), (SAME.ip, "team-b")):
+        callers.pod("ADDED", {"metadata": {"uid": ip, "namespace": namespace, "labels": {"app": "gateway"}},
+                              "status": {"podIP": ip}})
+    callers.network_policy("ADDED", {"metadata": {"namespace": "team-b", "uid": "p"},
+                                     **policy([{"from": [{"podSelector": {}}]}])})
+    assert not callers.may_reach(OTHER.ip, POOL)
+    callers.relisted_network_policies("team-a")  # team A's watch lists: team B's policy stays
+    assert not callers.may_reach(OTHER.ip, POOL) and callers.may_reach(SAME.ip, POOL)
+    callers.relisted_network_policies("team-b")
+    assert callers.may_reach(OTHER.ip, POOL), "team B's own list starts its policies over"
+
+    pools = Pools()
+    pools.warmmodel("ADDED", {"metadata": {"namespace": "team-b", "name": "m", "uid": "u-m"},
+                              "spec": {"model": {"hostPath": {"path": "/m"}}, "pool": {}}})
+    pools.endpoint_slice("ADDED", {"metadata": {"namespace": "team-b", "name": "m-pods",
+                                                "ownerReferences": [{"uid": "u-m"}]},
+                                   "ports": [{"port": 8080}], "endpoints": [{"addresses": ["10.0.0.7"]}]})
+    assert pools.pool(("team-b", "m")).pods == ["http://10.0.0.7:8080"]
+    pools.relisted_endpoint_slices("team-a")
+    assert pools.pool(("team-b", "m")).pods == ["http://10.0.0.7:8080"]
+    pools.relisted_endpoint_slices("team-b")
+    assert pools.pool(("team-b", "m")).pods == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -141,6 +142,10 @@ async def serve(args: argparse.Namespace, client: KubeClient, tracing: Tracing |
         event = asyncio.Event()
         synced.append(event)
         on_event, on_list = handlers[kind]
+        if kind in ("endpointslice", "networkpolicy") and "/namespaces/" in path:
+            # One watch per namespace: its relist starts over that namespace's objects alone.
+            relisted = pools.relisted_endpoint_slices if kind == "endpointslice" else callers.relisted_network_policies
+            on_list = functools.partial(relisted, path.split("/namespaces/")[1].split("/")[0])
         watches.append(asyncio.create_task(list_watch(client, path, selector or None, on_event, on_list, event)))
     # No pooled connection outlives a pod: each forward dials afresh (milliseconds on the node's network).
     connector = aiohttp.TCPConnector(force_close=True)

@@ -107,8 +107,14 @@ class Callers:
         else:
             held[uid] = {"spec": body.get("spec") or {}}
 
-    def relisted_network_policies(self) -> None:
-        self.policies.clear()
+    def relisted_network_policies(self, namespace: str | None = None) -> None:
+        """A full list of ``namespace``'s policies follows (None: every namespace's).  One watch
+        runs per watched namespace: its list must not drop the other namespaces' policies (a pool
+        whose namespace has none admits every caller)."""
+        if namespace is None:
+            self.policies.clear()
+        else:
+            self.policies.pop(namespace, None)
 
     # ---------------------------------------------------------------- decisions
 

@@ -187,11 +187,14 @@ class Pools:
             if key[0] == where[0] and pods_slice_name(key[1]) == where[1]:
                 self._refresh_pods(key)
 
-    def relisted_endpoint_slices(self) -> None:
-        """A full list follows: forget every pool's pods (the list brings back those that remain)."""
-        self._slices.clear()
+    def relisted_endpoint_slices(self, namespace: str | None = None) -> None:
+        """A full list of ``namespace``'s slices follows (None: every namespace's): forget those
+        pools' pods (the list brings back those that remain), and no other namespace's."""
+        self._slices = {where: seen for where, seen in self._slices.items()
+                        if namespace is not None and where[0] != namespace}
         for key in self.pools:
-            self._refresh_pods(key)
+            if namespace is None or key[0] == namespace:
+                self._refresh_pods(key)
 
     def _refresh_pods(self, key: PoolKey) -> None:
         """The pool's pods: those of the slice named as the operator names it, owned by its WarmModel."""
