@@ -479,8 +479,22 @@ def run_pod(cluster: ClusterLike, namespace: str, name: str, image: str, command
             timeout: float = 300.0) -> tuple[str, str]:
     """Run ``command`` once in a pod of ``image`` as the chart runs its containers (UID 65532, no
     privilege, read-only root filesystem, a /tmp emptyDir); its final phase and its log."""
-    pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(one_shot_pod(name, image, command)))
+    deadline = time.monotonic() + timeout
+    phase = ""
+    while time.monotonic() < deadline:
+        phase = cluster.kubectl("-n", namespace, "get", "pod", name, "-o", "jsonpath={.status.phase}").stdout
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    log = cluster.kubectl("-n", namespace, "logs", name, check=False)
+    return phase, log.stdout + log.stderr
+
+
+def one_shot_pod(name: str, image: str, command: list[str], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod that runs ``command`` once, as the chart runs its containers (see run_pod)."""
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}},
         "spec": {
             "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
             "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
@@ -494,16 +508,6 @@ def run_pod(cluster: ClusterLike, namespace: str, name: str, image: str, command
             "volumes": [{"name": "tmp", "emptyDir": {}}],
         },
     }
-    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(pod))
-    deadline = time.monotonic() + timeout
-    phase = ""
-    while time.monotonic() < deadline:
-        phase = cluster.kubectl("-n", namespace, "get", "pod", name, "-o", "jsonpath={.status.phase}").stdout
-        if phase in ("Succeeded", "Failed"):
-            break
-        time.sleep(1)
-    log = cluster.kubectl("-n", namespace, "logs", name, check=False)
-    return phase, log.stdout + log.stderr
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:
