@@ -9,9 +9,8 @@ replica with every Host that names team B's pool, and by traversal paths.  A for
 (the right labels, no owner) never becomes the pool's pods.  Nothing crosses; team B's requests are
 held and answered with the engine's greedy text.
 
-The policy itself (team A straight at a worker pod's port) is not enforced on the dev cluster: its
-bridge CNI enforces no NetworkPolicy, and kube-network-policies needs an nftables queue this
-machine's kernel lacks (docs/reliability.md, Known gaps).
+The policy itself (team A straight at a worker pod's port) is enforced, by the project's own
+enforcer, in test_e2e_network_policies.py (docs/reliability.md MT25).
 """
 
 from __future__ import annotations
