@@ -1,4 +1,4 @@
-"""The settled-warm-up rule on the real built-in engine (issue 43 item 3): a tiny model, real
+"""The settled-warm-up rule on the real built-in engine: a tiny model, real
 prefills timed by the real clock.  A bucket stops early when its latency is flat, and no bucket
 ever runs past the plan's prompts per bucket (the ceiling)."""
 

@@ -1,4 +1,4 @@
-"""`warmpool bench serve`'s llama-server peer (issue 43 item 5): where the binary is looked for and
+"""`warmpool bench serve`'s llama-server peer: where the binary is looked for and
 what is said when it is absent, its command (--parallel = the level's concurrency, continuous
 batching, the context of all slots), and the side-by-side scaling table."""
 

@@ -1,4 +1,4 @@
-"""Warm-up stops a bucket once its latency has settled (issue 43 item 3), on synthetic latencies:
+"""Warm-up stops a bucket once its latency has settled, on synthetic latencies:
 the rule itself, and `execute_plan` driven by a clock that each prefill advances by a scripted time."""
 
 from __future__ import annotations

@@ -296,6 +296,14 @@ class WarmupProgress:
         buckets = tuple(b for b in plan.buckets if not self.bucket_done(b, plan))
         return replace(plan, resident_layers=layers, buckets=buckets)
 
+    def record_prefill(self, bucket: int, seconds: float, settle: SettleRule) -> None:
+        """One more prefill of `bucket`, which took `seconds`; the bucket settles when `settle` says so."""
+        self.prefills[bucket] = self.prefills.get(bucket, 0) + 1
+        timings = self.seconds.setdefault(bucket, [])
+        timings.append(seconds)
+        if settle.settled(timings):
+            self.settled[bucket] = self.prefills[bucket]
+
     def settle_report(self, plan: WarmupPlan) -> str:
         """One line per the plan's buckets: settled after how many prefills, or at the ceiling."""
         parts = []
@@ -392,6 +400,17 @@ def _save_prefix(
     progress.kv_saved += 1
 
 
+def _load_prefix(engine: Engine, ids: Sequence[int], kv_path: Path, progress: WarmupProgress) -> None:
+    """Reuse a persisted warm prefix; a stale or unusable one is logged and ignored."""
+    try:
+        if engine.load_prefix_kv(ids, kv_path):
+            progress.kv_loaded += 1
+        else:
+            log.warning("warm prefix %s is stale or mismatched: ignored", kv_path)
+    except ModelLoadError as error:
+        log.warning("warm prefix unusable: %s", error)
+
+
 class WarmupStopped(Exception):
     """The plan was cut short because the tier became stricter."""
 
@@ -458,35 +477,17 @@ def execute_plan(
                 ids = sized_prompt_tokens(prompts, bucket, engine.encode, variant=variant)
                 kv_path = kv_prefix_path(kv_dir, engine.model_digest, ids) if kv_dir is not None else None
                 if kv_path is not None and kv_path.exists():
-                    try:
-                        if engine.load_prefix_kv(ids, kv_path):
-                            progress.kv_loaded += 1
-                        else:
-                            log.warning("warm prefix %s is stale or mismatched: ignored", kv_path)
-                    except ModelLoadError as error:
-                        log.warning("warm prefix unusable: %s", error)
+                    _load_prefix(engine, ids, kv_path, progress)
                 generate_started = clock()
                 for _step in engine.generate(ids, max_new_tokens=plan.decode_tokens):
                     pass
                 seconds = clock() - generate_started
                 if kv_path is not None and not kv_path.exists():
                     _save_prefix(engine, ids, kv_path, progress, on_kv_save_error)
-            progress.prefills[bucket] = variant + 1
-            timings = progress.seconds.setdefault(bucket, [])
-            timings.append(seconds)
-            if settle.settled(timings):
-                progress.settled[bucket] = variant + 1
+            progress.record_prefill(bucket, seconds, settle)
             if on_prefill is not None:
                 on_prefill(bucket)
-            log.info(
-                "warm-up (%s): bucket %d prompt %d/%d in %.3fs (prefill+decode %.3fs, waited %.3fs)%s",
-                plan.tier.value,
-                bucket,
-                variant + 1,
-                plan.prompts_per_bucket,
-                clock() - started,
-                seconds,
-                locked_at - started,
-                ": settled" if bucket in progress.settled else "",
-            )
+            log.info("warm-up (%s): bucket %d prompt %d/%d in %.3fs (prefill+decode %.3fs, waited %.3fs)%s",
+                     plan.tier.value, bucket, variant + 1, plan.prompts_per_bucket, clock() - started, seconds,
+                     locked_at - started, ": settled" if bucket in progress.settled else "")
     return progress
