@@ -1,4 +1,4 @@
-"""The built-in engine's scheduling figures of issue 43, in process (no HTTP), on a tiny model.
+"""The built-in engine's scheduling figures, in process (no HTTP), on a tiny model.
 
 ``python -m warmpool_bench.serve_scheduling [OUT.json]`` prints, with the load average at
 start and end:

@@ -194,7 +194,7 @@ def batch_bucket(size: int) -> int:
 #: with every pool's scrape of it still in flight (operator; no labels).
 METRIC_OPERATOR_SCRAPE_ROUNDS_CUT = "warmpool_operator_scrape_rounds_cut_total"
 
-#: The built-in engine's scheduling (issue 43): requests waiting for the running batch, those
+#: The built-in engine's scheduling: requests waiting for the running batch, those
 #: preempted (their KV dropped to make room, recomputed when they run again) included; running
 #: requests preempted because the KV cache ran out; requests that joined the batch ahead of one
 #: that arrived earlier (shortest first, a client's share), and the seconds they waited to join.

@@ -147,7 +147,36 @@ def process_start_time(proc: Path = Path("/proc")) -> float:
         return time.time()
 
 
-class WorkerMetrics:
+class _SchedulingMetrics:
+    """The built-in batch's scheduling figures (its queue, preemptions, overtakes): part of
+    `WorkerMetrics`, which registers them (`_register_scheduling`) and is the batch's observer."""
+
+    def _register_scheduling(self, r: CollectorRegistry) -> None:
+        self.batch_waiting = Gauge(
+            METRIC_BATCH_WAITING, "Requests waiting for the engine's running batch (preempted ones included)",
+            registry=r,
+        )
+        self.batch_preemptions = Counter(
+            METRIC_BATCH_PREEMPTIONS, "Running requests preempted (KV dropped, recomputed later) for lack of KV",
+            registry=r,
+        )
+        self.batch_overtakes = Counter(
+            METRIC_BATCH_OVERTAKES, "Requests that joined the batch ahead of one that arrived earlier", registry=r
+        )
+        self.batch_queue_wait = Counter(
+            METRIC_BATCH_QUEUE_WAIT_SECONDS, "Seconds requests waited to join the batch", registry=r
+        )
+
+    def batch_admitted(self, waited_s: float, overtook: bool) -> None:
+        self.batch_queue_wait.inc(max(0.0, waited_s))
+        if overtook:
+            self.batch_overtakes.inc()
+
+    def batch_preempted(self) -> None:
+        self.batch_preemptions.inc()
+
+
+class WorkerMetrics(_SchedulingMetrics):
     """All the worker's series in one registry; methods named after what happened."""
 
     def __init__(self, process_start: float | None = None) -> None:
@@ -285,20 +314,7 @@ class WorkerMetrics:
         self.kv_blocks_free = Gauge(
             METRIC_KV_BLOCKS_FREE, "KV-cache blocks a new request can still reserve", registry=r
         )
-        self.batch_waiting = Gauge(
-            METRIC_BATCH_WAITING, "Requests waiting for the engine's running batch (preempted ones included)",
-            registry=r,
-        )
-        self.batch_preemptions = Counter(
-            METRIC_BATCH_PREEMPTIONS, "Running requests preempted (KV dropped, recomputed later) for lack of KV",
-            registry=r,
-        )
-        self.batch_overtakes = Counter(
-            METRIC_BATCH_OVERTAKES, "Requests that joined the batch ahead of one that arrived earlier", registry=r
-        )
-        self.batch_queue_wait = Counter(
-            METRIC_BATCH_QUEUE_WAIT_SECONDS, "Seconds requests waited to join the batch", registry=r
-        )
+        self._register_scheduling(r)
         self.tokens_per_second = Gauge(
             METRIC_GENERATION_TOKENS_PER_SECOND,
             f"Tokens generated per second over the last {TOKENS_PER_SECOND_WINDOW:g} s", registry=r,
@@ -403,14 +419,6 @@ class WorkerMetrics:
     def set_batch(self, running: int, waiting: int) -> None:
         self.requests_running.set(running)
         self.batch_waiting.set(waiting)
-
-    def batch_admitted(self, waited_s: float, overtook: bool) -> None:
-        self.batch_queue_wait.inc(max(0.0, waited_s))
-        if overtook:
-            self.batch_overtakes.inc()
-
-    def batch_preempted(self) -> None:
-        self.batch_preemptions.inc()
 
     def engine_step(self, seconds: float, tokens: int, batch: int, finished: int) -> None:
         """One batch step of ``batch`` requests: its wall time is engine-busy time, once, whatever

@@ -301,8 +301,7 @@ class BatchScheduler:
 
     # ---- planning one step (module docstring) ------------------------------------------------
     def _plan(self, engine: BatchingEngine) -> list[BatchJob]:
-        """The jobs this step runs, their KV blocks reserved: decodes, prefills under way, then
-        new ones; preempting the lowest-priority running job when the blocks run out."""
+        """The jobs this step runs, their KV blocks reserved (module docstring)."""
         budget = self.settings.step_tokens
         with self._cond:
             running = list(self._running)
@@ -323,14 +322,13 @@ class BatchScheduler:
         return chosen + admitted
 
     def _reserve_or_preempt(self, engine: BatchingEngine, chosen: list[BatchJob]) -> list[BatchJob]:
-        """Reserve the blocks the chosen jobs' step needs; while the pool cannot give them,
-        preempt (module docstring).  One job alone always fits (`submit` refused the rest)."""
+        """Reserve the chosen jobs' blocks, preempting while the pool lacks them (one job alone fits)."""
         while sum(engine.blocks_wanted(job.sequence) for job in chosen) > engine.kv_blocks().free:
             with self._cond:
                 if len(self._running) < 2:
                     break
-                counts = self._clients()
-                share = self._share(len(counts))
+                counts = client_counts(self._running, self._waiting)
+                share = fair_share(self.settings.max_batch_size, len(counts))
                 # preempted first: a client past its share, then the most recently joined
                 victim = max(self._running, key=lambda job: (counts[job.client] > share, job.joined))
             self._preempt(engine, victim)
@@ -345,28 +343,9 @@ class BatchScheduler:
         with self._cond:
             self._running.remove(job)
             self._waiting.insert(0, job)
-        log.info("KV cache full: preempted a request after %d generated token(s); it will be recomputed",
-                 len(getattr(job.sequence, "generated", ())))
+        log.info("KV cache full: preempted a request (%d before), recomputed when it runs again", job.preempted - 1)
         self.observer.batch_preempted()
         self._report()
-
-    def _clients(self) -> dict[str, int]:
-        """Running jobs per client with work (running or waiting); caller holds the lock."""
-        counts: dict[str, int] = {}
-        for job in self._waiting:
-            counts.setdefault(job.client, 0)
-        for job in self._running:
-            counts[job.client] = counts.get(job.client, 0) + 1
-        return counts
-
-    def _share(self, clients: int) -> int:
-        return max(1, self.settings.max_batch_size // max(1, clients))
-
-    def _priority(self, job: BatchJob, now: float, counts: dict[str, int], share: int) -> tuple[bool, bool, float]:
-        """Sort key of a waiting job: a client within its share first, a preempted job first,
-        then the shortest prompt, aged (module docstring)."""
-        aged = _prefill_tokens(job) - self.settings.aging_tokens_per_s * (now - job.arrived)
-        return counts.get(job.client, 0) >= share, job.preempted == 0, aged
 
     def _admit(self, engine: BatchingEngine, budget_left: int, prefilled: bool) -> list[BatchJob]:
         """Move waiting jobs into the batch, best priority first, while the step's token budget,
@@ -376,9 +355,10 @@ class BatchScheduler:
             if not self._waiting:
                 return admitted
             now = time.monotonic()
-            counts = self._clients()
-            share = self._share(len(counts))
-            ranked = sorted(self._waiting, key=lambda job: self._priority(job, now, counts, share))
+            counts = client_counts(self._running, self._waiting)
+            share = fair_share(self.settings.max_batch_size, len(counts))
+            aging = self.settings.aging_tokens_per_s
+            ranked = sorted(self._waiting, key=lambda job: waiting_rank(job, now, counts, share, aging))
             for job in ranked:
                 if len(self._running) >= self.settings.max_batch_size:
                     break
@@ -466,6 +446,27 @@ class BatchScheduler:
     def _report(self) -> None:
         running, waiting = self.counts()
         self.observer.set_batch(running, waiting)
+
+
+def client_counts(running: list[BatchJob], waiting: list[BatchJob]) -> dict[str, int]:
+    """Running jobs per client with work (running or waiting)."""
+    counts: dict[str, int] = dict.fromkeys((job.client for job in waiting), 0)
+    for job in running:
+        counts[job.client] = counts.get(job.client, 0) + 1
+    return counts
+
+
+def fair_share(max_batch_size: int, clients: int) -> int:
+    """Running slots each client with work may hold while another client waits."""
+    return max(1, max_batch_size // max(1, clients))
+
+
+def waiting_rank(job: BatchJob, now: float, counts: dict[str, int], share: int,
+                 aging_tokens_per_s: float) -> tuple[bool, bool, float]:
+    """Sort key of a waiting job: a client within its share first, a preempted job first,
+    then the shortest prompt, aged (module docstring)."""
+    aged = _prefill_tokens(job) - aging_tokens_per_s * (now - job.arrived)
+    return counts.get(job.client, 0) >= share, job.preempted == 0, aged
 
 
 def _prefill_tokens(job: BatchJob) -> int:
