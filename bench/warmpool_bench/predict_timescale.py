@@ -1,4 +1,6 @@
-"""The forecast's time scale read off the traffic itself (pure): its step and its horizon.
+"""The forecast's time scale read off the traffic itself (pure): its step and its horizon, for the
+offline replay (`bench predict`).  The live operator still forecasts at ``--predict-step-seconds``:
+a step chosen here would need its stored history resampled first.
 
 A step longer than the bursts averages them away (a 60 s step over 10-30 s bursts holds pods for
 the whole minute); a step shorter than the data's resolution forecasts noise.  So:
@@ -13,7 +15,8 @@ the whole minute); a step shorter than the data's resolution forecasts noise.  S
   (the resolution of the counters: the operator's scrape interval).  Allowed steps divide a minute,
   so they also divide the history's hour slots.  No bursts at all: the longest allowed step.
 - **Horizon**: the forecast steps covering ``[now + lead, now + lead + step)`` for the pool's p95
-  cold start (:func:`~.decision.horizons`): what is forecast is what capacity asked for now meets.
+  cold start (``warmpool_operator.rules.forecast.decision.horizons``): what is forecast is what
+  capacity asked for now meets.
 """
 
 from __future__ import annotations
