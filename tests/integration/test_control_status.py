@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 from warmpool_operator.rules import status as st
 
-from tests.support.control_doubles import ControlCluster, Worker
 from tests.integration.test_control_pass import IPS, World
+from tests.support.control_doubles import ControlCluster, Worker
 from warmpool.contract.api import CONDITION_READY
 from warmpool.contract.metrics import (
     LABEL_BUCKET,
