@@ -129,11 +129,13 @@ def test_tiny_pool_goes_ready_and_serves(env: World, tiny_model: Path) -> None:
 
     pods = env.wait(annotated_pods, 30, "pods annotated with tier and a warm deletion cost")
     assert len(pods) == 2
-    # Greedy: two worker processes on the same weights give the same text.  (The real model's answer is
+    # Greedy (temperature 0: the OpenAI default of 1 samples): two worker processes on the same
+    # weights give the same text.  (The real model's answer is
     # compared with the engine's own in test_small_real_model_goes_ready_and_answers.)
     answers = []
     for pod in pods:
-        code, text = http(pod_url(pod, "/v1/completions"), {"model": "tiny", "prompt": "hello", "max_tokens": 4})
+        code, text = http(pod_url(pod, "/v1/completions"),
+                          {"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0})
         assert code == 200, text
         answers.append(json.loads(text)["choices"][0])
     assert answers[0]["text"] and answers[0] == answers[1], answers
@@ -317,7 +319,8 @@ def test_small_real_model_goes_ready_and_answers(env: World) -> None:
     assert wm["status"]["warmReplicas"] == wm["spec"]["pool"]["minWarm"] == 1
     pod = env.pods("smollm2")[0]
     code, text = http(pod_url(pod, "/v1/completions"),
-                      {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8}, timeout=120)
+                      {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
+                      timeout=120)
     assert code == 200, text
     answer = json.loads(text)["choices"][0]["text"]
     print(f"smollm2 answered: {answer!r}")
