@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,3 +94,20 @@ def test_the_models_own_host_path_is_left_to_the_operator(api_server: ClusterHan
     active(lambda: try_create(api_server, ns, warmmodel("probe", ["/etc"])), "an extra hostPath /etc")
     admitted, out = try_create(api_server, ns, warmmodel("model-etc", [], model_path="/etc/models"))
     assert admitted, out
+
+
+def test_a_namespaced_release_checks_only_the_namespaces_it_watches(api_server: ClusterHandle,
+                                                                    tmp_path: Path) -> None:
+    """Two releases watching different namespaces each have their own allowedHostPaths: one's policy
+    never refuses a WarmModel the other watches (it used to apply to every namespace)."""
+    watched, other = (f"hp-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    for ns in (watched, other):
+        api_server.kubectl("create", "namespace", ns)
+    # /models/x: allowed by this module's cluster-wide release (if it is installed), not by this one.
+    values = {"watch": {"namespaces": [watched]}, "operator": {"allowedHostPaths": ["/data"]}}
+    with installed(api_server, watched, tmp_path, values):
+        _, out = active(lambda: try_create(api_server, watched, warmmodel("x", ["/models/x"], "/data/m")),
+                        "an extra hostPath /models/x in the watched namespace")
+        assert "hostPath /models/x is outside" in out and "(/data;" in out, out
+        admitted, out = try_create(api_server, other, warmmodel("x", ["/models/x"], "/data/m"))
+        assert admitted, out
