@@ -171,11 +171,20 @@ def test_eos_ids_from_generation_config(model_dir: Path) -> None:
 
 def test_sampling_with_temperature(model_dir: Path) -> None:
     """Sampling (temperature > 0) draws from the engine's own randomly seeded generator: tokens of
-    the vocabulary, and not the greedy path."""
+    the vocabulary, and not the greedy path.  A draw may hit the end-of-sequence token early, so
+    each run must end either at the length limit or on EOS with finish reason "stop"."""
     engine = load_engine(model_dir)
-    sampled = [s.token_id for s in engine.generate([5, 6, 7], 12, temperature=1.5)]
-    assert len(sampled) == 12 and all(0 <= t < 272 for t in sampled)
-    assert sampled != [s.token_id for s in engine.generate([5, 6, 7], 12)]  # not greedy
+    greedy = [s.token_id for s in engine.generate([5, 6, 7], 12)]
+    runs = [list(engine.generate([5, 6, 7], 12, temperature=1.5)) for _ in range(6)]
+    for steps in runs:
+        assert all(0 <= s.token_id < 272 for s in steps)
+        last = steps[-1]
+        assert last.finished
+        if len(steps) < 12:
+            assert last.finish_reason == "stop" and last.token_id in engine.eos_token_ids
+        else:
+            assert len(steps) == 12
+    assert any([s.token_id for s in steps] != greedy for steps in runs)  # not greedy
 
 
 def test_generation_rejects_bad_parameters(model_dir: Path) -> None:
