@@ -5,7 +5,8 @@ Two kinds of node, or none:
 * ``--node-runtime containerd``: one real node (node.py): the kubelet and kube-proxy with a
   containerd of the cluster's own, pods in real containers from local images on a bridge of the
   cluster's own.  The API server then listens on the bridge's host address, where pods reach it
-  through the ``kubernetes`` Service, and nowhere else.
+  through the ``kubernetes`` Service, and nowhere else.  NetworkPolicies are enforced there as a
+  policy-enforcing CNI would (netpol_enforcer.py, started with the node).
 * ``kwok`` (the default): fake nodes only, for the scale benchmark: pods are scheduled and get
   loopback IPs, nothing runs.  The API server listens on 127.0.0.1 only.
 * ``none``: etcd and the API server alone (no controllers, no scheduler, no nodes), on 127.0.0.1,
@@ -453,6 +454,9 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
         node.start_agents(state.node, root, binaries, spawn)
         _save_state(state)
         node.wait_ready(state.node, root, lambda: _ready_nodes(name, NODE_NAME) >= 1)
+        _log("NetworkPolicy enforcer starting")
+        node.start_policy_enforcer(state.node, root, kubeconfig_path(name), spawn)
+        _save_state(state)
     if fake_nodes:
         _start_fake_nodes(state, binaries["kwok"], fake_nodes)
     _wait("the default service account", lambda: kubectl(
@@ -461,6 +465,33 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
     _log(f"cluster {name!r} is up in {time.monotonic() - started:.1f}s; "
          f"kubeconfig: {kubeconfig_path(name)}")
     return kubeconfig_path(name)
+
+
+def _real_node(name: str) -> tuple[ClusterState, node.NodeState]:
+    state = _load_state(name)
+    if state is None or state.node is None or not _healthy(state):
+        raise ClusterError(f"cluster {name!r} is not up with a real node")
+    return state, state.node
+
+
+def stop_policy_enforcer(name: str) -> None:
+    """Stop the real node's NetworkPolicy enforcer, and its rules with it, until
+    :func:`start_policy_enforcer` (a test proves with this that each drop was the enforcer's)."""
+    state, real_node = _real_node(name)
+    node.stop_policy_enforcer(real_node, _log)
+    _save_state(state)
+
+
+def start_policy_enforcer(name: str) -> None:
+    """Start the real node's NetworkPolicy enforcer again after :func:`stop_policy_enforcer`."""
+    state = _load_state(name)
+    if state is None or state.node is None:
+        raise ClusterError(f"cluster {name!r} is not up with a real node")
+    if alive(state.node.pids.get(node.POLICY_ENFORCER)):
+        return
+    node.start_policy_enforcer(state.node, state_dir(name), kubeconfig_path(name),
+                               lambda component, argv: _spawn(component, argv, state_dir(name)))
+    _save_state(state)
 
 
 def _start_controllers(state: ClusterState, root: Path, binaries: dict[str, Path],

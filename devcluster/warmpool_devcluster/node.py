@@ -2,8 +2,9 @@
 
 ``cluster up --node-runtime containerd`` calls, in order: :func:`preflight` (root, the host
 packages, no other real node), :func:`start_network` (before the API server binds to the
-bridge's address), then once the control plane serves :func:`start_runtime` and
-:func:`start_agents`; ``cluster down`` calls :func:`stop`, which removes everything they made.
+bridge's address), then once the control plane serves :func:`start_runtime`,
+:func:`start_agents` and :func:`start_policy_enforcer`; ``cluster down`` calls :func:`stop`, which
+removes everything they made.
 
 One real node runs per machine: kube-proxy's iptables chains and the kubelet's ``kubepods``
 cgroups are global to the host, so a second node's would fight the first's.
@@ -15,6 +16,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,6 +27,7 @@ from warmpool_devcluster import (
     certs,
     host_packages,
     images,
+    netpol_enforcer,
     node_cleanup,
     node_containerd,
     node_kubelet,
@@ -32,9 +35,13 @@ from warmpool_devcluster import (
 )
 from warmpool_devcluster.processes import alive, free_port, stop_pid
 
+#: The NetworkPolicy enforcer (netpol_enforcer.py): on a real cluster the CNI plugin of each node
+#: enforces the policies, and the bridge CNI here enforces none, so the node runs this beside it.
+POLICY_ENFORCER = "netpol-enforcer"
 #: The node's processes, in start order (stopped in reverse).
-PROCESSES = ("containerd", "kubelet", "kube-proxy")
+PROCESSES = ("containerd", "kubelet", "kube-proxy", POLICY_ENFORCER)
 NODE_READY_TIMEOUT_S = 120.0
+POLICY_ENFORCER_READY_TIMEOUT_S = 60.0
 
 
 class NodeError(RuntimeError):
@@ -153,6 +160,25 @@ def start_agents(state: NodeState, cluster_root: Path, binaries: dict[str, Path]
         state.ports["kube-proxy-healthz"]))
 
 
+def start_policy_enforcer(state: NodeState, cluster_root: Path, admin_kubeconfig: Path, spawn: Spawn) -> None:
+    """The NetworkPolicy enforcer, watching the whole cluster with the admin's credentials; returns
+    once its chain is programmed, so every pod started after ``up`` meets the policies."""
+    state.pids[POLICY_ENFORCER] = spawn(POLICY_ENFORCER, [
+        sys.executable, "-m", "warmpool_devcluster.netpol_enforcer", "--kubeconfig", str(admin_kubeconfig),
+        "--pod-cidr", state.network.pod_cidr])
+    _wait("the NetworkPolicy enforcer's first rules", lambda: bool(netpol_enforcer.present(state.network)),
+          state, cluster_root, POLICY_ENFORCER_READY_TIMEOUT_S)
+
+
+def stop_policy_enforcer(state: NodeState, log: Callable[[str], None]) -> None:
+    """Stop the enforcer (SIGTERM: it removes its rules), then remove any rule a killed one left."""
+    pid = state.pids.pop(POLICY_ENFORCER, None)
+    if pid is not None and alive(pid):
+        log(f"stopping {POLICY_ENFORCER} (pid {pid})")
+        stop_pid(pid)
+    netpol_enforcer.remove(state.network)
+
+
 def wait_ready(state: NodeState, cluster_root: Path, node_ready: Callable[[], bool]) -> None:
     _wait(f"node {node_kubelet.NODE_NAME} Ready", node_ready, state, cluster_root, NODE_READY_TIMEOUT_S)
 
@@ -174,6 +200,7 @@ def _wait(what: str, check: Callable[[], bool], state: NodeState, cluster_root: 
 def stop(state: NodeState, cluster_root: Path, kube_proxy: Path | None, log: Callable[[str], None]) -> list[str]:
     """Stop the node and remove what it made; what could not be removed is returned (and logged)."""
     base = node_dir(cluster_root)
+    stop_policy_enforcer(state, log)
     for name in ("kube-proxy", "kubelet"):
         pid = state.pids.get(name)
         if pid is not None and alive(pid):
@@ -219,7 +246,8 @@ def leftovers(state: NodeState, cluster_root: Path) -> dict[str, list[str]]:
         "mounts": node_cleanup.mounts_under([base]),
         "cgroups": [str(g) for g in node_cleanup.kubepods_cgroups()],
         "bridge": [state.network.bridge] if node_network.bridge_exists(state.network.bridge) else [],
-        "iptables": node_cleanup.leftover_kube_chains() + node_network.guard_present(state.network),
+        "iptables": (node_cleanup.leftover_kube_chains() + node_network.guard_present(state.network)
+                     + netpol_enforcer.present(state.network)),
         # a record left means some of the host's settings were not restored
         "sysctls": [str(sysctl_record(cluster_root))] if sysctl_record(cluster_root).exists() else [],
     }

@@ -1,15 +1,14 @@
 """The chart's NetworkPolicies, enforced on the real node (issue 40 item 9).
 
-The dev cluster's bridge CNI enforces no NetworkPolicy, so this module runs the project's enforcer
-(devcluster netpol_enforcer.py: iptables on this host, from the same evaluator the activator applies)
-for its own duration only.  It starts after the chart is installed, stops at the end, and leaves no
-rule behind.  The chart is installed as users run it: operator and activator pods in the release
-namespace, the PodMonitor on (a stand-in for the Prometheus Operator's PodMonitor CRD when the
-cluster has none), and `networkPolicy.metricsClients` naming a Prometheus pod.  One WarmModel runs
-in team B's namespace: an external engine (the worker image serving on port 8000, every address)
-beside the sidecar (port `http`: serving, /metrics and /control/*), with scaleToZero, so the
-activator serves it.  Team A's namespace is watched too: its pods may reach the activator, whose
-own check then applies.
+The dev cluster's bridge CNI enforces no NetworkPolicy, so `cluster up` runs the project's enforcer
+beside it (devcluster netpol_enforcer.py: iptables on this host, from the same evaluator the
+activator applies), for the whole suite. The chart is installed as users run it: operator and
+activator pods in the release namespace, the PodMonitor on (a stand-in for the Prometheus Operator's
+PodMonitor CRD when the cluster has none), and `networkPolicy.metricsClients` naming a Prometheus
+pod. One WarmModel runs in team B's namespace: an external engine (the worker image serving on port
+8000, every address) beside the sidecar (port `http`: serving, /metrics and /control/*), with
+scaleToZero, so the activator serves it. Team A's namespace is watched too: its pods may reach the
+activator, whose own check then applies.
 
 Under enforcement:
 - the worker pod, started after the enforcer, is scraped (verified warm) and directed
@@ -20,7 +19,7 @@ Under enforcement:
 - through the activator, team A gets the activator's own refusal (421), and team B is served
   (with three namespaces watched, which found the activator's relist bug: see the test).
 Then the enforcer stops: no rule is left, and every route that was dropped opens.  So each drop
-above is the enforcer's doing.
+above is the enforcer's doing.  It starts again for the rest of the suite.
 
 Addresses dialled: pod IPs on the node's bridge only.  Every wait and probe is bounded.
 """
@@ -28,21 +27,17 @@ Addresses dialled: pod IPs on the node's bridge only.  Every wait and probe is b
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import textwrap
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 import yaml
-from warmpool_devcluster import netpol_enforcer
+from warmpool_devcluster import cluster as devcluster
+from warmpool_devcluster import netpol_enforcer, node
 from warmpool_devcluster.chart_values import local_values
 from warmpool_devcluster.testing import ClusterHandle
 
@@ -184,60 +179,41 @@ def stack(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 class Enforcer:
-    """The enforcer as a subprocess of this test (it stops, and takes its rules, when the test
-    process ends, whatever way it ends)."""
+    """The cluster's own enforcer (``cluster up`` starts it with the real node): this module checks
+    that it runs, and stops it once to prove that each drop is its doing, then starts it again."""
 
-    def __init__(self, cluster: ClusterHandle, log_path: Path) -> None:
-        assert cluster.node is not None
+    def __init__(self, cluster: ClusterHandle) -> None:
+        assert cluster.node is not None and cluster.name is not None, "the enforcer runs on our own real node"
+        self.cluster_name = cluster.name
         self.net = netpol_enforcer.network_of(cluster.node.pod_cidr)
-        self.log: IO[str] = log_path.open("w+")
-        self.started_at = time.time()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "warmpool_devcluster.netpol_enforcer", "--kubeconfig", str(cluster.kubeconfig),
-             "--pod-cidr", cluster.node.pod_cidr, "--stop-with-parent"],
-            stdout=subprocess.PIPE, stderr=self.log, text=True)
-        ready = threading.Event()
-
-        def read(stdout: IO[str]) -> None:
-            for line in stdout:
-                if line.strip() == netpol_enforcer.READY_LINE:
-                    ready.set()
-
-        assert self.proc.stdout is not None
-        threading.Thread(target=read, args=(self.proc.stdout,), daemon=True).start()
-        deadline = time.monotonic() + 60
-        while not ready.wait(0.2):
-            assert self.proc.poll() is None, f"the enforcer exited {self.proc.returncode}: {self.text()}"
-            assert time.monotonic() < deadline, f"the enforcer never programmed its chain: {self.text()}"
+        self.log = devcluster.state_dir(cluster.name) / "logs" / f"{node.POLICY_ENFORCER}.log"
+        assert devcluster.status(cluster.name)["components"][node.POLICY_ENFORCER]["alive"], (
+            f"`cluster up` started no NetworkPolicy enforcer: {self.text()}")
+        assert netpol_enforcer.present(self.net), f"the enforcer has programmed no chain: {self.text()}"
+        self.started_at = time.time()  # running now, so before anything this module creates
 
     def text(self) -> str:
-        self.log.seek(0)
-        return self.log.read()[-4000:]
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else "(no log)"
 
     def stop(self) -> None:
         """Stop it (SIGTERM: it removes its rules) and check that nothing of it is left."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        devcluster.stop_policy_enforcer(self.cluster_name)
         left = netpol_enforcer.present(self.net)
-        if left:
-            netpol_enforcer.remove(self.net)
         assert not left, f"the enforcer left rules behind: {left}\n{self.text()}"
-        assert self.proc.returncode == 0, f"the enforcer exited {self.proc.returncode}: {self.text()}"
+
+    def start(self) -> None:
+        devcluster.start_policy_enforcer(self.cluster_name)
+        assert netpol_enforcer.present(self.net), self.text()
 
 
 @pytest.fixture(scope="module")
-def enforcer(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Enforcer]:
-    running = Enforcer(stack.cluster, tmp_path_factory.mktemp("np-enforcer") / "enforcer.log")
+def enforcer(stack: Stack) -> Iterator[Enforcer]:
+    running = Enforcer(stack.cluster)
     try:
         yield running
     finally:
         print("\n===== enforcer log (tail) =====\n" + running.text())
-        running.stop()
+        running.start()  # for the rest of the suite, whatever this module did
 
 
 def _pool(stack: Stack) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from warmpool_devcluster import cluster, images, node, node_cleanup, node_network
+from warmpool_devcluster import cluster, images, netpol_enforcer, node, node_cleanup, node_network
 
 pytestmark = pytest.mark.node_lifecycle
 
@@ -90,6 +90,14 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def _state_of(pid: int) -> bytes:
+    """The process state letter field of /proc/<pid>/stat (b"" once the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1][:3]
+    except (OSError, IndexError):
+        return b""
+
+
 def _guard_rules_left(octet: int) -> str:
     rules = "".join(subprocess.run([tool], capture_output=True, text=True).stdout
                     for tool in ("iptables-save", "ip6tables-save"))
@@ -124,6 +132,15 @@ def test_down_leaves_nothing_of_the_real_node_behind(host_unlike_a_node: dict[st
         # The kubelet and the pod's network changed every one of these host settings.
         now = {name: _sysctl(name).read_text().strip() for name in host_unlike_a_node}
         assert all(now[name] != value for name, value in host_unlike_a_node.items()), now
+        # The NetworkPolicy enforcer runs, killed the hard way: it cannot remove its own chain, so
+        # `down` must.
+        enforcer = state["node"]["pids"][node.POLICY_ENFORCER]
+        os.killpg(enforcer, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{enforcer}").exists() and b"Z" not in _state_of(enforcer):
+            assert time.monotonic() < deadline, "the enforcer outlived SIGKILL"
+            time.sleep(0.1)
+        assert netpol_enforcer.present(net), "the killed enforcer left no chain: nothing for `down` to prove"
     finally:
         problems = cluster.down(name, purge=True)
     assert problems == [], problems
@@ -135,6 +152,7 @@ def test_down_leaves_nothing_of_the_real_node_behind(host_unlike_a_node: dict[st
                     for tool in ("iptables-save", "ip6tables-save"))
     assert "KUBE-" not in rules, rules[-3000:]
     assert _guard_rules_left(net.octet) == "" and node_network.guard_present(net) == []
+    assert netpol_enforcer.present(net) == []
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f" {net.bridge}:" not in links and "veth" not in links, links
     assert _changed(settings_before, _settings()) == {}
