@@ -27,11 +27,15 @@ Addresses dialled: pod IPs on the node's bridge only.  Every wait and probe is b
 from __future__ import annotations
 
 import json
+import socket
 import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from http.client import HTTPConnection
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -280,11 +284,14 @@ def _probe(stack: Stack, routes: dict[str, tuple[str, dict[str, str], list[dict[
 
     wait_for("the probe pods to finish", finished, timeout=120, interval=1.0)
     results: dict[str, dict[str, Any]] = {}
+    raw: dict[str, str] = {}
     for name, namespace in names.items():
-        log = stack.kubectl("logs", name, "-n", namespace, check=False)
-        results |= {r["name"]: r for r in (json.loads(line) for line in log.splitlines() if line.startswith("{"))}
+        logs = stack.cluster.kubectl("logs", name, "-n", namespace, check=False)
+        raw[name] = (logs.stdout + logs.stderr)[-1500:]
+        results |= {r["name"]: r for r in (json.loads(line) for line in logs.stdout.splitlines()
+                                           if line.startswith("{"))}
     expected = {r["name"] for _, _, each in routes.values() for r in each}
-    assert set(results) == expected, (expected - set(results), results)
+    assert set(results) == expected, (expected - set(results), raw)
     return results
 
 
@@ -382,6 +389,96 @@ def test_through_the_activator_another_namespace_gets_the_activators_own_refusal
     namespace's relist once dropped the others' policies, and team A's pod was served team B's
     pool (unit/test_activator_reach.py::test_one_namespaces_relist_keeps_every_other_namespaces_policies_and_slices)."""
     assert enforced["a-activator"]["status"] == 421, enforced["a-activator"]
+
+
+def _container_memory_cgroup(pod: dict[str, Any]) -> Path:
+    """The memory cgroup the kubelet made for the pod's one container, on this host (cgroup v1 or v2)."""
+    uid = pod["metadata"]["uid"]
+    container = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    for root in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):
+        for pod_dir in (*root.glob(f"kubepods*/**/pod{uid}"), *root.glob(f"kubepods*/**/*pod{uid.replace('-', '_')}*")):
+            for found in pod_dir.glob(f"*{container}*"):
+                return found
+    raise AssertionError(f"no memory cgroup for container {container} of pod {uid}")
+
+
+def _memory(cgroup: Path) -> tuple[int, int]:
+    """(peak bytes, limit bytes) of a container's memory cgroup."""
+    if (cgroup / "memory.max_usage_in_bytes").exists():  # v1
+        return (int((cgroup / "memory.max_usage_in_bytes").read_text()),
+                int((cgroup / "memory.limit_in_bytes").read_text()))
+    return int((cgroup / "memory.peak").read_text()), int((cgroup / "memory.max").read_text())
+
+
+def _trickle(ip: str) -> socket.socket:
+    """A connection that sends half a request head and then nothing."""
+    sock = socket.create_connection((ip, DEFAULT_ACTIVATOR_PORT), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: np\r\nX-Slow: ")
+    return sock
+
+
+def _oversized(ip: str, host: str) -> bytes:
+    """A request head announcing a body of 4 MiB (a worker takes 1 MiB); the answer's first bytes."""
+    with socket.create_connection((ip, DEFAULT_ACTIVATOR_PORT), timeout=30) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {4 * 2**20}\r\n\r\n".encode() + b'{"prompt": "' + b"z" * 2**16)
+        return sock.recv(64)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_the_charts_activator_pod_stays_under_its_memory_limit_under_slow_connections_and_oversized_bodies(
+        stack: Stack, worker: dict[str, Any]) -> None:
+    """200 connections that trickle half a request head and 50 requests announcing 4 MiB bodies, at
+    the activator pod the chart runs (its limit: 256 Mi), while team B's requests go through it.
+    Sent from this host: the node, which the activator admits as NetworkPolicy admits a pod's node."""
+    selector = f"app.kubernetes.io/instance={stack.release},app.kubernetes.io/component=activator"
+    pod = wait_for("an activator pod Ready", lambda: [p for p in stack.pods(stack.system, selector)
+                                                      if pod_ready(p)], timeout=120)[0]
+    ip, cgroup = pod["status"]["podIP"], _container_memory_cgroup(pod)
+    peak_before, limit = _memory(cgroup)
+    assert limit == 256 * 2**20, f"read the wrong cgroup? {cgroup}: limit {limit}"
+    pool_host = f"{POOL}.{stack.team_b}"
+
+    def served() -> int:
+        connection = HTTPConnection(ip, DEFAULT_ACTIVATOR_PORT, timeout=60)
+        try:
+            connection.request("POST", "/v1/completions", headers={"Host": pool_host,
+                                                                   "Content-Type": "application/json"},
+                               body=json.dumps({"prompt": "hello there", "max_tokens": 2, "temperature": 0}))
+            answer = connection.getresponse()
+            answer.read()
+            return answer.status
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        slow = list(pool.map(lambda _: _trickle(ip), range(200)))
+        answered = pool.submit(lambda: [served() for _ in range(5)])
+        refused = list(pool.map(lambda _: _oversized(ip, pool_host), range(50)))
+        assert answered.result(timeout=120) == [200] * 5
+    try:
+        assert all(answer.startswith(b"HTTP/1.1 413") for answer in refused), {a[:20] for a in refused}
+        # The chart's header deadline (10 s) closes every trickling connection.
+        assert all(_closed_within(sock, 30) for sock in slow)
+    finally:
+        for sock in slow:
+            sock.close()
+    peak, _ = _memory(cgroup)
+    restarted = json.loads(stack.kubectl("get", "pod", pod["metadata"]["name"], "-n", stack.system, "-o", "json"))
+    assert restarted["status"]["containerStatuses"][0]["restartCount"] == 0, restarted["status"]
+    print(f"\nthe activator pod's memory peak: {peak_before / 2**20:.0f} MiB before, {peak / 2**20:.0f} MiB after "
+          f"200 trickling connections and 50 bodies of 4 MiB; limit {limit / 2**20:.0f} MiB")
+    assert peak < limit // 2, f"peak {peak / 2**20:.0f} MiB of a {limit / 2**20:.0f} MiB limit"
 
 
 @pytest.mark.timeout(300)
