@@ -23,6 +23,11 @@ Behaviour = Callable[[BaseHTTPRequestHandler], None]
 #: What the canary answers: the bytes an internal endpoint would leak.
 SECRET = b"internal-credentials: do-not-leak-0123456789abcdef"
 
+#: How often serve_forever looks for shutdown(): its default 0.5 s was half a second of every test's
+#: teardown (shutdown() waits for the loop to notice).
+SHUTDOWN_POLL_S = 0.02
+
+
 
 @dataclass
 class HostileState:
@@ -174,7 +179,8 @@ def hostile_server(host: str = "127.0.0.1", directory: Path | None = None) -> It
     state = HostileState(directory)
     server = ThreadingHTTPServer((host, 0), _handler(state))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name=f"hostile-{host}", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S},
+                              name=f"hostile-{host}", daemon=True)
     thread.start()
     port = int(server.server_address[1])
     try:

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+#: How often serve_forever looks for shutdown(): its default 0.5 s was half a second of every test's
+#: teardown (shutdown() waits for the loop to notice).
+SHUTDOWN_POLL_S = 0.02
+
 
 @dataclass
 class ServerState:
@@ -112,7 +116,8 @@ def serve_directory(directory: Path) -> Iterator[RangeServer]:
     state = ServerState(directory)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="range-server", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S},
+                              name="range-server", daemon=True)
     thread.start()
     try:
         yield RangeServer(f"http://127.0.0.1:{server.server_address[1]}", state)
