@@ -28,17 +28,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmpool_dev.paths import cache_root
-from warmpool_operator.control.forecasting import forecaster_config
 from warmpool_operator.rules.forecast.decision import PredictiveSpec
 from warmpool_operator.rules.forecast.forecaster import Forecaster
 
 from warmpool.contract.api import API_GROUP_VERSION
 from warmpool_bench.coldstart import find_model, machine_info, request_ids
-from warmpool_bench.predict import figures as offline_figures
-from warmpool_bench.predict_live_cluster import SCRAPE_INTERVAL_S, LiveCluster
 from warmpool_bench.predict_live_hpa import EmulatedHpa
 from warmpool_bench.predict_live_load import LoadGenerator, LoadLimits, Outcome, stream_completion
 from warmpool_bench.predict_live_pool import PoolWatch
@@ -47,6 +44,9 @@ from warmpool_bench.predict_policies import FixedPool, HpaSettings, Predictive, 
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
 from warmpool_bench.predict_trace import Trace, load_trace
 from warmpool_bench.stats import median, percentile, ratio
+
+if TYPE_CHECKING:
+    from warmpool_bench.predict_live_cluster import LiveCluster
 
 POLICIES = ("fixed", "reactive", "predictive")
 #: The emulated HPA's settings: the offline ones, less the metrics pipeline's lag (counters are read at the sync).
@@ -116,6 +116,10 @@ def predictive_block(s: LiveSettings) -> dict[str, Any]:
 
 def run_live(s: LiveSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     """Results (JSON-ready) and the chart's data.  Trace and segment errors are raised before any cluster."""
+    # Imported here, not at the top: every `warmpool bench` command imports this module (its CLI reads
+    # POLICIES), and the cluster side and the offline bench bring kopf and the Kubernetes clients (a second).
+    from warmpool_bench.predict_live_cluster import LiveCluster
+
     started = time.time()
     trace = load_trace(s.trace)
     segment = cut(trace, s.segment)
@@ -195,6 +199,8 @@ def settings_json(s: LiveSettings) -> dict[str, Any]:
 
 def run_policy(cluster: LiveCluster, policy: str, segment: Segment, model_dir: Path, prompt_ids: Sequence[int],
                s: LiveSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    from warmpool_bench.predict_live_cluster import SCRAPE_INTERVAL_S
+
     name = f"live-{policy}"
     began = time.time()
     _log(f"{policy}: creating WarmModel {name}")
@@ -321,6 +327,10 @@ def policy_figures(outcomes: Sequence[Outcome], watch: PoolWatch, t0: float, dur
 
 def offline_comparison(segment: Segment, live: dict[str, dict[str, Any]], s: LiveSettings) -> dict[str, Any]:
     """The same segment through :mod:`.predict_sim`, with the cold start and service speeds measured live."""
+    from warmpool_operator.control.forecasting import forecaster_config
+
+    from warmpool_bench.predict import figures as offline_figures
+
     colds = [c for figures in live.values() for c in figures["cold_starts_s"]]
     prefill = median([f["prefill_tokens_per_s"] for f in live.values() if f["prefill_tokens_per_s"]])
     decode = median([f["decode_tokens_per_s"] for f in live.values() if f["decode_tokens_per_s"]])

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from warmpool_operator.control.forecasting import limits_for
 from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
 from warmpool_operator.rules.forecast.lengths import histogram
 
@@ -92,6 +91,10 @@ def cut(trace: Trace, spec: SegmentSpec) -> Segment:
 def seed_history(segment: Segment, step_s: int, first_step: int) -> History:
     """The steps before the window as the operator records them, the last one at ``first_step - 1``
     (``first_step``: the step index, unix seconds // step_s, in which the replay starts)."""
+    # Imported here: the operator's control layer brings kopf (a second), and every `warmpool bench`
+    # command imports this module through the live bench's CLI.
+    from warmpool_operator.control.forecasting import limits_for
+
     history = History(limits=limits_for(step_s))
     if not segment.before:
         return history
