@@ -173,3 +173,37 @@ def test_a_venv_without_pip_names_python3_venv(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "install python3-venv (apt-get install python3-venv)" in result.stderr
     assert not (tmp_path / ".venv").exists()
+
+
+def test_make_unit_keeps_bytecode_in_a_cache_outside_the_tree_and_passes_on_pytests_status(tmp_path: Path) -> None:
+    """With PYTHONDONTWRITEBYTECODE set, pytest rewrote every test module and each `warmpool` subprocess
+    compiled the checkout at every run: `make unit` gives them a bytecode cache under the project's cache
+    directory instead (never the tree), drops the run's temporary directories' share of it, and still
+    fails as pytest failed.  A stand-in pytest in a venv whose install stamp is current records what it got."""
+    venv, cache = tmp_path / "venv", tmp_path / "cache"
+    (venv / "bin").mkdir(parents=True)
+    stamp = subprocess.run("cat pyproject.toml | cksum | cut -d' ' -f1", shell=True, cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    (venv / f".installed-{stamp}").touch()
+    seen, fake_tmp = tmp_path / "seen.json", tmp_path / "tmp"
+    pytest_stub = venv / "bin" / "pytest"
+    pytest_stub.write_text(f"""#!{sys.executable}
+import json, os, pathlib, sys
+prefix = os.environ["PYTHONPYCACHEPREFIX"]
+pathlib.Path(prefix + {str(fake_tmp)!r}).mkdir(parents=True)  # bytecode of a module in the run's TMPDIR
+pathlib.Path({str(seen)!r}).write_text(json.dumps(
+    {{"args": sys.argv[1:], "prefix": prefix, "dont_write": os.environ.get("PYTHONDONTWRITEBYTECODE")}}))
+sys.exit(3)
+""")
+    pytest_stub.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPOOL_") and k != "MAKEFLAGS"}
+    env |= {"WARMPOOL_CACHE_DIR": str(cache), "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(fake_tmp)}
+    pyproject_mtime = (REPO / "pyproject.toml").stat().st_mtime
+    os.utime(venv / f".installed-{stamp}", (pyproject_mtime + 1, pyproject_mtime + 1))
+    run = subprocess.run(["make", "--no-print-directory", "unit", f"VENV={venv}"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0, run.stdout + run.stderr  # pytest's failure is make's
+    got = json.loads(seen.read_text())
+    assert got["args"] == ["-m", "unit"] and not got["dont_write"]
+    assert Path(got["prefix"]) == cache / "pycache"
+    assert not (cache / "pycache" / fake_tmp.relative_to("/")).exists()  # the run's temporary share is gone
