@@ -8,7 +8,7 @@ accelerator, asleep or awake):
   raising the pool to one pod for a request that finds none); ``reactive@minwarm1``: the same with
   ``minWarm: 1``;
 - ``predictive:<forecaster>``: a forecast at the bursts' own step (chosen from the trace,
-  :mod:`warmpool_bench.predict_timescale`) beside a fast reactive loop, from zero
+  :mod:`warmpool_operator.rules.forecast.timescale`) beside a fast reactive loop, from zero
   (:class:`~.predict_policies.BurstPredictive`); ``predictive:auto@minwarm1`` with ``minWarm: 1``;
   ``predictive60:auto`` the last round's 60 s-step floor under the HPA, for comparison.
 
@@ -52,6 +52,7 @@ from warmpool_operator.rules.forecast.forecaster import (
 )
 from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
 from warmpool_operator.rules.forecast.lengths import histogram
+from warmpool_operator.rules.forecast.timescale import StepChoice, choose_step, horizon_steps
 
 from warmpool_bench.coldstart import machine_info
 from warmpool_bench.predict_inputs import MeasuredInputs, PodMemory
@@ -64,7 +65,6 @@ from warmpool_bench.predict_policies import (
     Reactive,
 )
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
-from warmpool_bench.predict_timescale import StepChoice, choose_step, horizon_steps
 from warmpool_bench.predict_trace import Trace
 from warmpool_bench.stats import percentile, ratio
 

@@ -20,7 +20,7 @@
 - :class:`BurstPredictive` (``predictive:<forecaster>``): prediction at the bursts' own time scale,
   paired with a fast reactive loop (NVIDIA Dynamo's planner pairs a slow predictive loop with a 5 s
   reactive one): every ``fast.tick_s`` it closes the history steps that ended (their length chosen
-  from the trace, :mod:`warmpool_bench.predict_timescale`), forecasts one lead time ahead
+  from the trace, :mod:`warmpool_operator.rules.forecast.timescale`), forecasts one lead time ahead
   when a step closed, and asks for the larger of the forecast's count
   (:func:`~warmpool_operator.rules.forecast.decision.decide`) and the fast loop's: ⌈requests in flight
   or held ÷ a pod's batch⌉ and ⌈the last ``fast.window_s``'s arrival rate ÷ capacity⌉, read without a

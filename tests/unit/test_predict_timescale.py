@@ -1,16 +1,17 @@
-"""The forecast's step and horizon follow the data (bench/warmpool_bench/predict_timescale.py), and the burst-scale
-predictive policy of `bench predict` (a fast reactive loop beside the forecast) releases pods between bursts."""
+"""The forecast's step and horizon follow the data (operator/warmpool_operator/rules/forecast/timescale.py),
+and the burst-scale predictive policy of `bench predict` (a fast reactive loop beside the forecast)
+releases pods between bursts."""
 
 from __future__ import annotations
 
 import pytest
 from warmpool_bench.predict_policies import BurstPredictive, FastLoopSettings, HpaSettings, Predictive, Reactive
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
-from warmpool_bench.predict_timescale import bursts, choose_step, horizon_steps
 from warmpool_bench.predict_trace import TraceRequest
 from warmpool_operator.rules.forecast.decision import PredictiveSpec
 from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig
 from warmpool_operator.rules.forecast.history import History, HistoryLimits
+from warmpool_operator.rules.forecast.timescale import bursts, choose_step, horizon_steps
 
 pytestmark = pytest.mark.unit
 

@@ -14,6 +14,12 @@ on the operator's one forecasting thread (:class:`ForecastRunner`); and the pass
   a time, on a copy of the history.  When it is done the reconciler is poked, and the next pass
   reads :meth:`ForecastRunner.current`.  A short history gives a baseline's forecast; missing
   request metrics give no forecast and the reason (rules/forecast/forecaster.py).
+* **The forecast's step** is read off the history's own recent counts (rules/forecast/timescale.py):
+  the longest step, a whole multiple of the history's, no longer than half the burst a request
+  typically arrives in, re-chosen every :data:`CHOOSE_EVERY_S`.  The forecaster runs on the history
+  resampled to that step (its whole steps only), once per forecast step, with horizons in that step
+  covering the lead time; a history too short to read bursts from forecasts at its own step.  So a
+  history held at 5 s steps forecasts 20 s bursts at 10 s, and a 60 s one at 60 s.
 * **Learned buckets** (``spec.warmup.learnBuckets``) are read off the prompt-length histogram
   the history holds (rules/forecast/buckets.py).
 """
@@ -41,9 +47,10 @@ from warmpool_operator.rules.forecast.baselines import BaselineConfig
 from warmpool_operator.rules.forecast.buckets import LearnedBuckets, learn_buckets
 from warmpool_operator.rules.forecast.features import FeatureConfig
 from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig, Prediction
-from warmpool_operator.rules.forecast.history import History, HistoryLimits
+from warmpool_operator.rules.forecast.history import MISSING, History, HistoryLimits, resampled
 from warmpool_operator.rules.forecast.lengths import LENGTH_EDGES
 from warmpool_operator.rules.forecast.steps import CapacityMeter, ClosedStep, StepAccumulator
+from warmpool_operator.rules.forecast.timescale import StepChoice, choose_step_from_counts
 from warmpool_operator.rules.observation import PodObservation, wake_figures
 
 log = logging.getLogger("warmpool.operator")
@@ -56,6 +63,27 @@ SLOT_SECONDS = 3600
 #: The store writes at most once per this many steps (5 min at 60 s), and when forced at shutdown.
 WRITE_EVERY_STEPS = 5
 DAY = 86400
+#: The recent traffic the forecast's step is read from, the least of it that is enough, and how
+#: often the choice is made again.
+CHOOSE_WINDOW_S = 3600
+CHOOSE_MIN_S = 600
+CHOOSE_EVERY_S = 300
+
+
+def choose_forecast_step(history: History) -> StepChoice:
+    """The step to forecast ``history`` at: from its last :data:`CHOOSE_WINDOW_S` of counts, or its
+    own step while it holds less than :data:`CHOOSE_MIN_S` of them."""
+    step_s = history.limits.step_s
+    recent = history.requests[-max(1, CHOOSE_WINDOW_S // step_s):]
+    if len(recent) * step_s < CHOOSE_MIN_S:
+        return StepChoice(step_s, 0, None, None, f"the history's own {step_s} s: {len(recent) * step_s} s of it "
+                          f"is too little to read bursts from (at least {CHOOSE_MIN_S} s)")
+    return choose_step_from_counts([None if r == MISSING else r for r in recent], step_s)
+
+
+def forecast_with(forecaster: Forecaster, history: History, step_s: int, horizons: tuple[int, ...]) -> Prediction:
+    """``forecaster``'s prediction for ``history`` resampled to ``step_s`` (run on the forecasting thread)."""
+    return forecaster.update(resampled(history, step_s), horizons)
 
 
 def limits_for(step_s: int) -> HistoryLimits:
@@ -82,9 +110,10 @@ def copy_history(history: History) -> History:
 
 @dataclass(frozen=True)
 class Forecast:
-    """A prediction and the horizons (in steps) it was asked for."""
+    """A prediction, the step it was made at and the horizons (in those steps) it was asked for."""
 
     prediction: Prediction
+    step_s: int
     horizons: tuple[int, ...]
 
 
@@ -100,7 +129,10 @@ class ForecastRunner:
         self.history = History(limits=self.limits)
         self.accumulator = StepAccumulator(step_s)
         self.capacity = CapacityMeter()
-        self.forecaster = Forecaster(forecaster_config(step_s))
+        #: one forecaster per step forecast at (each keeps its own scores and model)
+        self.forecasters: dict[int, Forecaster] = {}
+        self.choice = StepChoice(step_s, 0, None, None, "no history yet")
+        self._chosen_at: int | None = None  # the history's end when the step was last chosen
         self.executor = executor
         self.poke = poke
         self.clock = clock
@@ -142,7 +174,23 @@ class ForecastRunner:
         for closed in self._waiting:
             self._record(closed)
         self._waiting.clear()
+        self._choose()
         self._ask_forecast()
+
+    @property
+    def forecast_step_s(self) -> int:
+        return self.choice.step_s
+
+    def _choose(self) -> None:
+        """Read the forecast's step off the recent history again, every CHOOSE_EVERY_S of steps."""
+        end = self.history.end
+        if self._chosen_at is not None and end - self._chosen_at < max(1, CHOOSE_EVERY_S // self.step_s):
+            return
+        self.choice, self._chosen_at = choose_forecast_step(self.history), end
+
+    def forecast_end(self) -> int:
+        """The forecast step after the last whole one the history holds."""
+        return self.history.end // (self.forecast_step_s // self.step_s)
 
     # ------------------------------------------------------------------ steps
 
@@ -158,6 +206,7 @@ class ForecastRunner:
             else:
                 self._waiting.append(step)
         if closed and self.loaded:
+            self._choose()
             self._ask_forecast()
             if not self._saving:  # one write in flight at a time (the store rate-limits the rest)
                 self._saving = True
@@ -183,33 +232,43 @@ class ForecastRunner:
 
     # ------------------------------------------------------------------ forecasting
 
+    def _up_to_date(self) -> bool:
+        """The forecast held is for the step, horizons and newest whole forecast step of now (a
+        history step that closes inside a longer forecast step asks for nothing)."""
+        made = self.forecast
+        return (made is not None and made.step_s == self.forecast_step_s and made.horizons == self.horizons
+                and made.prediction.last_step >= self.forecast_end() - 1)
+
     def _ask_forecast(self) -> None:
-        if self._forecasting or not len(self.history):
+        if self._forecasting or not len(self.history) or self._up_to_date():
             return
         self._forecasting = True
-        self._spawn(self._run_forecast(copy_history(self.history), self.horizons), "forecast")
+        step_s = self.forecast_step_s
+        forecaster = self.forecasters.setdefault(step_s, Forecaster(forecaster_config(step_s)))
+        self._spawn(self._run_forecast(forecaster, copy_history(self.history), step_s, self.horizons), "forecast")
 
-    async def _run_forecast(self, history: History, horizons: tuple[int, ...]) -> None:
+    async def _run_forecast(self, forecaster: Forecaster, history: History, step_s: int,
+                            horizons: tuple[int, ...]) -> None:
         try:
             loop = asyncio.get_running_loop()
-            prediction = await loop.run_in_executor(self.executor, self.forecaster.update, history, horizons)
-            self.forecast = Forecast(prediction, horizons)
+            prediction = await loop.run_in_executor(self.executor, forecast_with, forecaster, history, step_s,
+                                                    horizons)
+            self.forecast = Forecast(prediction, step_s, horizons)
         except Exception:  # a forecast that fails leaves the pool to the reactive count
             log.exception("forecast failed")
         finally:
             self._forecasting = False
         self.poke()
-        # Steps or horizons that moved on while it ran get their own forecast.
-        if self.forecast is not None and (self.forecast.prediction.last_step < self.history.end - 1
-                                          or self.forecast.horizons != self.horizons):
+        # Steps, step or horizons that moved on while it ran get their own forecast.
+        if self.forecast is not None:
             self._ask_forecast()
 
     def current(self) -> Prediction | None:
-        """The newest prediction, if it is for the horizons wanted now and not stale."""
+        """The newest prediction, if it is for the step and horizons wanted now and not stale."""
         made = self.forecast
-        if made is None or made.horizons != self.horizons:
+        if made is None or made.step_s != self.forecast_step_s or made.horizons != self.horizons:
             return None
-        if made.prediction.last_step < self.history.end - 1 - 2:  # more than two steps behind
+        if made.prediction.last_step < self.forecast_end() - 1 - 2:  # more than two steps behind
             return None
         return made.prediction
 
@@ -286,22 +345,26 @@ class PoolForecast:
         wake = wake_figures(live)
         lead = decision.lead_time(predictive, cold_start_p95, wake.p95_seconds if wake is not None else None,
                                   sum(o.asleep for o in live))
-        runner.want_horizons(decision.horizons(lead.seconds, runner.step_s))
+        step_s = runner.forecast_step_s
+        runner.want_horizons(decision.horizons(lead.seconds, step_s))
         prediction = runner.current()
         capacity = runner.capacity.capacity_rps()
         made = scaling.predictive_decision(spec, prediction.p90 if prediction is not None else None,
-                                           runner.step_s, capacity, scaling.autoscaled(owner))
+                                           step_s, capacity, scaling.autoscaled(owner))
         last = runner.last_closed
         report = forecast_report.report(
             enabled=predictive.enabled, loaded=runner.loaded, prediction=prediction, decision=made, lead=lead,
-            step_s=runner.step_s, history_steps=len(runner.history),
-            last_count=last.observation.requests if last is not None and last.observation is not None else None,
-            capacity_rps=capacity, last_problem=runner.last_problem)
+            step_s=step_s, history_steps=len(runner.history),
+            # the last history step's count, at the forecast step's length (its rate, per forecast step)
+            last_count=(last.observation.requests * (step_s // runner.step_s)
+                        if last is not None and last.observation is not None else None),
+            capacity_rps=capacity, last_problem=runner.last_problem, step_reason=runner.choice.reason)
         out.forecast = report.forecast
         out.conditions.append((CONDITION_PREDICTIVE, report.verdict.status, report.verdict.reason,
                                report.verdict.message))
         acting = predictive.enabled and report.verdict.status == "True" and made.predicted is not None
         out.wanted = scaling.awake_wanted(spec, made) if acting else None
-        # A lower forecast lowers the pool only after a lead time (at least five steps).
-        out.hold_s = max(lead.seconds, 5.0 * runner.step_s)
+        # A lower forecast lowers the pool only after a lead time (at least five forecast steps: at
+        # the bursts' step, that is pods released between bursts, not held for minutes).
+        out.hold_s = max(lead.seconds, 5.0 * step_s)
         return out

@@ -228,6 +228,39 @@ def _sum_slots(hist: Mapping[int, Sequence[int]]) -> list[int]:
     return total
 
 
+def resampled(history: History, step_s: int) -> History:
+    """``history`` at a longer step, a whole multiple of its own: each longer step sums the whole
+    groups of shorter ones it spans (a group not yet whole, at either end, is left out: the newest
+    one has not closed).  A group with a missing step is missing (its count would be too low); its
+    peak is the busiest shorter step's peak (or count, where unknown) at the longer step's length.
+    The length histograms are per hour slot, the same at either step."""
+    own = history.limits.step_s
+    if step_s == own:
+        return history
+    if step_s < own or step_s % own or history.limits.slot_s % step_s:
+        raise ValueError(f"a history at {own} s steps resamples only to a multiple of {own} s that divides "
+                         f"its {history.limits.slot_s} s slots, not {step_s} s")
+    k = step_s // own
+    first, end = -(-history.start // k), history.end // k
+    limits = HistoryLimits(step_s=step_s, retention_s=max(step_s, history.limits.retention_s),
+                           slot_s=history.limits.slot_s)
+    out = History(limits=limits, start=first if end > first else end)
+    for group in range(first, end):
+        offset = group * k - history.start
+        counts = history.requests[offset:offset + k]
+        if MISSING in counts:
+            values = (MISSING, MISSING, MISSING, MISSING)
+        else:
+            peaks = [max(c, p) for c, p in zip(counts, history.peak_requests[offset:offset + k], strict=True)]
+            values = (sum(counts), sum(history.prompt_tokens[offset:offset + k]),
+                      sum(history.generated_tokens[offset:offset + k]), max(peaks) * k)
+        for series, value in zip(out._series(), values, strict=True):
+            series.append(min(value, MAX_STEP_COUNT))
+    out.prompt_hist = {slot: list(c) for slot, c in history.prompt_hist.items()}
+    out.generated_hist = {slot: list(c) for slot, c in history.generated_hist.items()}
+    return out
+
+
 # --- serialisation ------------------------------------------------------------------------------
 
 

@@ -46,8 +46,9 @@ def _rate(count: float | None, step_s: int) -> float | None:
 
 def report(*, enabled: bool, loaded: bool, prediction: Prediction | None, decision: Decision | None,
            lead: LeadTime, step_s: int, history_steps: int, last_count: int | None, capacity_rps: float | None,
-           last_problem: str | None) -> Report:
-    """status.forecast and the Predictive condition from this pass's forecast and decision."""
+           last_problem: str | None, step_reason: str | None = None) -> Report:
+    """status.forecast and the Predictive condition from this pass's forecast and decision
+    (``step_reason``: why the forecast runs at ``step_s``)."""
     forecast = ForecastStatus(
         rate_now=_rate(last_count, step_s),
         predicted_rate=_rate(prediction.p90, step_s) if prediction is not None else None,
@@ -62,16 +63,16 @@ def report(*, enabled: bool, loaded: bool, prediction: Prediction | None, decisi
         desired_replicas=decision.replicas if decision is not None and decision.predicted is not None else None,
         history_steps=history_steps,
         step_seconds=step_s,
-        reason=_reason(prediction, decision, lead, step_s, capacity_rps)[:1024],
+        reason=_reason(prediction, decision, lead, step_s, capacity_rps, step_reason)[:1024],
     )
     return Report(forecast, _verdict(enabled, loaded, prediction, decision, capacity_rps, last_problem))
 
 
 def _reason(prediction: Prediction | None, decision: Decision | None, lead: LeadTime, step_s: int,
-            capacity_rps: float | None) -> str:
+            capacity_rps: float | None, step_reason: str | None = None) -> str:
     """What the policy expects next and why: the forecast (for which seconds ahead), the capacity per
     pod and the lead time it plans with, the pods that makes, then the forecaster's and the decision's
-    own words."""
+    own words, and last why the step is what it is."""
     parts = []
     if prediction is not None and prediction.p90 is not None and math.isfinite(prediction.p90):
         ahead = f"{lead.seconds:.3g}-{lead.seconds + step_s:.3g} s ahead"
@@ -89,6 +90,8 @@ def _reason(prediction: Prediction | None, decision: Decision | None, lead: Lead
         parts.append(f"{prediction.model or 'no model'}: {prediction.reason}")
     if decision is not None:
         parts.append(decision.reason)
+    if step_reason:
+        parts.append(f"step: {step_reason}")
     return "; ".join(parts) or "no forecast yet"
 
 

@@ -1,0 +1,129 @@
+"""The live operator forecasts at the bursts' time scale (#45): the step is read off the history's own
+counts (rules/forecast/timescale.py, the one owner bench predict imports too), the stored history is
+resampled to it, the horizon is in that step, and a lower forecast releases pods after a few of
+those steps, not minutes."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import pytest
+from warmpool_operator.api.types import parse_spec
+from warmpool_operator.control.forecasting import (
+    CHOOSE_MIN_S,
+    ForecastRunner,
+    PoolForecast,
+    choose_forecast_step,
+    limits_for,
+)
+from warmpool_operator.io.kube import Kube
+from warmpool_operator.rules.forecast.history import MISSING, History, HistoryLimits, StepObservation, resampled
+from warmpool_operator.rules.forecast.timescale import choose_step_from_counts, steps_over
+
+pytestmark = pytest.mark.unit
+
+EPOCH_STEP = 340_000_000  # a 5 s step index on a whole hour
+
+
+def bursty_history(step_s: int, burst_steps: int, every_steps: int, hours: float = 1.0,
+                   per_step: int = 20) -> History:
+    """``hours`` of ``step_s`` steps: a burst of ``burst_steps`` at ``per_step`` requests each, one every
+    ``every_steps``, a stray request halfway between."""
+    history = History(limits=limits_for(step_s))
+    for k in range(int(hours * 3600 // step_s)):
+        phase = k % every_steps
+        count = per_step if phase < burst_steps else (1 if phase == every_steps // 2 else 0)
+        history.record(EPOCH_STEP + k, StepObservation(requests=count))
+    return history
+
+
+@pytest.mark.parametrize(("burst_steps", "wanted"), [(4, 10), (8, 20), (2, 5), (24, 60)])
+def test_a_5s_history_forecasts_at_half_its_typical_burst(burst_steps: int, wanted: int) -> None:
+    history = bursty_history(5, burst_steps, every_steps=144)  # bursts of 20 s, 40 s, 10 s, 120 s every 12 min
+    choice = choose_forecast_step(history)
+    assert choice.step_s == wanted and choice.burst_p50_s == 5 * burst_steps, choice
+    assert f"{wanted} s steps" in choice.reason
+
+
+def test_a_60s_history_can_only_forecast_at_60s_and_a_short_one_at_its_own_step() -> None:
+    assert steps_over(60) == (60,) and steps_over(5) == (5, 10, 15, 20, 30, 60) and steps_over(2) == (2, 10, 20, 30, 60)
+    assert choose_forecast_step(bursty_history(60, 1, every_steps=4, hours=3)).step_s == 60
+    short = bursty_history(5, 4, every_steps=48, hours=(CHOOSE_MIN_S - 5) / 3600)
+    choice = choose_forecast_step(short)
+    assert choice.step_s == 5 and "too little" in choice.reason
+    steady = choose_step_from_counts([3] * 720, 5)
+    assert steady.step_s == 60 and steady.bursts == 0 and "no bursts" in steady.reason
+    # Unobserved steps are no burst and do not lower the mean rate.
+    assert choose_step_from_counts([None] * 600 + [0, 0, 9, 9, 9, 9, 0, 0] * 15, 5).step_s == 10
+
+
+def test_a_resampled_history_sums_whole_groups_and_a_missing_step_makes_its_group_missing() -> None:
+    history = History(limits=HistoryLimits(step_s=5, retention_s=5 * 100), start=7)  # 7 is mid-group at 10 s
+    for step, count, peak in [(7, 9, None), (8, 2, 6), (9, 4, None), (10, 1, None), (12, 3, None), (13, 5, 8)]:
+        history.record(step, StepObservation(requests=count, prompt_tokens=10 * count, peak_requests=peak))
+    history.record(14, StepObservation(requests=7))  # step 11 was never recorded: missing
+    at10 = resampled(history, 10)
+    assert at10.limits.step_s == 10 and at10.start == 4 and at10.end == 7  # groups 4, 5, 6; step 7's partial one out
+    assert at10.requests == [6, MISSING, 8] and at10.prompt_tokens == [60, MISSING, 80]
+    # A group's peak: the busiest 5 s step's rate (its peak, else its count) over the 10 s.
+    assert at10.peak_requests == [2 * 6, MISSING, 2 * 8]
+    assert resampled(history, 5) is history
+    for bad in (3, 15 // 2, 7):
+        with pytest.raises(ValueError, match="resamples only to a multiple"):
+            resampled(history, bad)
+    assert len(resampled(History(limits=HistoryLimits(step_s=5, retention_s=500), start=3, requests=[1]), 10)) == 0
+
+
+class _NoKube:
+    """The runner's history store is never used in these tests (the history is set by hand)."""
+
+
+def _runner(history: History, executor: ThreadPoolExecutor) -> ForecastRunner:
+    pokes: list[int] = []
+    runner = ForecastRunner(cast(Kube, _NoKube()), {"metadata": {"name": "m", "namespace": "n", "uid": "u"}},
+                            history.limits.step_s, executor, lambda: pokes.append(1))
+    runner.history, runner.loaded = history, True
+    return runner
+
+
+async def _settled(runner: ForecastRunner) -> None:
+    for _ in range(200):  # bounded: 10 s at most
+        if not runner._forecasting and runner.forecast is not None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("no forecast within 10 s")
+
+
+async def test_the_live_runner_forecasts_the_resampled_history_at_the_chosen_step() -> None:
+    history = bursty_history(5, 4, every_steps=48)
+    spec: Any = parse_spec({"model": {"pvc": {"claimName": "m"}},
+                            "pool": {"replicas": 1, "minWarm": 0, "maxReplicas": 6,
+                                     "predictive": {"enabled": True, "horizonSeconds": 7}}})
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        runner = _runner(history, executor)
+        runner.capacity.add(served=40.0, busy_seconds=10.0)  # 4 req/s per pod
+        pool = PoolForecast(cast(Kube, _NoKube()), {}, 5, executor, lambda: None)
+        pool.runner = runner
+        runner._choose()
+        assert runner.forecast_step_s == 10
+        first = pool.step(spec, {}, [], cold_start_p95=None)  # asks for the horizons at 10 s steps
+        assert runner.horizons == (1, 2)  # [now + 7 s, now + 17 s) at 10 s steps
+        await _settled(runner)
+        made = runner.forecast
+        assert made is not None and made.step_s == 10 and made.prediction.last_step == history.end // 2 - 1
+        out = pool.step(spec, {}, [], cold_start_p95=None)
+        assert out.forecast is not None and out.forecast.step_seconds == 10 and "step: " in (out.forecast.reason or "")
+        assert out.hold_s == 50.0  # five 10 s steps: pods go between 4-minute bursts, not after 5 minutes
+        assert first.hold_s == 50.0
+        # A 5 s step closing inside the 10 s one asks for no new forecast; the next 10 s one does.
+        history.record(history.end, StepObservation(requests=0))
+        runner._ask_forecast()
+        assert not runner._forecasting
+        history.record(history.end, StepObservation(requests=0))
+        runner._ask_forecast()
+        assert runner._forecasting
+        await _settled(runner)
+        assert runner.forecast.prediction.last_step == history.end // 2 - 1
+        assert runner.current() is not None
