@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import os
 import re
 import shutil
@@ -37,10 +38,16 @@ def _modules(packages: dict[str, Path]) -> dict[str, Path]:
     return found
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """``path`` parsed once for every check here (each walks the same ~600 files; none changes the tree)."""
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path) -> set[str]:
     """Every module named by an import anywhere in the file (lazy imports in functions too)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -235,7 +242,7 @@ def test_no_class_or_function_is_too_long() -> None:
     too_long: list[str] = []
     scripts = {"gpu_check": REPO / "worker" / "gpu_check.py"}
     for module, path in (_modules(PRODUCT) | _modules(DEVELOPER) | scripts).items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
@@ -270,7 +277,7 @@ def _mutable_dataclasses(modules: dict[str, Path]) -> set[str]:
     """Names of the product's dataclasses that are not frozen (an instance of one is mutable)."""
     names: set[str] = set()
     for path in modules.values():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if not isinstance(node, ast.ClassDef):
                 continue
             for decorator in node.decorator_list:
@@ -313,7 +320,7 @@ def test_no_product_module_keeps_mutable_state_at_module_level() -> None:
     modules = _modules(PRODUCT)
     mutable = _mutable_dataclasses(modules)
     offenders = {module: why for module, path in modules.items()
-                 if (why := _module_state(ast.parse(path.read_text()), mutable))}
+                 if (why := _module_state(_tree(path), mutable))}
     assert set(offenders) <= set(MUTABLE_STATE_EXCEPTIONS), {
         module: why for module, why in offenders.items() if module not in MUTABLE_STATE_EXCEPTIONS}
     assert set(MUTABLE_STATE_EXCEPTIONS) <= set(offenders), "an exception that no longer is one: drop it"
@@ -404,7 +411,7 @@ def _tautologies(tree: ast.AST) -> list[str]:
 
 def test_no_test_asserts_what_cannot_fail() -> None:
     offenders = {str(path.relative_to(REPO)): found for path in sorted((REPO / "tests").rglob("*.py"))
-                 if (found := _tautologies(ast.parse(path.read_text())))}
+                 if (found := _tautologies(_tree(path)))}
     assert not offenders, offenders
 
 
