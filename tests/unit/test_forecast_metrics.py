@@ -94,13 +94,14 @@ def test_the_gauges_follow_status_forecast_and_an_unknown_figure_has_no_series()
     assert got[RATE_NOW] == 5.0
     # 10 req/s over 1.5 per pod is 7 pods; maxExtraReplicas (default 4) holds it to replicas + 4.
     assert got[DESIRED] == 5.0
-    # Capacity not measured (e.g. after a restart): no capacity and no desired count, never the old ones.
+    # Capacity not measured (e.g. after a restart): no capacity, and the desired count is the one pod a
+    # forecast request needs (the reactive count here), never the old figures.
     unmeasured = report(600.0, None, last_count=300)
-    assert unmeasured.capacity_per_pod is None and unmeasured.desired_replicas is None
+    assert unmeasured.capacity_per_pod is None and unmeasured.desired_replicas == 1
     metrics.show_forecast("ns-a", "follow", unmeasured)
     got = figures("ns-a", "follow")
     assert got[CAPACITY] is None
-    assert got[DESIRED] is None
+    assert got[DESIRED] == 1.0
     assert got[P90] == 10.0
     # Prediction turned off (a pass reports no status.forecast): every series goes.
     metrics.show_forecast("ns-a", "follow", None)

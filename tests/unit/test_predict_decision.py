@@ -49,12 +49,20 @@ def test_bounds_min_warm_max_replicas_and_max_extra() -> None:
 
 
 @pytest.mark.parametrize("capacity", [None, 0.0, -1.0, math.nan, math.inf])
-def test_unmeasured_capacity_means_no_predictive_action(capacity: float | None) -> None:
+def test_unmeasured_capacity_sizes_nothing_but_a_forecast_request_still_asks_for_one_pod(
+        capacity: float | None) -> None:
     decision = decide(_inputs(capacity_rps=capacity, reactive_replicas=3))
-    assert decision.replicas == 3 and decision.predicted is None and not decision.acted
-    assert "capacity not measured" in decision.reason
+    assert decision.replicas == 3 and decision.predicted == 1 and not decision.acted  # never more than one pod
+    assert "capacity not measured" in decision.reason and "one pod" in decision.reason
     floor = decide(_inputs(capacity_rps=capacity, reactive_replicas=3, autoscaler_present=True, min_warm=2))
     assert floor.replicas == 2 and floor.target is Target.FLOOR  # the autoscaler's floor is left at minWarm
+    # A pool at zero (scale to zero after an operator restart: nothing served to measure) and a burst
+    # forecast: one pod, ahead of it.
+    from_zero = decide(_inputs(capacity_rps=capacity, reactive_replicas=0, min_warm=0, forecast_p90=6000.0))
+    assert from_zero.replicas == 1 and from_zero.predicted == 1 and from_zero.acted
+    # Less than one request forecast: nothing.
+    quiet = decide(_inputs(capacity_rps=capacity, reactive_replicas=0, min_warm=0, forecast_p90=0.5))
+    assert quiet.replicas == 0 and quiet.predicted is None and "no predictive action" in quiet.reason
 
 
 @pytest.mark.parametrize("forecast", [None, math.nan, -5.0])

@@ -238,7 +238,7 @@ def test_the_forecast_raises_the_pool_to_p90_over_capacity_within_the_bounds() -
     assert not low.acted and scaling.with_prediction(wm, 2, low.replicas) == 3
     # No forecast or no measured capacity: the reactive count, exactly.
     assert scaling.predictive_decision(wm, None, 60, 1.5, False).predicted is None
-    assert scaling.predictive_decision(wm, 240.0, 60, None, False).predicted is None
+    assert scaling.predictive_decision(wm, 240.0, 60, None, False).replicas == 1  # one pod at most, unmeasured
     assert scaling.with_prediction(wm, 1, None) == scaling.desired_replicas(wm, 1) == 2
 
 

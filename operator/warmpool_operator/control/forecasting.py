@@ -350,7 +350,7 @@ class PoolForecast:
         prediction = runner.current()
         capacity = runner.capacity.capacity_rps()
         made = scaling.predictive_decision(spec, prediction.p90 if prediction is not None else None,
-                                           step_s, capacity, scaling.autoscaled(owner))
+                                           step_s, capacity, scaling.autoscaled(owner), at_zero)
         last = runner.last_closed
         report = forecast_report.report(
             enabled=predictive.enabled, loaded=runner.loaded, prediction=prediction, decision=made, lead=lead,

@@ -73,15 +73,17 @@ def autoscaled(body: Mapping[str, Any]) -> bool:
 
 
 def predictive_decision(spec: WarmModelSpec, forecast_p90: float | None, step_s: int, capacity_rps: float | None,
-                        autoscaler_present: bool) -> Decision:
+                        autoscaler_present: bool, at_zero: bool = False) -> Decision:
     """Pods the forecast asks for, within [minWarm, maxReplicas] and maxExtraReplicas above the
-    reactive count (spec.pool.replicas, which an autoscaler keeps at its own recommendation)."""
+    reactive count (spec.pool.replicas, which an autoscaler keeps at its own recommendation; none
+    for a pool at zero, so a forecast that raises it is an action, and says so)."""
     pool = spec.pool
     predictive = pool.predictive
     max_extra = predictive.max_extra_replicas if predictive is not None else 0
     return decide(DecisionInputs(
         forecast_p90=forecast_p90, step_s=step_s, capacity_rps=capacity_rps,
-        reactive_replicas=max(pool.replicas, pool.min_warm), min_warm=pool.min_warm,
+        reactive_replicas=0 if at_zero and pool.scale_to_zero is not None else max(pool.replicas, pool.min_warm),
+        min_warm=pool.min_warm,
         max_replicas=pool.max_replicas, max_extra_replicas=max_extra, autoscaler_present=autoscaler_present,
     ))
 

@@ -5,8 +5,10 @@
   ``now + lead`` to ``now + lead + step``.  Both are the *measured* p95s; with neither
   measured yet, ``horizonSeconds`` stands in, and the reason says so.
 - **Desired** = ⌈forecast p90 ÷ per-pod capacity⌉, capacity in requests per second as the
-  workers' own throughput measured it.  No measured capacity, no predictive action: a
-  configured guess would size the pool on a number nobody checked.
+  workers' own throughput measured it.  No measured capacity, no sizing: a configured guess
+  would size the pool on a number nobody checked.  But a forecast of at least one request
+  still asks for one pod, the least any request needs (a pool at zero after an operator
+  restart has served nothing it could measure, and would otherwise never be pre-warmed).
 - **Bounds**: never more than ``maxExtraReplicas`` above what the reactive path (HPA/KEDA,
   or ``spec.pool.replicas``) asks, always within ``[minWarm, maxReplicas]``.  With an
   autoscaler present the result is a *floor* for it (its minimum replicas: it takes the
@@ -80,6 +82,10 @@ def horizons(lead_s: float, step_s: int) -> tuple[int, ...]:
     return tuple(range(first, max(first, last) + 1))
 
 
+#: With no measured capacity, a forecast of at least this many requests in a step still asks for one pod.
+MIN_REQUESTS_FOR_ONE_POD = 1.0
+
+
 class Target(StrEnum):
     FLOOR = "floor"  # an autoscaler owns replicas: raise its minimum
     REPLICAS = "replicas"  # the operator owns replicas
@@ -118,18 +124,22 @@ def decide(inputs: DecisionInputs) -> Decision:
     if inputs.forecast_p90 is None or not math.isfinite(inputs.forecast_p90) or inputs.forecast_p90 < 0:
         return Decision(unchanged, None, False, target, "no usable forecast: no predictive action")
     capacity = inputs.capacity_rps
-    if capacity is None or not _measured(capacity):
-        return Decision(unchanged, None, False, target, "per-pod capacity not measured yet: no predictive action")
     rate = inputs.forecast_p90 / inputs.step_s
+    measured = capacity is not None and _measured(capacity)
+    if not measured and inputs.forecast_p90 < MIN_REQUESTS_FOR_ONE_POD:
+        return Decision(unchanged, None, False, target, "per-pod capacity not measured yet: no predictive action")
     # The epsilon keeps a float division that lands a hair above a whole number from adding a pod.
-    predicted = max(0, math.ceil(rate / capacity - 1e-9))
+    predicted = max(0, math.ceil(rate / capacity - 1e-9)) if capacity is not None and measured else 1
     capped = min(predicted, reactive + inputs.max_extra_replicas)
     # A floor is the predicted count alone (the autoscaler takes the max with its own; a floor of
     # max(reactive, ...) would ratchet: the autoscaler could never scale below what it has now).
     wanted = capped if target is Target.FLOOR else max(reactive, capped)
     replicas = _clamp(wanted, inputs.min_warm, inputs.max_replicas)
     acted = replicas > reactive
-    if acted:
+    if not measured:
+        reason = (f"forecast p90 {rate:.3g} req/s, per-pod capacity not measured yet: one pod, the least a "
+                  f"request needs" + ("" if acted else f", not more than the reactive {reactive}"))
+    elif acted:
         reason = (f"forecast p90 {rate:.3g} req/s ÷ {capacity:.3g} req/s per pod = {predicted} pods"
                   + (f" (held to reactive {reactive} + maxExtraReplicas {inputs.max_extra_replicas})"
                      if capped < predicted else "")

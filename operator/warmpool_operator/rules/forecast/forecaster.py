@@ -3,9 +3,13 @@
 Candidates are the LightGBM quantile model (once trained) and the baselines.  Every step,
 :meth:`Forecaster.predict` first scores the forecasts made earlier for the steps now
 observed, then asks every candidate for the horizons wanted, and uses the candidate with
-the lowest recent quantile loss (:mod:`.evaluation`).  Before any candidate has enough
-scores, and whenever the history is too short for the others, it uses a baseline
-(last value): a short history gives a baseline's forecast and a reason, never an error.
+the lowest recent quantile loss (:mod:`.evaluation`).  A forecaster's first prediction scores
+the baselines on the history it is given, as if they had forecast its last ``eval_window``
+steps (:meth:`Forecaster.backtest`): an operator restarted over a stored history picks the
+baseline that fits it at once, not after ``min_scored`` live steps of last value (a pool at
+zero would miss the next burst meanwhile).  Before any candidate has enough scores, and
+whenever the history is too short for the others, it uses a baseline (last value): a short
+history gives a baseline's forecast and a reason, never an error.
 When the last few steps are all missing (the workers' request metrics are gone or garbage),
 there is no forecast at all, and the reason says why: the caller scales reactively.
 
@@ -161,6 +165,8 @@ class Forecaster:
         if not horizons or min(horizons) < 1:
             raise ValueError(f"horizons must be >= 1 step, got {horizons}")
         series, companion = self.series(history)
+        if self._scored_until is None:
+            self.backtest(series, history.start, horizons)
         self._score(history, series)
         last_step = history.end - 1
         target = self.config.target
@@ -177,6 +183,23 @@ class Forecaster:
         name, reason = self._choose(offered)
         loss = next((s.loss for s in self.scoreboard.standings() if s.candidate == name), None)
         return Prediction(last_step, name, reason, offered.get(name, ()), offered, loss, target)
+
+    def backtest(self, series: FloatArray, first_step: int, horizons: tuple[int, ...]) -> None:
+        """Record what each baseline would have forecast for the series' last ``eval_window`` steps
+        (the next :meth:`_score` scores them).  Baselines only: they are cheap and need no training."""
+        if self.config.only is not None:
+            return  # one candidate asked for: nothing to choose between
+        end = first_step + len(series)
+        for made_after in range(max(first_step, end - self.config.eval_window - max(horizons)), end):
+            past = series[:made_after - first_step + 1]
+            for kind in Baseline:
+                for horizon in horizons:
+                    target = made_after + horizon
+                    if not end - self.config.eval_window <= target < end:
+                        continue
+                    forecast = baselines.forecast(kind, past, horizon, self.config.baselines)
+                    if forecast is not None:
+                        self.scoreboard.record(kind.value, target, forecast)
 
     def _score(self, history: History, series: FloatArray) -> None:
         start = history.start if self._scored_until is None else max(self._scored_until, history.start)

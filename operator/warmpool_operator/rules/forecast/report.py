@@ -113,7 +113,7 @@ def _verdict(enabled: bool, loaded: bool, prediction: Prediction | None, decisio
     if prediction is None or prediction.p90 is None:
         why = prediction.reason if prediction is not None else "the first history steps are being recorded"
         return Verdict("False", REASON_NO_FORECAST_YET, f"no forecast yet ({why}): reactive meanwhile")
-    if capacity_rps is None:
+    if capacity_rps is None and (decision is None or decision.predicted is None):
         return Verdict("False", REASON_CAPACITY_NOT_MEASURED, "per-pod capacity not measured yet (no request "
                        "served and timed): reactive meanwhile")
     why = decision.reason if decision is not None else ""
