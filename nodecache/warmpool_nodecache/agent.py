@@ -24,6 +24,7 @@ from warmpool.contract.pods import ANNOTATION_CACHE_REVISION
 from warmpool.heatmap import HeatMap, HeatMapError
 from warmpool.lease import LeaseLostError
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
+from warmpool_nodecache.journal import journaled
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError
 from warmpool_nodecache.netguard import AddressPolicy
@@ -210,14 +211,16 @@ def start_order(manifest: Manifest, headers: Mapping[str, Mapping[str, Any]], he
 
 def cached_bytes(layout: CacheLayout, manifest: Manifest, domain: str) -> int:
     """Bytes of the revision's (distinct) blocks present in the cache for ``domain``: those it verified
-    itself (another domain's blocks are not its to count: the figure would say which hashes they hold)."""
+    itself (another domain's blocks are not its to count: the figure would say which hashes they hold),
+    held by the store or already durable in a fill's view of the revision (its journal)."""
     blocks = DomainBlocks(BlockStore(layout), domain)
+    filling = journaled(layout, manifest.digest_hex)
     seen: set[str] = set()
     total = 0
     for ref in manifest.block_refs():
         if ref.sha256 not in seen:
             seen.add(ref.sha256)
-            if blocks.usable(ref.sha256):
+            if (ref.sha256 in filling and blocks.vouched(ref.sha256)) or blocks.usable(ref.sha256):
                 total += ref.length
     return total
 

@@ -51,7 +51,7 @@ def fill_blocking(layout: CacheLayout, source: Source, manifest: Manifest, heat:
                 blocks.store.put(ref.sha256, source.fetch_range(ref.path, ref.offset, ref.length))  # verifies
                 blocks.vouch(ref.sha256)
                 header_blocks, header_bytes = header_blocks + 1, header_bytes + ref.length
-            header = agent.safetensors_header(layout.block(ref.sha256).read_bytes(), ref.path)
+            header = agent.safetensors_header(blocks.store.read(ref.sha256), ref.path)
             if header is not None:
                 headers[ref.path] = header
         order = (agent.start_order if partial else agent.heat_order)(manifest, headers, heat)

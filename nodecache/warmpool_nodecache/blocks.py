@@ -1,33 +1,35 @@
-"""The content-addressed block store: each block stored once under its SHA-256, shared by every revision.
+"""The content-addressed block store: where a verified copy of each block lives, found by its SHA-256.
 
-A block is written to a temporary file in its shard, fsynced, checked against its hash and
-renamed into place, so a block file that exists is always whole and correct (a crash leaves
-at most a temporary file, which the next write of that block replaces).  Block files are
-read-only: a single-block model file may be a hard link to its block, and nothing may write
-through it.
+A block is held in one of two places, and a fill writes each byte it downloads to disk once:
 
-A fill stores many blocks at once with ``stage`` + ``commit`` instead of ``put``: each block
-is verified and written, without fsync, to a private staging directory (its fetch thread does
-this, in parallel with the others); ``commit`` then makes a batch durable -- fsync of every
-file, then the renames into the shards, then an fsync of each shard touched -- so the same
-invariant holds for a crash of the process *and* of the machine: a name under ``blocks/``
-only ever points at bytes that were verified and on disk before the name existed.  A crash
-before the commit leaves staged files only, which the next holder of the fill's lease removes
-with the rest of the fill's staging.  One fsync per block remains, but in batches, issued in
-parallel (the journal commits of concurrent fsyncs are shared) and off the fetch path.
+* inside a published revision's file (``revisions/<digest>/<path>`` at the block's offset, as its
+  cached manifest lists it).  A fill writes every block it fetches straight into the revision's
+  files (``partial.PartialView``); published, those files are the blocks' only copy on disk, and
+  another revision that shares a block copies (or, where the filesystem shares extents, clones)
+  it from there.  Published files are sealed (read-only, fsynced) and never written again: their
+  bytes stay the verified ones until eviction removes the whole revision, which no fill can
+  meet (fills hold the cache-wide lock shared, eviction exclusive);
+* a block file ``blocks/<aa>/<sha256>`` (``put``): the header blocks the node agent fetches
+  before a fill to learn the fill's order.  Written to a temporary file in its shard, fsynced,
+  checked against its hash and renamed into place, so a block file that exists is always whole
+  and correct.  Read-only; a revision's file never shares its inode (no hard links): a copy or
+  a clone, so neither path can change the other's bytes.
+
+Neither place says who may use a block: ``trust.DomainBlocks`` adds that.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Sequence
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from warmpool_nodecache.layout import CacheLayout
+from warmpool_nodecache.manifest import ManifestError, parse_manifest
 
 
 class BlockCorruptError(ValueError):
@@ -57,12 +59,65 @@ def verify(sha256: str, data: bytes) -> None:
         raise BlockCorruptError(f"block {sha256}: the bytes fetched do not hash to it")
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a held block's bytes are: ``length`` bytes of ``path`` from ``offset``."""
+
+    path: Path
+    offset: int
+    length: int
+
+
 class BlockStore:
     def __init__(self, layout: CacheLayout) -> None:
         self.layout = layout
+        self._lock = threading.Lock()
+        self._published: tuple[str, ...] | None = None
+        self._in_revisions: dict[str, Place] = {}
 
     def has(self, sha256: str) -> bool:
-        return self.layout.block(sha256).is_file()
+        return self.locate(sha256) is not None
+
+    def locate(self, sha256: str) -> Place | None:
+        """Where the store holds the block's verified bytes, or None."""
+        block = self.layout.block(sha256)
+        try:
+            return Place(block, 0, block.stat().st_size)
+        except FileNotFoundError:
+            return self._revision_blocks().get(sha256)
+
+    def read(self, sha256: str) -> bytes:
+        """The held block's bytes (FileNotFoundError naming it when the store does not hold it)."""
+        place = self.locate(sha256)
+        if place is None:
+            raise FileNotFoundError(f"block {sha256} is not in the cache at {self.layout.root}")
+        fd = os.open(place.path, os.O_RDONLY)
+        try:
+            return os.pread(fd, place.length, place.offset)
+        finally:
+            os.close(fd)
+
+    def _revision_blocks(self) -> dict[str, Place]:
+        """Every block of the published revisions, by SHA-256; read again when the set of revisions changed."""
+        try:
+            published = tuple(sorted(p.name for p in self.layout.revisions.iterdir() if p.is_dir()))
+        except FileNotFoundError:
+            published = ()
+        with self._lock:
+            if published != self._published:
+                index: dict[str, Place] = {}
+                for digest_hex in published:
+                    try:
+                        manifest = parse_manifest(self.layout.manifest(digest_hex).read_bytes())
+                    except (OSError, ManifestError):
+                        continue  # its blocks are fetched again; the revision itself stays whole
+                    if manifest.digest_hex != digest_hex:
+                        continue
+                    for ref in manifest.block_refs():
+                        index.setdefault(ref.sha256, Place(self.layout.revision(digest_hex) / ref.path, ref.offset,
+                                                           ref.length))
+                self._published, self._in_revisions = published, index
+            return self._in_revisions
 
     def put(self, sha256: str, data: bytes) -> bool:
         """Store `data` as block `sha256`; False if it was already there. BlockCorruptError if it does not hash so."""
@@ -86,59 +141,6 @@ class BlockStore:
         fsync_dir(final.parent)
         return True
 
-    def stage(self, sha256: str, data: bytes, directory: Path) -> Path:
-        """Verify `data` as block `sha256` and write it, read-only and not yet fsynced, as `directory/sha256`.
-
-        Nothing under ``blocks/`` changes: ``commit`` makes it durable and visible.  Safe to call
-        from several threads for different blocks (each writes its own file)."""
-        verify(sha256, data)
-        path = directory / sha256
-        # Created read-only: the descriptor that created it may still write (POSIX), nobody else can.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-        try:
-            with os.fdopen(fd, "wb", closefd=True) as fh:
-                fh.write(data)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            raise
-        return path
-
-    def commit(self, staged: Sequence[tuple[str, Path]], fsync_threads: int = 8) -> list[str]:
-        """Make staged blocks durable, then visible; the blocks stored (those not already there).
-
-        Order is what makes it crash-safe: (1) every staged file's bytes are fsynced, (2) only then
-        is each renamed to its name under ``blocks/`` (atomic), (3) the shards (and ``blocks/``
-        when a shard was made) are fsynced so the names survive a power cut too.  A crash between
-        (1) and (3) leaves each block either at its name, whole, or in staging."""
-        if not staged:
-            return []
-        if len(staged) == 1 or fsync_threads <= 1:
-            for _, path in staged:
-                fsync_file(path)
-        else:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=min(fsync_threads, len(staged))) as pool:
-                list(pool.map(fsync_file, [path for _, path in staged]))  # list(): re-raises an error
-        stored: list[str] = []
-        shards: set[Path] = set()
-        new_shard = False
-        for sha256, path in staged:
-            final = self.layout.block(sha256)
-            if final.is_file():  # another revision's fill stored it meanwhile: same bytes
-                path.unlink()
-                continue
-            if not final.parent.is_dir():
-                final.parent.mkdir(parents=True, exist_ok=True)
-                new_shard = True
-            os.rename(path, final)
-            stored.append(sha256)
-            shards.add(final.parent)
-        for shard in shards:
-            fsync_dir(shard)
-        if new_shard:
-            fsync_dir(self.layout.blocks)
-        return stored
-
     def remove(self, sha256: str) -> int:
         """Delete a block; the bytes freed (0 if it was absent)."""
         path = self.layout.block(sha256)
@@ -150,6 +152,7 @@ class BlockStore:
         return size
 
     def all_blocks(self) -> set[str]:
+        """The block files (what eviction frees); blocks inside revisions go with their revision."""
         if not self.layout.blocks.is_dir():
             return set()
         return {p.name for shard in self.layout.blocks.iterdir() if shard.is_dir() for p in shard.iterdir()

@@ -5,14 +5,15 @@ than K times has none and goes first (LRU-K's rule: one use says little), ties b
 most recent use.  A revision is in use -- and never evicted -- while a live process holds a pin
 on it (``use.pinned``) or maps one of its files (``/proc/*/maps``, see ``use.mapped_revisions``).
 Removing a revision renames its directory away first (readers see it whole or not at all),
-then frees every block no remaining manifest references.  Size is disk usage (allocated bytes,
-each inode once) of the blocks and the revisions' files; reflinked extents count twice, which
-errs on the side of evicting.  The whole pass runs under the cache-wide lock held exclusive,
+then frees every block file no remaining manifest references (the blocks held inside the
+revision's files go with them: ``blocks.py``).  Size is disk usage (allocated bytes, each inode
+once) of the block files and the revisions' files; reflinked extents count twice, which errs on
+the side of evicting.  The whole pass runs under the cache-wide lock held exclusive,
 so it waits for fills in progress (bounded) and leaves their blocks alone.
 
 A cached manifest that no longer parses (a damaged disk, a hand edit) does not stop eviction:
-its blocks are freed as if it named none -- its revision's files do not need the block names
-(a hard link keeps the inode, a clone or copy its own extents), so nothing published breaks,
+its block files are freed as if it named none -- its revision's files do not need them (a clone
+or copy has its own extents), so nothing published breaks,
 and a later fill that needs those blocks fetches them again -- and the result names it, so the
 agent can say so.
 """
@@ -92,8 +93,10 @@ def _drop_abandoned_fills(layout: CacheLayout, published: set[str]) -> None:
                 link.unlink()
 
 
-def _free_unreferenced_blocks(layout: CacheLayout, unreadable: set[str]) -> int:
-    """Free every block no parsable cached manifest names; ``unreadable`` gains those that do not parse."""
+def _free_unreferenced_blocks(layout: CacheLayout, unreadable: set[str], dropped: frozenset[str] = frozenset()) -> int:
+    """Free every block no parsable cached manifest names; ``unreadable`` gains those that do not parse.
+    ``dropped``: the blocks of a revision just evicted (held in its files, gone with them): the
+    domains' marks of those no remaining manifest names go too."""
     referenced: set[str] = set()
     if layout.manifests.is_dir():
         for path in layout.manifests.glob("*.json"):
@@ -107,8 +110,15 @@ def _free_unreferenced_blocks(layout: CacheLayout, unreadable: set[str]) -> int:
     unreferenced = store.all_blocks() - referenced
     for sha in unreferenced:
         store.remove(sha)
-    forget(layout, unreferenced)  # the domains' marks of them (trust.py), so marks stay bounded
+    forget(layout, unreferenced | (dropped - referenced))  # their marks (trust.py): marks stay bounded
     return len(unreferenced)
+
+
+def _blocks_of(layout: CacheLayout, digest_hex: str) -> frozenset[str]:
+    try:
+        return frozenset(parse_manifest(layout.manifest(digest_hex).read_bytes()).unique_blocks())
+    except (OSError, ManifestError):
+        return frozenset()
 
 
 def evict(
@@ -135,6 +145,7 @@ def evict(
         for digest in candidates:
             if size <= budget_bytes:
                 break
+            dropped = _blocks_of(layout, digest)
             trash = layout.staging / f".evict-{digest}.{os.getpid()}"
             layout.staging.mkdir(parents=True, exist_ok=True)
             os.rename(layout.revision(digest), trash)
@@ -144,7 +155,7 @@ def evict(
                     leftover.unlink()
             forget(layout, (), [digest])  # every domain's links to it
             shutil.rmtree(layout.pins / digest, ignore_errors=True)
-            freed += _free_unreferenced_blocks(layout, unreadable)
+            freed += _free_unreferenced_blocks(layout, unreadable, dropped)
             evicted.append(digest)
             size = cache_bytes(layout)
         return EvictResult(tuple(evicted), tuple(in_use), before, size, freed,

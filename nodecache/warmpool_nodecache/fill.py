@@ -9,58 +9,54 @@
 3. The fill lease serialises fillers: the one holding it downloads; the others wait, bounded,
    for the revision to be published -- or for the lease to expire (its holder died), and then
    take it over with a higher version.
-4. The holder fetches each missing block in the given order (blocks already stored are skipped
-   when its trust domain verified them before -- so a fill killed midway resumes where it
-   stopped -- and fetched like any other when not: a block digest is not a capability), verifies
-   it on arrival (a corrupt block is fetched again, a bounded number of times), writes it into the
-   revision's files in a staging directory, and publishes it by renaming it to
-   ``revisions/<digest>`` under the lease's fence.
+4. The holder fetches each missing block in the given order (blocks the store holds are skipped
+   when its trust domain verified them before, and fetched like any other when not: a block
+   digest is not a capability), verifies it on arrival (a corrupt block is fetched again, a
+   bounded number of times), writes it into the revision's files in a staging directory, and
+   publishes it by renaming it to ``revisions/<digest>`` under the lease's fence.
 
-The fetches overlap (``ordered_pool.OrderedPool``): ``fetch_workers`` threads each fetch, verify,
-stage one block (``BlockStore.stage``: written, not yet fsynced, under the fill's staging) and
-write the same bytes into the revision's files (``partial.PartialView.write``), at
-most ``2 x fetch_workers`` blocks ahead of the one the fill takes next, so memory stays at
-``2 x fetch_workers x block size`` of fetched bytes at most.  The fill takes the staged blocks in its
-order
-(hot-first) and commits them in batches (``BlockStore.commit``: fsync, rename into ``blocks/``,
-fsync of the shards, in a commit thread beside the fetches: ``commits.BlockCommits``) -- every
+The fetches overlap (``ordered_pool.OrderedPool``): ``fetch_workers`` threads each fetch, verify
+and write one block into the revision's files (``partial.PartialView.write``) -- the only copy of
+its bytes the fill writes: there is no block file beside it (``blocks.py``) -- at most
+``2 x fetch_workers`` blocks ahead of the one the fill takes next, so memory stays at
+``2 x fetch_workers x block size`` of fetched bytes at most.  The fill takes the fetched blocks in
+its order (hot-first) and commits them in batches in a commit thread beside the fetches
+(``commits.BlockCommits`` -> ``PartialView.place``: fdatasync of the files the batch wrote to,
+then the batch appended to the fill's journal and fsynced, ``journal.py``) -- every
 ``sync_batch_blocks`` blocks, whenever it would otherwise wait for the network, and always,
-waited for, before publishing.  So a block is in the store only
-once verified *and* durable, blocks enter the store in the fill's order, and the revision is
-published only after every block it needs is durable.  A crash (SIGKILL or power) loses at most
-the staged, uncommitted blocks; the next holder of the lease removes them and fetches them again.
-A failure other than a corrupt block (the lease lost, the source down) first commits the blocks
-already verified, so a later fill resumes from them.  Both sources are safe to call from several
-threads: ``HttpSource`` opens a connection per request and shares nothing mutable; ``S3Source``
-shares one boto3 client, which boto3 documents as thread-safe (its pool holds 10 connections,
-above the most workers allowed).
+waited for, before publishing.  So a block is journaled only once verified *and* durable, and the
+revision is published only after every block it needs is durable.  A crash (SIGKILL or power)
+loses at most the blocks written since the last commit: the next holder of the lease takes the
+view over with its journal (``PartialView.create(resume_from=...)``) and fetches the rest.  A
+failure other than a corrupt block (the lease lost, the source down) first commits the blocks
+already verified and leaves the view to resume from; a corrupt block discards the view (the
+revision is wrong).  Both sources are safe to call from several threads: ``HttpSource`` opens a
+connection per request and shares nothing mutable; ``S3Source`` shares one boto3 client, which
+boto3 documents as thread-safe (its pool holds 10 connections, above the most workers allowed).
 
-The staging directory is laid out before the first fetch (``partial.PartialView``): each block's
-bytes land in it from the fetch thread (or, where the filesystem clones, are cloned from the store
-once committed), and the commit thread fdatasyncs the files after each batch, so the end of the
-fill has no copy pass and little left to flush.  With ``FillOptions.partial_view`` a progress
-record beside it lists the committed blocks, so a worker can start on the partial revision and
-fault in the rest; publishing is the same rename of the whole directory (the same inodes).
+Blocks the store already holds -- a published revision's files, or a block file the node agent
+fetched for a header -- are cloned into the view where the filesystem shares extents, else copied
+(``copy_file_range``).  With ``FillOptions.partial_view`` a progress record inside the view lists
+the committed blocks, so a worker can start on the partial revision and fault in the rest;
+publishing is the same rename of the whole directory (the same inodes).
 
 Costs, measured (the 0.98 GB synthetic model from loopback SeaweedFS, 2 vCPUs, ext4 without
-reflink): per byte the fill receives, hashes, writes twice (the block store and the revision's
-files) and fsyncs both, where boto3's ``download_file`` receives and writes once, unsynced; on 2
-cores beside the store the fill is CPU-bound (about 3.3-3.7 s of its own CPU per GB against 1.4 s
-for the download), well short of the download's throughput (``bench/results/cache.md``).
+reflink; ``bench/results/cache.md``): per byte the fill receives, hashes and writes once (the
+revision's files) and fdatasyncs it, where boto3's ``download_file`` receives and writes once,
+unsynced.  Before the fill wrote each byte twice (a block file and the revision's file).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from warmpool.contract.files import MANIFEST_FILENAME
-from warmpool_nodecache.blocks import BlockCorruptError, BlockStore, fsync_dir
+from warmpool_nodecache.blocks import BlockCorruptError, BlockStore, fsync_dir, verify
 from warmpool_nodecache.commits import BlockCommits
 from warmpool_nodecache.eviction_lock import gc_lock
 from warmpool_nodecache.file_lease import FileLease
@@ -68,7 +64,7 @@ from warmpool_nodecache.layout import DEFAULT_DOMAIN, CacheLayout, check_domain
 from warmpool_nodecache.manifest import BlockRef, Manifest, ManifestError, parse_manifest
 from warmpool_nodecache.order import BlockOrder
 from warmpool_nodecache.ordered_pool import OrderedPool
-from warmpool_nodecache.partial import PartialView, point_link, remove_views
+from warmpool_nodecache.partial import PartialView, point_link, remove_views, resumable_view
 from warmpool_nodecache.source import Source
 from warmpool_nodecache.trust import DomainBlocks, grant, granted, verify_published
 from warmpool_nodecache.use import record_use
@@ -148,14 +144,13 @@ def _check_sizes(manifest: Manifest, source: Source) -> None:
             )
 
 
-def _fetch_block(blocks: DomainBlocks, source: Source, ref: BlockRef, attempts: int, directory: Path,
-                 view: PartialView) -> Path:
-    """Fetch, verify, stage one block, mark it verified by the fill's domain and write it into the
-    view (in a pool thread); BlockCorruptError after `attempts` bad copies."""
+def _fetch_block(blocks: DomainBlocks, source: Source, ref: BlockRef, attempts: int, view: PartialView) -> None:
+    """Fetch and verify one block, mark it verified by the fill's domain and write it into the view
+    (in a pool thread); BlockCorruptError after `attempts` bad copies."""
     for attempt in range(1, attempts + 1):
         data = source.fetch_range(ref.path, ref.offset, ref.length)
         try:
-            staged = blocks.store.stage(ref.sha256, data, directory)
+            verify(ref.sha256, data)
         except BlockCorruptError:
             if attempt == attempts:
                 raise BlockCorruptError(
@@ -165,18 +160,19 @@ def _fetch_block(blocks: DomainBlocks, source: Source, ref: BlockRef, attempts: 
                 ) from None
             continue
         blocks.vouch(ref.sha256)
-        view.write(ref.sha256, data)  # verified: the same bytes, in the revision's files
-        return staged
+        view.write(ref.sha256, data)  # verified: its only copy, in the revision's files
+        return
     raise AssertionError("unreachable")
 
 
-def _missing(blocks: DomainBlocks, manifest: Manifest, order: BlockOrder | None) -> Iterator[BlockRef]:
+def _missing(blocks: DomainBlocks, view: PartialView, manifest: Manifest, order: BlockOrder | None,
+             ) -> Iterator[BlockRef]:
     """The blocks to fetch, in order, each once; checked lazily, as the pool takes them."""
     seen: set[str] = set()
     for ref in _ordered(manifest, order):
         if ref.sha256 not in seen:
             seen.add(ref.sha256)
-            if not blocks.usable(ref.sha256):
+            if not (view.has(ref.sha256) or blocks.usable(ref.sha256)):
                 yield ref
 
 
@@ -188,25 +184,10 @@ def _write_manifest(layout: CacheLayout, manifest: Manifest) -> None:
     os.rename(tmp, final)
 
 
-def _referenced_elsewhere(layout: CacheLayout, digest_hex: str) -> set[str]:
-    referenced: set[str] = set()
-    for path in layout.manifests.glob("*.json"):
-        if path.stem != digest_hex:
-            with contextlib.suppress(OSError, ManifestError):
-                referenced |= parse_manifest(path.read_text(), str(path)).unique_blocks()
-    return referenced
-
-
-def _roll_back(layout: CacheLayout, store: BlockStore, manifest: Manifest, stored: list[str]) -> None:
-    """Undo a fill of a bad revision: its manifest and the blocks it alone brought."""
+def _roll_back(layout: CacheLayout, manifest: Manifest) -> None:
+    """Undo a fill of a bad revision: its manifest (the view and its journal go with ``discard``)."""
     with contextlib.suppress(FileNotFoundError):
         layout.manifest(manifest.digest_hex).unlink()
-    keep = _referenced_elsewhere(layout, manifest.digest_hex)
-    for sha in stored:
-        if sha not in keep:
-            store.remove(sha)
-            with contextlib.suppress(OSError):
-                layout.block(sha).parent.rmdir()  # the shard, if this fill made it and left it empty
 
 
 def _fill_holding_lease(
@@ -220,14 +201,13 @@ def _fill_holding_lease(
     with gc_lock(layout, exclusive=False, timeout_s=options.wait_timeout_s):
         _write_manifest(layout, manifest)
         layout.staging.mkdir(parents=True, exist_ok=True)
-        remove_views(layout.staging, manifest.digest_hex)  # an earlier holder's, died midway
+        earlier = resumable_view(layout.staging, manifest.digest_hex)  # a holder's that died or failed midway
+        remove_views(layout.staging, manifest.digest_hex, keep=earlier)
         staging = layout.staging / f"{manifest.digest_hex}.{lease.version}"
-        blocks_dir = layout.staging / f"{manifest.digest_hex}.{lease.version}.blocks"
-        blocks_dir.mkdir()
         view = PartialView(store, manifest, staging,
                            layout.partial_link(manifest.digest_hex, options.domain) if options.partial_view else None,
-                           usable=blocks.usable)
-        batch = BlockCommits(store, options.sync_batch_blocks, on_commit=view.place)
+                           usable=blocks.usable, vouched=blocks.vouched)
+        batch = BlockCommits(view.place, options.sync_batch_blocks)
         last_renew = time.monotonic()
 
         def keep_lease() -> None:
@@ -238,21 +218,20 @@ def _fill_holding_lease(
                     options.fence()
                 last_renew = time.monotonic()
 
-        def idle() -> None:  # the next block is still on its way: start making the staged ones durable
+        def idle() -> None:  # the next block is still on its way: start making the fetched ones durable
             keep_lease()
             batch.submit()
 
-        def fetch(ref: BlockRef) -> Path:
-            return _fetch_block(blocks, source, ref, options.block_attempts, blocks_dir, view)
+        def fetch(ref: BlockRef) -> None:
+            _fetch_block(blocks, source, ref, options.block_attempts, view)
 
         try:
-            view.create()
+            view.create(resume_from=earlier)
             with OrderedPool(fetch, workers=options.fetch_workers) as pool:
-                for ref, path in pool.results(_missing(blocks, manifest, order), idle=idle):
-                    batch.add(ref, path)
+                for ref, _ in pool.results(_missing(blocks, view, manifest, order), idle=idle):
+                    batch.add(ref)
                     keep_lease()
-            batch.finish()  # the durability point: every block is on disk, and listed, before publishing
-            blocks_dir.rmdir()
+            batch.finish()  # the durability point: every block is on disk, and journaled, before publishing
             methods = view.finish()
             fsync_dir(staging)
             layout.revisions.mkdir(parents=True, exist_ok=True)
@@ -261,20 +240,18 @@ def _fill_holding_lease(
             lease.publish(staging, final)
         except BlockCorruptError as exc:
             with contextlib.suppress(OSError):
-                batch.finish(commit_staged=False)  # the commits under way end, so all it stored is known
+                batch.finish(commit_pending=False)  # the commits under way end before the view goes
             view.failed(exc)  # before the view goes: a worker waiting on it learns why
             view.discard()
-            shutil.rmtree(blocks_dir, ignore_errors=True)
-            _roll_back(layout, store, manifest, batch.stored)
+            _roll_back(layout, manifest)
             raise
         except BaseException as exc:
-            # The pool's threads have ended (its exit waits): the verified blocks staged so far are
-            # committed, so a later fill resumes from them; a failing commit loses only those.
+            # The pool's threads have ended (its exit waits): the verified blocks fetched so far are
+            # committed -- durable and journaled in the view, which stays -- so a later fill resumes
+            # from them; a failing commit loses only those.
             with contextlib.suppress(OSError):
                 batch.finish()
             view.failed(exc)
-            view.discard()
-            shutil.rmtree(blocks_dir, ignore_errors=True)
             raise
         finally:
             batch.close()

@@ -1,9 +1,12 @@
 """Where things live under a cache root (one place, so every module agrees).
 
-    <root>/blocks/<aa>/<sha256 hex>      one file per block, read-only, sharded by the first two hex digits
+    <root>/blocks/<aa>/<sha256 hex>      a block file, read-only, sharded by the first two hex digits: only
+                                         blocks fetched on their own (safetensors headers); a fill's blocks
+                                         live in its revision's files (blocks.py)
     <root>/manifests/<digest hex>.json   the manifest of a revision being filled or published
     <root>/staging/<digest hex>.<version> a fill's revision directory before it is published (a partial
                                          view's progress record inside it: warmpool.fill_progress)
+    <root>/staging/<digest hex>.<version>.done  its journal: the blocks durable in it (journal.py)
     <root>/revisions/<digest hex>/       a published revision: the model's files, complete
     <root>/domains/<domain>/             what one trust domain (a namespace) may use (trust.py):
         revisions/<digest hex>           symlink to a published revision the domain verified itself

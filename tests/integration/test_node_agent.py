@@ -28,6 +28,7 @@ from warmpool_nodecache.agent_kube import (
 )
 from warmpool_nodecache.blocks import BlockStore
 from warmpool_nodecache.fill import FillOptions, fill_revision
+from warmpool_nodecache.journal import journaled
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import Manifest, build_manifest, write_manifest
 from warmpool_nodecache.source import HttpSource, HttpSourceConfig
@@ -161,7 +162,10 @@ def test_agent_killed_mid_fill_resumes_and_the_pod_waits_for_the_publish(
     agents[0].kill()
     fetched_before = server.state.block_requests()
     ranges_before = dict(server.state.ranges)
-    kept = BlockStore(CacheLayout(cache)).all_blocks() & manifest.unique_blocks()
+    # What the killed agent made durable: the header block files it fetched first, and the blocks
+    # its fill's journal lists in the view it left (the next holder takes that view over).
+    layout = CacheLayout(cache)
+    kept = (BlockStore(layout).all_blocks() | journaled(layout, manifest.digest_hex)) & manifest.unique_blocks()
     assert not (cache / "revisions" / manifest.digest_hex).exists()
     # The pod exists and waits in its init container: the worker has not started on a partial revision.
     pods = world.wait(lambda: world.pods("resumed"), 60, "the worker pod")

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
-from warmpool_nodecache.evict import evict
+from warmpool_nodecache.evict import cache_bytes, evict
 from warmpool_nodecache.fill import FillOptions, fill_revision
+from warmpool_nodecache.journal import journaled
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import Manifest, ManifestError, build_manifest, write_manifest
 from warmpool_nodecache.order import files_first
-from warmpool_nodecache.partial import clones_here
 from warmpool_nodecache.source import HttpSource, HttpSourceConfig, SourceMissingError
 from warmpool_nodecache.use import pinned
 
@@ -99,10 +99,13 @@ def test_fill_materialises_identical_files_that_load_and_a_second_fill_downloads
         assert server.state.block_requests() == len(manifest.unique_blocks())
     _assert_identical(result.path, model_a)
     methods = dict(zip((f.path for f in manifest.files), result.methods, strict=True))
-    # Cloned from the stored blocks where the filesystem shares extents, else written by the fetch
-    # threads from the verified bytes they held (no copy pass over the store at the end).
-    assert methods["config.json"] == "hardlink"
-    assert methods["model.safetensors"] == ("reflink" if clones_here(tmp_path) else "write")
+    # Written by the fetch threads from the verified bytes they held, once: no block file beside
+    # them, no copy pass at the end.  The published files are the store's copy of every block.
+    assert set(methods.values()) == {"write"}
+    store = BlockStore(layout)
+    assert store.all_blocks() == set()
+    assert all(store.has(sha) for sha in manifest.unique_blocks())
+    assert cache_bytes(layout) < 1.2 * manifest.total_bytes + 64 * 1024  # each byte on disk once
     tensors = load_file(result.path / "model.safetensors")
     assert "model.embed_tokens.weight" in tensors
     with pinned(layout, manifest.digest_hex) as revision:
@@ -141,17 +144,23 @@ def test_a_fill_killed_midway_resumes_and_downloads_only_the_rest(model_a: Path,
         server.state.range_delay_s = 0.3
         victim = _filler(layout.root, server.url, "--lease-ttl", "1.5")
         deadline = time.monotonic() + 60
-        # Killed once some blocks are in the store (several fetches run at once, so a request
-        # count says nothing about what is stored) and while others are still being fetched.
-        while not BlockStore(layout).all_blocks() and time.monotonic() < deadline and victim.poll() is None:
+        # Killed once some blocks are committed (several fetches run at once, so a request
+        # count says nothing about what is durable) and while others are still being fetched.
+        while (not journaled(layout, manifest.digest_hex) and time.monotonic() < deadline
+               and victim.poll() is None):
             time.sleep(0.02)
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(timeout=30)
         assert victim.returncode == -signal.SIGKILL
-        kept = BlockStore(layout).all_blocks()
+        kept = journaled(layout, manifest.digest_hex)
         assert 0 < len(kept) < total
-        for sha in kept:  # every block left behind is whole and verified
-            assert hashlib.sha256(layout.block(sha).read_bytes()).hexdigest() == sha
+        view = layout.staging / f"{manifest.digest_hex}.1"
+        for ref in manifest.block_refs():  # every block its journal lists is whole and verified in its view
+            if ref.sha256 in kept:
+                with (view / ref.path).open("rb") as fh:
+                    fh.seek(ref.offset)
+                    assert hashlib.sha256(fh.read(ref.length)).hexdigest() == ref.sha256
+        assert BlockStore(layout).all_blocks() == set()  # and only there: no second copy
         assert not layout.revision(manifest.digest_hex).exists()  # nothing half-published
         before = server.state.block_requests()
         server.state.range_delay_s = 0.0
@@ -181,10 +190,13 @@ def test_a_fill_whose_lease_expired_cannot_publish_and_a_new_fill_completes(mode
         with pytest.raises(LeaseLostError, match="expired"):
             fill_revision(layout, _source(server), options=FillOptions(lease_ttl_s=0.2, wait_timeout_s=10))
         assert not layout.revision(manifest.digest_hex).exists()
-        assert not any(layout.staging.iterdir())
+        # Its view stays with the journal of what is durable in it, for the next fill to resume from.
+        assert sorted(p.name for p in layout.staging.iterdir()) == [f"{manifest.digest_hex}.1",
+                                                                    f"{manifest.digest_hex}.1.done"]
         server.state.range_delay_s = 0.0
         result = fill_revision(layout, _source(server))
         assert result.filled_here and result.blocks_fetched < len(manifest.unique_blocks())
+        assert not any(layout.staging.iterdir())
     _assert_identical(result.path, model_a)
 
 
@@ -218,11 +230,13 @@ def test_eviction_never_removes_a_mapped_or_pinned_revision(model_a: Path, tmp_p
         mapper.wait(timeout=30)
     _assert_identical(path_a, model_a)
     assert not layout.revision(manifest_b.digest_hex).exists()
-    assert BlockStore(layout).all_blocks() == manifest_a.unique_blocks()  # b's blocks freed, a's kept
+    store = BlockStore(layout)  # b's blocks went with its files, a's are held in its files
+    assert all(store.has(sha) for sha in manifest_a.unique_blocks())
+    assert not any(store.has(sha) for sha in manifest_b.unique_blocks() - manifest_a.unique_blocks())
     with pinned(layout, manifest_a.digest_hex):
         assert evict(layout, budget_bytes=0).in_use == (manifest_a.digest_hex,)
     assert evict(layout, budget_bytes=0).evicted == (manifest_a.digest_hex,)
-    assert BlockStore(layout).all_blocks() == set()
+    assert not any(BlockStore(layout).has(sha) for sha in manifest_a.unique_blocks())
 
 
 def test_eviction_sees_a_revision_mapped_through_another_mount_namespace(model_a: Path, tmp_path: Path) -> None:

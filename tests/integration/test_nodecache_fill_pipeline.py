@@ -1,6 +1,7 @@
 """The fill's pipeline for real (a tiny safetensors checkpoint over loopback HTTP with Range): several
-blocks in flight but never more than asked, blocks entering the store in the fill's hot-first order,
-and a source failing mid-fill cancelling the rest and leaving a cache a later fill resumes from."""
+blocks in flight but never more than asked, blocks committed (durable, journaled) in the fill's
+hot-first order, and a source failing mid-fill cancelling the rest and leaving a view a later fill
+resumes from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from warmpool_nodecache.blocks import BlockStore
 from warmpool_nodecache.fill import FillOptions, fill_revision
+from warmpool_nodecache.journal import journaled
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import Manifest, build_manifest, write_manifest
 from warmpool_nodecache.order import files_first
@@ -41,10 +43,11 @@ def _publish(model: Path, dest: Path) -> Manifest:
 
 
 class WatchedSource:
-    """The real HttpSource, watched: how many fetches run at once, and what the store holds as each starts."""
+    """The real HttpSource, watched: how many fetches run at once, and what the fill had committed as each starts."""
 
-    def __init__(self, inner: HttpSource, store: BlockStore, order: list[str], together: int) -> None:
-        self.inner, self.store, self.order = inner, store, order
+    def __init__(self, inner: HttpSource, layout: CacheLayout, digest_hex: str, order: list[str],
+                 together: int) -> None:
+        self.inner, self.layout, self.digest_hex, self.order = inner, layout, digest_hex, order
         self.lock = threading.Lock()
         self.running = self.most_running = self.calls = 0
         self.barrier = threading.Barrier(together)  # the first `together` fetches pass only if they run at once
@@ -62,9 +65,8 @@ class WatchedSource:
         return self.inner.size(path)
 
     def _held(self) -> list[bool]:
-        # Later blocks are looked at first: the fill renames in order, so if a later block is seen
-        # present, every earlier one was present before it and is still seen present after.
-        return list(reversed([self.store.has(sha) for sha in reversed(self.order)]))
+        done = journaled(self.layout, self.digest_hex)  # appended in commit order; a torn line is not listed
+        return [sha in done for sha in self.order]
 
     def fetch_range(self, path: str, offset: int, length: int) -> bytes:
         with self.lock:
@@ -103,7 +105,7 @@ def test_blocks_enter_the_store_in_hot_first_order_with_at_most_fetch_workers_in
     order = _order_shas(manifest, hot)
     workers = 3
     with serve_directory(tmp_path / "src") as server:
-        source = WatchedSource(_source(server.url), BlockStore(layout), order, together=workers)
+        source = WatchedSource(_source(server.url), layout, manifest.digest_hex, order, together=workers)
         result = fill_revision(layout, source, order=files_first(hot),
                                options=FillOptions(fetch_workers=workers, sync_batch_blocks=1))
     assert result.blocks_fetched == len(order) == source.calls
@@ -121,8 +123,9 @@ class TruncatingSource(WatchedSource):
     """Cuts the real file at the source short when block `cut` is first asked for: the server then
     answers that range (and every later one) short, and the HttpSource raises SourceError."""
 
-    def __init__(self, inner: HttpSource, store: BlockStore, order: list[str], file: Path, cut: int) -> None:
-        super().__init__(inner, store, order, together=1)
+    def __init__(self, inner: HttpSource, layout: CacheLayout, digest_hex: str, order: list[str], file: Path,
+                 cut: int) -> None:
+        super().__init__(inner, layout, digest_hex, order, together=1)
         self.file, self.cut = file, cut
 
     def fetch_range(self, path: str, offset: int, length: int) -> bytes:
@@ -141,17 +144,22 @@ def test_a_source_failing_mid_fill_cancels_the_rest_and_leaves_a_cache_to_resume
     workers, cut = 2, 6
     weights = tmp_path / "src" / "model.safetensors"
     with serve_directory(tmp_path / "src") as server:
-        source = TruncatingSource(_source(server.url), BlockStore(layout), order, weights, cut)
+        source = TruncatingSource(_source(server.url), layout, manifest.digest_hex, order, weights, cut)
         with pytest.raises(SourceError, match="came back"):
             fill_revision(layout, source, order=files_first(hot), options=FillOptions(fetch_workers=workers))
         asked = server.state.block_requests()
         assert asked < len(order)  # the blocks after the window were never fetched
         assert not any(t.name.startswith(("fill-fetch", "fill-commit")) for t in threading.enumerate())
         assert not layout.revision(manifest.digest_hex).exists()
-        assert not any(layout.staging.iterdir())  # nothing staged is left behind
-        kept = BlockStore(layout).all_blocks()
-        for sha in kept:  # what stayed is whole and verified...
-            assert hashlib.sha256(layout.block(sha).read_bytes()).hexdigest() == sha
+        view = layout.staging / f"{manifest.digest_hex}.1"  # left to resume from, with its journal
+        assert sorted(p.name for p in layout.staging.iterdir()) == [view.name, f"{view.name}.done"]
+        kept = journaled(layout, manifest.digest_hex)
+        assert BlockStore(layout).all_blocks() == set()  # the view holds the only copy
+        for ref in manifest.block_refs():  # what the journal lists is whole and verified in the view...
+            if ref.sha256 in kept:
+                with (view / ref.path).open("rb") as fh:
+                    fh.seek(ref.offset)
+                    assert hashlib.sha256(fh.read(ref.length)).hexdigest() == ref.sha256
         assert kept == set(order[:len(kept)])  # ...a prefix of the order...
         assert 0 < len(kept) <= cut  # ...the blocks verified before the failure, none after it
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from warmpool_nodecache import agent
 from warmpool_nodecache.fill import FillOptions, FillResult, fill_revision
+from warmpool_nodecache.journal import journal_path
 from warmpool_nodecache.layout import CacheLayout
 from warmpool_nodecache.manifest import Manifest, build_manifest, write_manifest
 from warmpool_nodecache.source import HttpSource, HttpSourceConfig
@@ -150,8 +151,11 @@ def test_a_fill_failing_midway_fails_the_waiting_worker_with_the_file_and_layer(
     record = read_progress(progress_path(view))
     assert record is not None and record.state == STATE_FAILED and "HTTP 503" in (record.error or "")
     assert not layout.revision(manifest.digest_hex).exists()
-    # The view's files are gone; its record stays inside it saying why (the worker's pod mounts the view).
-    assert [p.name for p in view.iterdir()] == [progress_path(view).name]
+    # Its record says why (the worker's pod mounts the view); its files stay beside the journal of
+    # what is durable in them, for the next fill to resume from.
+    assert sorted(p.name for p in view.iterdir()) == sorted([progress_path(view).name,
+                                                             *(f.path.split("/")[0] for f in manifest.files)])
+    assert journal_path(view).is_file()
     assert not layout.partial_link(manifest.digest_hex).is_symlink()
 
 

@@ -165,9 +165,12 @@ def test_a_fence_that_refuses_stops_the_publish(model: Path, tmp_path: Path) -> 
         with pytest.raises(LeaseLostError, match="version 2"):
             fill_revision(layout, source, options=FillOptions(fence=refuse))
         assert calls and not layout.revision(manifest.digest_hex).exists()
-        assert not list(layout.staging.glob(f"{manifest.digest_hex}.*"))
+        # Its view stays, sealed, with the journal of what is durable in it: the next fill resumes from it.
+        assert sorted(p.name for p in layout.staging.glob(f"{manifest.digest_hex}.*")) == [
+            f"{manifest.digest_hex}.1", f"{manifest.digest_hex}.1.done"]
         result = fill_revision(layout, source, options=FillOptions(fence=lambda: calls.append("ok")))
     assert result.filled_here and result.blocks_fetched == 0  # every block was kept from the fenced fill
+    assert not list(layout.staging.iterdir())
     assert calls[-1] == "ok" and layout.revision(manifest.digest_hex).is_dir()
 
 

@@ -1,4 +1,5 @@
-"""The fill's fetch pipeline (``OrderedPool``) and the block store's stage/commit, on real threads and files."""
+"""The fill's fetch pipeline (``OrderedPool``), its commits (``BlockCommits``) and its journal, on real
+threads and files."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from pathlib import Path
 
 import pytest
 from warmpool_nodecache.blocks import BlockCorruptError, BlockStore
+from warmpool_nodecache.commits import BlockCommits
+from warmpool_nodecache.journal import FillJournal, journal_path, journaled, read_journal
 from warmpool_nodecache.layout import CacheLayout
+from warmpool_nodecache.manifest import BlockRef
 from warmpool_nodecache.ordered_pool import OrderedPool
 
 pytestmark = pytest.mark.unit
@@ -126,28 +130,63 @@ def _block(seed: int) -> tuple[str, bytes]:
     return hashlib.sha256(data).hexdigest(), data
 
 
-def test_staged_blocks_are_invisible_until_committed_and_then_whole_and_read_only(tmp_path: Path) -> None:
+def test_the_journal_lists_what_was_appended_and_ignores_a_torn_last_line(tmp_path: Path) -> None:
+    layout = CacheLayout(tmp_path / "cache")
+    layout.staging.mkdir(parents=True)
+    view = layout.staging / f"{'ab' * 32}.3"
+    shas = [_block(i)[0] for i in range(4)]
+    journal = FillJournal(journal_path(view))
+    journal.append(shas[:2])
+    journal.append([])
+    journal.append(shas[2:3])
+    journal.close()
+    with journal_path(view).open("a") as fh:
+        fh.write(shas[3][:40])  # a crash mid-append
+    assert read_journal(journal_path(view)) == set(shas[:3])
+    assert journaled(layout, "ab" * 32) == set(shas[:3])
+    assert journaled(layout, "cd" * 32) == set() and read_journal(tmp_path / "absent") == set()
+
+
+def test_commits_run_in_order_in_their_thread_and_count_what_was_committed() -> None:
+    blocks = [_block(i) for i in range(7)]
+    refs = [BlockRef("f", i, i * 16384, 16384, sha) for i, (sha, _) in enumerate(blocks)]
+    seen: list[tuple[list[str], str]] = []
+    commits = BlockCommits(lambda shas: seen.append((shas, threading.current_thread().name)), limit=3)
+    try:
+        for ref in refs:
+            commits.add(ref)
+        commits.finish()
+    finally:
+        commits.close()
+    assert [shas for shas, _ in seen] == [[r.sha256 for r in refs[:3]], [r.sha256 for r in refs[3:6]], [refs[6].sha256]]
+    assert all(name.startswith("fill-commit") for _, name in seen)
+    assert commits.stored == [r.sha256 for r in refs] and commits.bytes == 7 * 16384
+
+
+def test_a_failed_commit_is_raised_at_the_durability_point_and_its_blocks_are_not_counted() -> None:
+    refs = [BlockRef("f", i, i * 16384, 16384, _block(i)[0]) for i in range(4)]
+
+    def commit(shas: list[str]) -> None:
+        if refs[2].sha256 in shas:
+            raise OSError("disk full")
+
+    commits = BlockCommits(commit, limit=2)
+    try:
+        for ref in refs:
+            commits.add(ref)
+        with pytest.raises(OSError, match="disk full"):
+            commits.finish()
+    finally:
+        commits.close()
+    assert commits.stored == [refs[0].sha256, refs[1].sha256]
+
+
+def test_a_put_block_that_does_not_hash_to_its_name_is_never_stored(tmp_path: Path) -> None:
     layout = CacheLayout(tmp_path / "cache")
     store = BlockStore(layout)
-    staging = tmp_path / "cache" / "staging" / "fill"
-    staging.mkdir(parents=True)
-    blocks = [_block(i) for i in range(5)]
-    staged = [(sha, store.stage(sha, data, staging)) for sha, data in blocks]
-    assert store.all_blocks() == set() and not any(store.has(sha) for sha, _ in blocks)
-    store.put(*blocks[0])  # stored meanwhile by another revision's fill: committed once, not twice
-    stored = store.commit(staged)
-    assert stored == [sha for sha, _ in blocks[1:]]
-    assert store.all_blocks() == {sha for sha, _ in blocks}
-    for sha, data in blocks:
-        path = layout.block(sha)
-        assert path.read_bytes() == data
-        assert path.stat().st_mode & 0o777 == 0o444
-    assert not any(staging.iterdir())
-
-
-def test_a_block_that_does_not_hash_to_its_name_is_never_staged(tmp_path: Path) -> None:
-    store = BlockStore(CacheLayout(tmp_path / "cache"))
     sha, data = _block(1)
     with pytest.raises(BlockCorruptError, match=sha):
-        store.stage(sha, data[:-1] + b"x", tmp_path)
-    assert not any(tmp_path.iterdir())
+        store.put(sha, data[:-1] + b"x")
+    assert store.all_blocks() == set() and not store.has(sha)
+    assert store.put(sha, data) and store.read(sha) == data
+    assert layout.block(sha).stat().st_mode & 0o777 == 0o444
