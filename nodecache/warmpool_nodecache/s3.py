@@ -17,6 +17,15 @@ source always has one), the connection goes to a checked address, no redirect is
 answers are capped (the manifest at ``max_manifest_bytes``, a range at the bytes asked for) and
 each read -- retries included -- ends by ``ReadLimits.deadline_s``.
 
+Block reads take a faster path (``S3Source.fetch_range``): boto3 signs a GET of each object once
+(a presigned URL, valid ``PRESIGN_EXPIRES_S``, signed again after ``PRESIGN_RENEW_S``), and each
+ranged GET of a block goes straight through ``http_exchange`` with that URL and a ``Range`` header
+-- the same address check, cap and deadline, without botocore's per-request cost (signing, its
+event hooks, parsing: about 2-3 ms a request, on the 239 requests of a 1 GB model).  The bytes are
+verified by the fill as before.  Any answer but a whole 206 -- an error, a refusal, a short body,
+no connection -- is asked again through boto3 (its retries, its errors in the reader's terms), within
+the same deadline: the presigned URL carries a signature and is never put in an error or a log.
+
 Credentials, in the order a config names them:
 
 * ``credentials``: a static key pair, with a session token when they are temporary (STS's
@@ -50,12 +59,14 @@ import hashlib
 import os
 import ssl
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from warmpool.contract.files import MANIFEST_FILENAME
-from warmpool_nodecache.http_exchange import ReadLimits, parse_url
+from warmpool_nodecache.http_exchange import ReadLimits, exchange, parse_url
 from warmpool_nodecache.netguard import AddressPolicy
 from warmpool_nodecache.s3_transport import BoundedTransport
 from warmpool_nodecache.source_errors import SourceError, SourceLimitError, SourceMissingError
@@ -76,6 +87,10 @@ class S3KeyError(SourceError):
 
 #: The region a request is signed for when nothing names one (S3's own default).
 DEFAULT_REGION = "us-east-1"
+#: How long a presigned URL of the block reads' fast path is valid, and its age when it is signed
+#: again (well before it expires: a read that starts with it may take the read deadline).
+PRESIGN_EXPIRES_S = 900
+PRESIGN_RENEW_S = 300
 
 
 @dataclass(frozen=True)
@@ -305,6 +320,8 @@ class S3Source:
             client = make_client(self.config)
             client.meta.events.register("before-send.s3", self._transport)
         self._client = client
+        self._presigned: dict[str, tuple[str, float]] = {}  # key -> (URL, when signed)
+        self._presign_lock = threading.Lock()
 
     def describe(self) -> str:
         prefix = f"/{self.config.prefix}" if self.config.prefix else ""
@@ -329,12 +346,12 @@ class S3Source:
             return found
         return error
 
-    def _get(self, key: str, byte_range: str | None, cap: int) -> bytes:
+    def _get(self, key: str, byte_range: str | None, cap: int, deadline: float | None = None) -> bytes:
         from botocore.exceptions import BotoCoreError, ClientError
 
         last: Exception | None = None
         extra = {"Range": byte_range} if byte_range else {}
-        with self._transport.bounds(cap):
+        with self._transport.bounds(cap, deadline):
             for _ in range(self.config.attempts):
                 try:  # botocore retries the request itself (bounded by the same attempt count)
                     response = self._client.get_object(Bucket=self.config.bucket, Key=key, **extra)
@@ -372,10 +389,42 @@ class S3Source:
         if length > self.config.limits.max_block_bytes:
             raise SourceLimitError(f"s3://{self.config.bucket}/{key}: a range of {length} bytes is past the "
                                    f"{self.config.limits.max_block_bytes}-byte block limit")
-        body = self._get(key, f"bytes={offset}-{offset + length - 1}", length)
+        byte_range = f"bytes={offset}-{offset + length - 1}"
+        deadline = time.monotonic() + self.config.limits.deadline_s
+        body = self._get_presigned(key, byte_range, length, deadline)
+        if body is None:
+            body = self._get(key, byte_range, length, deadline)
         if len(body) != length:
             raise SourceError(
                 f"s3://{self.config.bucket}/{key}: bytes {offset}+{length} came back short "
                 "(is the object shorter than the manifest says?)"
             )
         return body
+
+    def _presigned_url(self, key: str) -> str:
+        now = time.monotonic()
+        with self._presign_lock:
+            known = self._presigned.get(key)
+            if known is not None and now - known[1] < PRESIGN_RENEW_S:
+                return known[0]
+        url: str = self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.config.bucket, "Key": key}, ExpiresIn=PRESIGN_EXPIRES_S)
+        with self._presign_lock:
+            self._presigned[key] = (url, now)
+        return url
+
+    def _get_presigned(self, key: str, byte_range: str, length: int, deadline: float) -> bytes | None:
+        """The range through the object's presigned URL, or None when anything but a whole 206 came
+        back (the caller asks again through boto3, which says what went wrong without the URL)."""
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            url = self._presigned_url(key)
+            reply = exchange(url, "GET", {"Range": byte_range}, policy=self.config.policy, cap=length,
+                             deadline=deadline, socket_timeout_s=self.config.read_timeout_s,
+                             context=self._transport.tls, wanted=frozenset({206}))
+        except (SourceError, BotoCoreError, ValueError):
+            return None
+        if reply.status != 206 or len(reply.body) != length:
+            return None
+        return reply.body

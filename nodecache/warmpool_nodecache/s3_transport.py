@@ -52,10 +52,11 @@ class BoundedTransport:
         self._local = threading.local()
 
     @contextlib.contextmanager
-    def bounds(self, cap: int) -> Iterator[None]:
+    def bounds(self, cap: int, deadline: float | None = None) -> Iterator[None]:
         """Every request this thread sends inside the block: answers under ``cap`` bytes, all of
-        them (retries included) ended by one deadline ``limits.deadline_s`` from now."""
-        self._local.bounds = _Bounds(cap, time.monotonic() + self.limits.deadline_s)
+        them (retries included) ended by one deadline, ``limits.deadline_s`` from now unless given
+        (a ``time.monotonic()`` instant: a read that already spent some of it)."""
+        self._local.bounds = _Bounds(cap, time.monotonic() + self.limits.deadline_s if deadline is None else deadline)
         try:
             yield
         finally:
