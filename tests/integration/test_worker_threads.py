@@ -21,8 +21,9 @@ pytestmark = pytest.mark.integration
 THREADS_LINE = re.compile(r"torch intra-op threads: (\d+) \(from (.*)\)")
 
 
-def _threads_logged(model: Path, log_path: Path, *extra: str, timeout: float = 90.0) -> tuple[int, str]:
-    """Start `warmpool worker serve`, wait (bounded) for its threads line, stop it."""
+def _threads_logged(model: Path, log_path: Path, *extra: str, timeout: float = 90.0,
+                    until: str | None = None) -> tuple[int, str]:
+    """Start `warmpool worker serve`, wait (bounded) for its threads line (and `until`, when given), stop it."""
     command = [sys.executable, "-m", "warmpool", "worker", "serve", "--model", str(model), "--host", HOST,
                "--port", str(free_port()), "--device", "cpu", "--buckets", "16", "--prompts-per-bucket", "1",
                *extra]
@@ -33,8 +34,9 @@ def _threads_logged(model: Path, log_path: Path, *extra: str, timeout: float = 9
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                match = THREADS_LINE.search(log_path.read_text(errors="replace"))
-                if match:
+                text = log_path.read_text(errors="replace")
+                match = THREADS_LINE.search(text)
+                if match and (until is None or until in text):
                     return int(match.group(1)), match.group(2)
                 if proc.poll() is not None:
                     break
@@ -68,3 +70,12 @@ def test_no_quota_uses_the_cpus_the_process_may_run_on(tiny_model: Path, tmp_pat
     (root / "cpu.max").write_text("max 100000\n")
     threads, _ = _threads_logged(tiny_model, tmp_path / "worker.log", "--cgroup-root", str(root))
     assert threads == len(os.sched_getaffinity(0))
+
+
+def test_torch_is_imported_and_sized_before_the_server_binds(tiny_model: Path, tmp_path: Path) -> None:
+    # As --device auto always did (it needs torch to resolve the device): a request served while
+    # torch imports would take the GIL from the import (builtin.torch_start).
+    log_path = tmp_path / "worker.log"
+    _threads_logged(tiny_model, log_path, "--threads", "1", until="listening on ")
+    text = log_path.read_text(errors="replace")
+    assert 0 <= text.index("torch intra-op threads: 1") < text.index("listening on "), text

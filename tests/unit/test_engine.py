@@ -82,18 +82,51 @@ def test_layer_loaded_on_first_use(model_dir: Path) -> None:
     assert engine.layers_resident() == 4
 
 
-def test_load_order_core_first_then_given_order(model_dir: Path) -> None:
+def test_load_order_embeddings_then_given_order_then_untied_head(model_dir: Path) -> None:
     engine = load_engine(model_dir)
     seen = _record_loads(engine)
     progress: list[tuple[int, int, int]] = []
-    engine.load_layers([2, 0], lambda resident, total, index: progress.append((resident, total, index)))
+    head_read_at_progress: list[bool] = []
+
+    def on_layer(resident: int, total: int, index: int) -> None:
+        progress.append((resident, total, index))
+        head_read_at_progress.append("lm_head.weight" in seen)
+
+    engine.load_layers([2, 0], on_layer)
     assert progress == [(1, 4, 2), (2, 4, 0)]
-    assert seen[:3] == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-    layers_in_order = [int(n.split(".")[2]) for n in seen[3:]]
+    assert head_read_at_progress == [False, False]  # the head came after the layers, not before the first
+    assert seen[:2] == ["model.embed_tokens.weight", "model.norm.weight"]
+    assert seen[-1] == "lm_head.weight"
+    layers_in_order = [int(n.split(".")[2]) for n in seen[2:-1]]
     assert layers_in_order == sorted(layers_in_order, key=[2, 0].index)
     assert engine.is_layer_resident(2) and engine.is_layer_resident(0) and not engine.is_layer_resident(1)
     engine.load_layers([2, 0])  # idempotent: nothing read again
     assert len(seen) == 3 + 2 * 9
+
+
+def test_a_request_before_the_load_reads_the_head_on_use(model_dir: Path) -> None:
+    reference = load_engine(model_dir)
+    ids = reference.encode("the quick brown fox")
+    expected = [s.token_id for s in reference.generate(ids, 4)]
+    engine = load_engine(model_dir)
+    seen = _record_loads(engine)
+    engine.load_layers([3, 1, 0, 2])
+    assert [s.token_id for s in engine.generate(ids, 4)] == expected
+    assert seen.count("lm_head.weight") == 1
+
+
+def test_a_tied_head_is_the_embedding_and_never_read(tmp_path: Path) -> None:
+    tied = make_tiny_llama(tmp_path / "tied", layers=2, seed=5, tie=True)
+    reference = load_engine(tied)
+    ids = reference.encode("tied heads")
+    expected = [s.token_id for s in reference.generate(ids, 4)]  # loaded on use, all at once
+    engine = load_engine(tied)
+    seen = _record_loads(engine)
+    engine.load_layers([1, 0])
+    assert "lm_head.weight" not in seen and seen[0] == "model.embed_tokens.weight"
+    assert [s.token_id for s in engine.generate(ids, 4)] == expected
+    assert [name for name, _ in engine.weights.resident()].count("model.embed_tokens.weight") == 1
+    assert len(seen) == 2 + 2 * 9  # nothing read again by the generation
 
 
 def test_load_layers_rejects_bad_index(model_dir: Path) -> None:

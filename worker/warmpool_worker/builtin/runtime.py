@@ -3,12 +3,13 @@
 Start-up order (`serve_worker`; cold start is the product, and the probes must tell the
 truth throughout):
 
-0. resolve ``--device auto`` (this imports torch to ask for CUDA; ``--device cpu`` or
-   ``cuda`` skips it) -- the memory probe is chosen per device;
+0. begin the tokenizer's read, import torch with its thread pool sized to the pod's CPU, and
+   resolve ``--device auto`` (`torch_start`: before the bind for every device, so no request
+   served meanwhile slows the import) -- the memory probe is chosen per device;
 1. bind the HTTP server, so ``/livez`` and ``/metrics`` answer before any weight is touched;
 2. start the local tier guard and take one memory reading (the warm-up depth depends on it);
-3. size torch's thread pool to the pod's CPU, import torch and the engine -> ``imports_done``,
-   then map the weights (``load_engine``: headers validated, nothing read yet) -> ``weights_mapped``;
+3. import the engine -> ``imports_done``, then map the weights (``load_engine``: headers
+   validated, nothing read yet) -> ``weights_mapped``;
 4. load layers in heat order per the tier's plan, logging each -> ``first_layer_ready``, then
    ``weights_loaded`` once the plan's layers are all resident;
 5. warm up per the tier (prefill + short decode per bucket, until its latency settles or
@@ -38,18 +39,16 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from warmpool_worker.builtin.batch_scheduler import BatchScheduler, BatchSettings
 from warmpool_worker.builtin.engine_gate import AwakeOnly, EngineAsleep, EngineGate
 from warmpool_worker.builtin.server import WorkerServer
 from warmpool_worker.builtin.sleep import SleepController
+from warmpool_worker.builtin.torch_start import TorchStart, start_torch
 from warmpool_worker.builtin.weight_leases import WeightLeases
 from warmpool_worker.config import ServeConfig
 from warmpool_worker.control import ControlEndpoint
-from warmpool_worker.cpu_threads import choose_threads
 from warmpool_worker.defaults import READINESS_CHECK_PROMPT
-from warmpool_worker.device import import_torch, resolve_device
 from warmpool_worker.engine_api import (
     BatchingEngine,
     Engine,
@@ -62,7 +61,6 @@ from warmpool_worker.guard import TierGuard
 from warmpool_worker.http_app import cancel_tasks, start_site, stop_on_signals
 from warmpool_worker.memory import make_probe
 from warmpool_worker.metrics import WorkerMetrics
-from warmpool_worker.tokenizer_file import TokenizerRead
 from warmpool_worker.tracing import ColdStartRecorder, TraceSink
 from warmpool_worker.warmup import (
     PromptsError,
@@ -82,9 +80,10 @@ log = logging.getLogger("warmpool.worker")
 
 
 class WorkerRuntime:
-    def __init__(self, config: ServeConfig, device: str) -> None:
+    def __init__(self, config: ServeConfig, device: str, torch_start: TorchStart | None = None) -> None:
         self.config = config
         self.device = device
+        self.torch_start = torch_start  # the first step, done before the bind (None: startup does it)
         self.metrics = WorkerMetrics()
         self.status = WorkerStatus(model_name=config.served_name)
         self.engine_gate = EngineGate()
@@ -174,11 +173,8 @@ class WorkerRuntime:
         """Blocking: map, load in heat order, warm per tier, ready.  Raises on load failure."""
         config = self.config
         self.prompts = load_prompts(config.warmup.prompts_file)
-        # The tokenizer parses (GIL released) on the other core while torch imports. Not from a
-        # partial view: its tokenizer.json may still be filling, and load_engine waits for it first.
-        tokenizer = TokenizerRead(config.model) if config.partial_cache is None else None
-        set_torch_threads(config.threads, config.cgroup_root)
-        from warmpool_worker.builtin.engine import load_engine  # torch and the engine: after the thread sizing
+        tokenizer = (self.torch_start or start_torch(config)).tokenizer
+        from warmpool_worker.builtin.engine import load_engine  # the engine: after torch's thread sizing
 
         started = time.monotonic()
         imported_at = time.time()
@@ -358,24 +354,10 @@ class WorkerRuntime:
                 await asyncio.wait_for(self.stop.wait(), timeout=self.config.guard.interval_s)
 
 
-def set_torch_threads(requested: int | None, cgroup_root: Path) -> int:
-    """Size torch's intra-op pool to the pod's CPU (see cpu_threads), before any engine work.
-
-    Logged with torch's own reading back, so the log shows what torch will actually use.
-    """
-    choice = choose_threads(requested, cgroup_root)
-    torch = import_torch()  # the engine needs it next anyway; the sizing must come before its first op
-
-    torch.set_num_threads(choice.threads)
-    actual = int(torch.get_num_threads())
-    log.info("torch intra-op threads: %d (from %s)", actual, choice.source)
-    return actual
-
-
 async def serve_worker(config: ServeConfig) -> int:
     """The start-up order of the module docstring; the process's exit code."""
-    device = await asyncio.to_thread(resolve_device, config.device)
-    runtime = WorkerRuntime(config, device)
+    torch_start = await asyncio.to_thread(start_torch, config)
+    runtime = WorkerRuntime(config, torch_start.device, torch_start)
     listen = config.listen
     control = ControlEndpoint(runtime.guard, listen.control_token_file, runtime.traces)
     sleep = SleepController(runtime.status, runtime.metrics, runtime.scheduler, config.sleep.wake_timeout_s)
@@ -386,7 +368,7 @@ async def serve_worker(config: ServeConfig) -> int:
         return 1
     runner, sockets = started
     log.info(
-        "listening on %s (model %s, device %s)", sockets or f"{listen.host}:{listen.port}", config.model, device
+        "listening on %s (model %s, device %s)", sockets or f"{listen.host}:{listen.port}", config.model, runtime.device
     )
     stop_on_signals(runtime.stop)
     # Before any lease is taken: SIGIO's default action would end the process.

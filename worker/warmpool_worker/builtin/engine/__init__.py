@@ -10,7 +10,7 @@ The parts, one job each:
 
 * ``loader``       -- `load_engine`: validate and map a checkpoint (headers only), read its tokenizer.
 * ``llama``        -- `LlamaEngine`: the `engine_api.Engine` the worker serves; orchestrates the rest.
-* ``layer_store``  -- the weights: core then decoder layers, in the order asked, or on first use;
+* ``layer_store``  -- the weights: embeddings, decoder layers in the order asked, an untied head last, or on first use;
   on CPU in the checkpoint's dtype a weight is the file's mapping itself (zero copy, pages faulted
   in by ``mapped_pages``), so weight files must be replaced by rename, never rewritten in place.
   On CUDA copies go through ``pinned_stager``.  Tensor names come from ``warmpool_worker.weight_table``,

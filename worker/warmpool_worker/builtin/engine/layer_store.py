@@ -2,9 +2,12 @@
 
 The weight table names every tensor (the same table validated the checkpoint), so a tensor
 the table needs and the checkpoint lacks fails the load naming it; nothing is skipped.
-Embeddings, final norm and head ("core") come first, then decoder layers in whatever order
-they are asked for; a layer a forward pass needs before the loader got to it is loaded
-right there, under the same lock, so a request never sees a missing weight.
+Embeddings and final norm come first, then decoder layers in whatever order they are asked
+for, then an untied output head: the head is as large as the embeddings (2 x 125 MiB of a
+1 GB model), and loaded first it held back the first layer, on a node cache still filling
+most of all (a worker starts on the bytes as they arrive).  A tied head is the embedding
+matrix, already there.  Whatever a forward pass needs before the loader got to it (a layer,
+the head) is loaded right there, under the same lock, so a request never sees a missing weight.
 
 On CPU, in the checkpoint's own dtype, a weight is the file's mapping itself (zero copy):
 loading a layer faults its pages in, in order.  Other dtypes convert in one pass.  On CUDA,
@@ -53,7 +56,8 @@ class LayerStore:
         self.device = device
         self.dtype = dtype
         self._pack = can_pack(dtype, device)
-        self._core: Weights | None = None
+        self._inputs: Weights | None = None  # embeddings and final norm: before any layer
+        self._core: Weights | None = None  # the inputs and the head: what a forward pass needs
         self._layers: list[Weights | None] = [None] * self.table.num_layers
         self._lock = threading.RLock()
         self._stager: PinnedStager | None = None
@@ -137,13 +141,26 @@ class LayerStore:
             return core
         with self._lock:
             if self._core is None:
-                loaded = self._load_named(self.table.core_names(), "the core (embeddings, norm, head)")
+                inputs = self._core_inputs()
                 if self.table.tied_head:
-                    embed = loaded["embed"]
+                    embed = inputs["embed"]
                     converted = not _stored_as(self.checkpoint, "model.embed_tokens.weight", self.dtype)
-                    loaded["head"] = pack(embed) if self._pack and converted else embed
-                self._core = loaded
+                    head = pack(embed) if self._pack and converted else embed
+                else:
+                    head = self._load_named(self._head_names(), "the output head")["head"]
+                self._core = {**inputs, "head": head}
             return self._core
+
+    def _core_inputs(self) -> Weights:
+        """Embeddings and final norm, loaded on first use (what the loader takes before any layer)."""
+        with self._lock:
+            if self._inputs is None:
+                names = [(key, name) for key, name in self.table.core_names() if key != "head"]
+                self._inputs = self._load_named(names, "the embeddings and final norm")
+            return self._inputs
+
+    def _head_names(self) -> list[tuple[str, str]]:
+        return [(key, name) for key, name in self.table.core_names() if key == "head"]
 
     def layer(self, index: int) -> Weights:
         """Decoder layer `index`, loaded on first use."""
@@ -164,16 +181,17 @@ class LayerStore:
         bad = [i for i in order if not isinstance(i, int) or not 0 <= i < total]
         if bad:
             raise ValueError(f"layer indices out of range 0..{total - 1}: {bad[:5]}")
-        self.core()
+        self._core_inputs()
         for index in order:
             self.layer(index)
             if progress is not None:
                 progress(self.layers_resident(), total, index)
+        self.core()  # an untied head last: the first layer came sooner
 
     def resident(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(checkpoint name, tensor) of every weight materialised now, core first (a tied head
         is the embedding and is not listed twice)."""
-        core = self._core or {}
+        core = self._core or self._inputs or {}
         for key, name in self.table.core_names():
             if key in core:
                 yield name, core[key]
@@ -205,9 +223,9 @@ class LayerStore:
                 return
             resident = [i for i, layer in enumerate(self._layers) if layer is not None]
             if level == 1 and self.device.type == "cuda":
-                self._host_core = _to_pinned_host(self._core or {})
+                self._host_core = _to_pinned_host(self._core or self._inputs or {})
                 self._host_layers = {i: _to_pinned_host(self._layers[i] or {}) for i in resident}
-            self._core = None
+            self._core = self._inputs = None
             self._layers = [None] * self.num_layers
             if level == 2:
                 self.checkpoint.unmap()
@@ -228,12 +246,13 @@ class LayerStore:
                 with torch.inference_mode():
                     core = {k: t.to(self.device, non_blocking=True) for k, t in self._host_core.items()
                             if not (self.table.tied_head and k == "head")}
-                    if self.table.tied_head:
+                    if self.table.tied_head and "embed" in core:
                         core["head"] = core["embed"]
                     layers = {i: {k: t.to(self.device, non_blocking=True) for k, t in w.items()}
                               for i, w in self._host_layers.items()}
                     torch.cuda.synchronize(self.device)
-                self._core = core
+                self._inputs = {key: tensor for key, tensor in core.items() if key != "head"} or None
+                self._core = core if "head" in core else None  # released before its head was loaded
                 for index, weights in layers.items():
                     self._layers[index] = weights
                 self._host_core = None
