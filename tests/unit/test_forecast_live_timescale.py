@@ -127,3 +127,37 @@ async def test_the_live_runner_forecasts_the_resampled_history_at_the_chosen_ste
         await _settled(runner)
         assert runner.forecast.prediction.last_step == history.end // 2 - 1
         assert runner.current() is not None
+        await runner.stop(save=False)
+
+
+async def test_the_fast_loop_asks_for_the_last_seconds_arrivals_when_the_forecast_has_nothing_yet() -> None:
+    from warmpool_operator.model import Sample
+    from warmpool_operator.rules.forecast.fast_loop import fast_ask
+
+    assert fast_ask(30.0, 1.0) == 3 and fast_ask(30.0, None) is None and fast_ask(0.0, 2.0) == 0
+    assert fast_ask(10.0, 1.0, window_s=10.0) == 1  # exactly one pod's worth: one pod, not two
+    spec: Any = parse_spec({"model": {"pvc": {"claimName": "m"}},
+                            "pool": {"replicas": 1, "minWarm": 1, "maxReplicas": 3,
+                                     "predictive": {"enabled": True, "maxExtraReplicas": 1}}})
+    now = [1000.0]
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        runner = _runner(History(limits=limits_for(5)), executor)
+        runner.clock = lambda: now[0]
+        runner.capacity.add(served=40.0, busy_seconds=40.0)  # 1 req/s per pod
+        pool = PoolForecast(cast(Kube, _NoKube()), {}, 5, executor, lambda: None)
+        pool.runner = runner
+        # Counters the pass reads: a baseline, then 50 requests in 8 s (6.25 req/s over the 10 s window).
+        for at, total in ((1000.0, 0.0), (1004.0, 20.0), (1008.0, 50.0)):
+            now[0] = at
+            runner.accumulator.observe({"a": ("a", Sample(requests_total=total))}, at)
+        assert runner.accumulator.arrivals_within(10.0, 1008.0) == 50.0
+        assert runner.accumulator.arrivals_within(4.0, 1008.0) == 30.0  # the 20 at 1004 s are 4 s old
+        out = pool.step(spec, {}, [], cold_start_p95=None)
+        assert out.wanted == 3  # ⌈5 req/s ÷ 1⌉ = 5, held to maxReplicas 3 (a reactive ask: not maxExtraReplicas)
+        assert out.forecast is not None and out.forecast.predicted_rate is None  # no forecast behind it
+        # An autoscaler is the reactive loop: the operator's fast loop stays out of its way.
+        hpa = {"metadata": {"managedFields": [{"manager": "kube-controller-manager", "subresource": "scale"}]}}
+        assert pool.step(spec, hpa, [], cold_start_p95=None).wanted is None
+        now[0] = 1100.0  # the burst is over: nothing in the window
+        assert pool.step(spec, {}, [], cold_start_p95=None).wanted == 0
+        await runner.stop(save=False)

@@ -20,6 +20,9 @@ on the operator's one forecasting thread (:class:`ForecastRunner`); and the pass
   resampled to that step (its whole steps only), once per forecast step, with horizons in that step
   covering the lead time; a history too short to read bursts from forecasts at its own step.  So a
   history held at 5 s steps forecasts 20 s bursts at 10 s, and a 60 s one at 60 s.
+* **The fast loop** (rules/forecast/fast_loop.py) runs beside the forecast at every pass: pods for
+  the last 10 s of arrivals at the measured capacity; the pool gets the larger ask, and a lower one
+  only after the hold (a lead time, at least five forecast steps), so pods go between bursts.
 * **Learned buckets** (``spec.warmup.learnBuckets``) are read off the prompt-length histogram
   the history holds (rules/forecast/buckets.py).
 """
@@ -45,6 +48,8 @@ from warmpool_operator.rules.forecast import decision
 from warmpool_operator.rules.forecast import report as forecast_report
 from warmpool_operator.rules.forecast.baselines import BaselineConfig
 from warmpool_operator.rules.forecast.buckets import LearnedBuckets, learn_buckets
+from warmpool_operator.rules.forecast.fast_loop import WINDOW_S as FAST_WINDOW_S
+from warmpool_operator.rules.forecast.fast_loop import fast_ask
 from warmpool_operator.rules.forecast.features import FeatureConfig
 from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig, Prediction
 from warmpool_operator.rules.forecast.history import MISSING, History, HistoryLimits, resampled
@@ -283,7 +288,7 @@ class ForecastRunner:
 class Predicted:
     """What demand prediction gives a pass: the pods it asks for, and what status reports."""
 
-    #: the pods the forecast asks for, acted on (None: no ask this pass)
+    #: the pods the forecast, or the fast loop beside it, asks for, acted on (None: no ask this pass)
     wanted: int | None = None
     #: seconds a lower ask waits before it lowers the pool; None: no predictive decision this pass
     #: (prediction off, or learned warm-up lengths only), so the scale-down hold is left alone
@@ -363,7 +368,14 @@ class PoolForecast:
         out.conditions.append((CONDITION_PREDICTIVE, report.verdict.status, report.verdict.reason,
                                report.verdict.message))
         acting = predictive.enabled and report.verdict.status == "True" and made.predicted is not None
-        out.wanted = scaling.awake_wanted(spec, made) if acting else None
+        forecast_wanted = scaling.awake_wanted(spec, made) if acting else None
+        # The fast loop beside it, where the operator owns replicas (an autoscaler is the reactive
+        # loop otherwise): pods for the last seconds' arrivals, for what the forecast missed.
+        fast = (fast_ask(runner.accumulator.arrivals_within(FAST_WINDOW_S, runner.clock()), capacity)
+                if predictive.enabled and not scaling.autoscaled(owner) else None)
+        fast_wanted = min(fast, spec.pool.max_replicas) if fast is not None else None
+        asks = [n for n in (forecast_wanted, fast_wanted) if n is not None]
+        out.wanted = max(asks) if asks else None
         # A lower forecast lowers the pool only after a lead time (at least five forecast steps: at
         # the bursts' step, that is pods released between bursts, not held for minutes).
         out.hold_s = max(lead.seconds, 5.0 * step_s)

@@ -135,6 +135,10 @@ class _Open:
     at_zero: bool = True
 
 
+#: How far back :meth:`StepAccumulator.arrivals_within` can look (the fast loop reads 10 s).
+RECENT_S = 60.0
+
+
 @dataclass
 class StepAccumulator:
     step_s: int
@@ -143,6 +147,12 @@ class StepAccumulator:
     seen: dict[str, Sample] = field(default_factory=dict)
     started_step: int | None = None
     current: _Open | None = None
+    #: (when, requests) of every counted delta of the last RECENT_S seconds, whatever the step
+    recent: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def arrivals_within(self, window_s: float, now: float) -> float:
+        """Requests the pool's counters moved by in the last ``window_s`` seconds (at most RECENT_S)."""
+        return sum(requests for when, requests in self.recent if when > now - window_s)
 
     def observe(self, samples: Mapping[str, tuple[str, Sample | None]], now: float,
                 at_zero: bool = False) -> list[ClosedStep]:
@@ -193,6 +203,9 @@ class StepAccumulator:
         step.requests += requests
         step.counted_pods += 1
         step.deltas.append((now, requests, now - previous_at))
+        self.recent.append((now, requests))
+        while self.recent and self.recent[0][0] <= now - RECENT_S:
+            self.recent.popleft()
         served = counter_delta(previous.served, counters.served)
         busy = counter_delta(previous.busy_seconds, counters.busy_seconds)
         if served is not None and busy is not None:
