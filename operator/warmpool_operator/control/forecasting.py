@@ -73,6 +73,8 @@ DAY = 86400
 CHOOSE_WINDOW_S = 3600
 CHOOSE_MIN_S = 600
 CHOOSE_EVERY_S = 300
+#: The forecast's model is retrained once per this many seconds of steps (60 steps at 60 s).
+RETRAIN_EVERY_S = 3600
 
 
 def choose_forecast_step(history: History) -> StepChoice:
@@ -96,11 +98,14 @@ def limits_for(step_s: int) -> HistoryLimits:
 
 
 def forecaster_config(step_s: int) -> ForecasterConfig:
-    """The library's defaults, with every length in steps scaled to the step (a day is a day)."""
+    """The library's defaults, with every length in steps scaled to the step (a day is a day, and the
+    model is retrained once an hour: at 5 s steps, every 60 steps would be twelve trainings an hour,
+    most of the forecaster's cost)."""
     per_day = max(1, DAY // step_s)
     return ForecasterConfig(
         features=FeatureConfig(step_s=step_s, time_of_day_min_steps=2 * per_day, day_of_week_min_steps=14 * per_day),
         baselines=BaselineConfig(season_steps=per_day),
+        retrain_every_steps=max(1, RETRAIN_EVERY_S // step_s),
     )
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from warmpool_operator.rules.forecast import baselines
 from warmpool_operator.rules.forecast.baselines import Baseline, BaselineConfig, QuantileForecast
 from warmpool_operator.rules.forecast.evaluation import Scoreboard
-from warmpool_operator.rules.forecast.features import FeatureConfig, FloatArray, as_series
+from warmpool_operator.rules.forecast.features import FeatureConfig, FloatArray
 from warmpool_operator.rules.forecast.history import MISSING, History
 from warmpool_operator.rules.forecast.quantile_model import QuantileModel, QuantileModelConfig, train
 
@@ -150,11 +150,16 @@ class Forecaster:
     def series(self, history: History) -> tuple[FloatArray, FloatArray | None]:
         """The series forecast (the configured target, NaN where missing) and the companion counts (only
         when the target is the peak and the history holds some peak: otherwise the two are the same)."""
+        # Vectorised (History.rates and peak_rates, element by element, were most of a prediction's cost).
+        counts = np.asarray(history.requests, dtype=np.float64)
+        missing = counts == MISSING
+        rates = np.where(missing, np.nan, counts)
         if self.config.target == TARGET_REQUESTS:
-            return as_series(history.rates()), None
-        peaks = as_series(history.peak_rates())
-        has_peaks = any(p != MISSING for p in history.peak_requests)
-        return peaks, as_series(history.rates()) if has_peaks else None
+            return rates, None
+        peaks = np.asarray(history.peak_requests, dtype=np.float64)
+        known = peaks != MISSING
+        peak_rates = np.where(missing, np.nan, np.where(known, np.maximum(counts, peaks), counts))
+        return peak_rates, rates if bool(known.any()) else None
 
     def update(self, history: History, horizons: Sequence[int]) -> Prediction:
         """:meth:`maybe_train` then :meth:`predict` on the calling thread (a benchmark's loop)."""

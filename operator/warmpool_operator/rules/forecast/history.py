@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from warmpool_operator.rules.forecast.lengths import BIN_COUNT, LENGTH_EDGES
 
 FORMAT_NAME = "warmpool.history"
@@ -245,17 +247,20 @@ def resampled(history: History, step_s: int) -> History:
     limits = HistoryLimits(step_s=step_s, retention_s=max(step_s, history.limits.retention_s),
                            slot_s=history.limits.slot_s)
     out = History(limits=limits, start=first if end > first else end)
-    for group in range(first, end):
-        offset = group * k - history.start
-        counts = history.requests[offset:offset + k]
-        if MISSING in counts:
-            values = (MISSING, MISSING, MISSING, MISSING)
-        else:
-            peaks = [max(c, p) for c, p in zip(counts, history.peak_requests[offset:offset + k], strict=True)]
-            values = (sum(counts), sum(history.prompt_tokens[offset:offset + k]),
-                      sum(history.generated_tokens[offset:offset + k]), max(peaks) * k)
+    groups = max(0, end - first)
+    if groups:  # vectorised: the operator resamples a whole history at every forecast step
+        lo = first * k - history.start
+
+        def grouped(series: Sequence[int]) -> np.ndarray[Any, np.dtype[np.int64]]:
+            return np.asarray(series[lo:lo + groups * k], dtype=np.int64).reshape(groups, k)
+
+        counts = grouped(history.requests)
+        missing = (counts == MISSING).any(axis=1)
+        peaks = np.maximum(counts, grouped(history.peak_requests)).max(axis=1) * k
+        values = (counts.sum(axis=1), grouped(history.prompt_tokens).sum(axis=1),
+                  grouped(history.generated_tokens).sum(axis=1), peaks)
         for series, value in zip(out._series(), values, strict=True):
-            series.append(min(value, MAX_STEP_COUNT))
+            series.extend(np.where(missing, MISSING, np.minimum(value, MAX_STEP_COUNT)).tolist())
     out.prompt_hist = {slot: list(c) for slot, c in history.prompt_hist.items()}
     out.generated_hist = {slot: list(c) for slot, c in history.generated_hist.items()}
     return out
