@@ -94,14 +94,25 @@ def test_load_order_embeddings_then_given_order_then_untied_head(model_dir: Path
 
     engine.load_layers([2, 0], on_layer)
     assert progress == [(1, 4, 2), (2, 4, 0)]
-    assert head_read_at_progress == [False, False]  # the head came after the layers, not before the first
     assert seen[:2] == ["model.embed_tokens.weight", "model.norm.weight"]
-    assert seen[-1] == "lm_head.weight"
-    layers_in_order = [int(n.split(".")[2]) for n in seen[2:-1]]
+    layers_in_order = [int(n.split(".")[2]) for n in seen[2:]]
     assert layers_in_order == sorted(layers_in_order, key=[2, 0].index)
     assert engine.is_layer_resident(2) and engine.is_layer_resident(0) and not engine.is_layer_resident(1)
+    assert "lm_head.weight" not in seen  # layers are left to load: the head waits for them (or a first use)
     engine.load_layers([2, 0])  # idempotent: nothing read again
-    assert len(seen) == 3 + 2 * 9
+    assert len(seen) == 2 + 2 * 9
+    engine.load_layers([3, 1], on_layer)  # the last layers: the head comes after them
+    assert head_read_at_progress == [False] * 4
+    assert seen[-1] == "lm_head.weight" and len(seen) == 3 + 4 * 9
+    engine.load_layers([])  # the core alone: already whole, nothing read
+    assert len(seen) == 3 + 4 * 9
+
+
+def test_an_empty_order_loads_embeddings_norm_and_head(model_dir: Path) -> None:
+    engine = load_engine(model_dir)
+    seen = _record_loads(engine)
+    engine.load_layers([])
+    assert seen == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
 
 
 def test_a_request_before_the_load_reads_the_head_on_use(model_dir: Path) -> None:

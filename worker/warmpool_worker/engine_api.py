@@ -77,7 +77,8 @@ class Engine(Protocol):
         """How many decoder layers are materialised now."""
 
     def load_layers(self, order: Sequence[int], progress: LayerProgress | None = None) -> None:
-        """Materialise these decoder layers (and embeddings/norm/head first) in this order.
+        """Materialise embeddings and norm, then these decoder layers in this order, then an untied
+        output head once no layer is left to load (an empty order: embeddings, norm and head alone).
 
         Idempotent; a layer not yet loaded is loaded on first use anyway, so a request can
         never see a missing weight.

@@ -449,9 +449,6 @@ def execute_plan(
 
     if todo.resident_layers or not progress.layers_forced:
         started = time.monotonic()
-        if not todo.resident_layers:
-            with lock:  # an empty order still maps embeddings/norm/head: core readiness
-                engine.load_layers([], progress=on_layer)
         for layer in todo.resident_layers:
             # one layer per call: requests interleave, and a stricter tier stops the load
             if should_stop():
@@ -459,6 +456,8 @@ def execute_plan(
             with lock:
                 engine.load_layers([layer], progress=on_layer)
             progress.layers_forced.add(layer)
+        with lock:  # an empty order: embeddings, norm and the head, after the plan's layers (core readiness)
+            engine.load_layers([], progress=on_layer)
         log.info(
             "warm-up (%s): %d layer(s) resident of %d in %.2fs",
             plan.tier.value,

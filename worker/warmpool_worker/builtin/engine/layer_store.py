@@ -186,7 +186,8 @@ class LayerStore:
             self.layer(index)
             if progress is not None:
                 progress(self.layers_resident(), total, index)
-        self.core()  # an untied head last: the first layer came sooner
+        if not order or self.layers_resident() == total:
+            self.core()  # an untied head once the layers are in (or asked for alone), else on first use
 
     def resident(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(checkpoint name, tensor) of every weight materialised now, core first (a tied head
@@ -259,6 +260,7 @@ class LayerStore:
                 self._host_layers = {}
             else:
                 self.load_layers(order)
+                self.core()
             self._slept_layers = None
 
 
