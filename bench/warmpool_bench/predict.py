@@ -47,7 +47,6 @@ from warmpool_operator.rules.forecast.evaluation import quantile_loss
 from warmpool_operator.rules.forecast.forecaster import (
     CANDIDATES,
     Forecaster,
-    ForecasterConfig,
     Prediction,
 )
 from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
@@ -141,7 +140,7 @@ class PredictBenchSettings:
     fixed_replicas: int | None = None  # none's pool; None: sized for the trace's busiest minute (fixed_pool_size)
     hpa: HpaSettings = field(default_factory=HpaSettings)
     forecasters: tuple[str, ...] = ("auto", *CANDIDATES)
-    retrain_every_steps: int = ForecasterConfig().retrain_every_steps
+    retrain_every_steps: int | None = None  # None: the operator's, for the step (once an hour of steps)
     max_context: int = 8192  # SmolLM2-135M-Instruct's context
     repeat: int = 1
 
@@ -250,7 +249,7 @@ def _settings_json(settings: PredictBenchSettings) -> dict[str, Any]:
         "step_s": settings.step_s,
         "fast_loop": asdict(settings.fast),
         "feature_window_steps": 15,
-        "retrain_every_steps": settings.retrain_every_steps,
+        "retrain_every_steps": retrain_steps(settings, settings.step_s or 60),
         "forecasters": list(settings.forecasters),
         "max_context": settings.max_context,
         "memory": None if settings.memory is None else asdict(settings.memory),
@@ -280,7 +279,7 @@ def run_policy(trace: Trace, settings: PredictBenchSettings, policy: str) -> dic
         kind, _, only = base.partition(":")
         step_s = 60 if kind == STEP60.split(":")[0] else settings.step_s or 60
         config = replace(forecaster_config(step_s), only=None if only == "auto" else only,
-                         retrain_every_steps=settings.retrain_every_steps)
+                         retrain_every_steps=retrain_steps(settings, step_s))
         observer = Predictive(Reactive(settings.hpa), Forecaster(config), settings.spec(), trace.requests,
                               trace.epoch_start, lead_s=settings.lead_s, name=policy,
                               history=History(limits=limits_for(step_s)))
@@ -530,6 +529,11 @@ def forecaster_cost(trace: Trace, scenario: dict[str, Any], settings: PredictBen
     }
 
 
+def retrain_steps(settings: PredictBenchSettings, step_s: int) -> int:
+    """The steps between trainings: the settings', else the operator's for ``step_s``."""
+    return settings.retrain_every_steps or forecaster_config(step_s).retrain_every_steps
+
+
 def full_history_cost(trace: Trace, settings: PredictBenchSettings, predictions: int = 30) -> dict[str, Any]:
     """Train once and predict ``predictions`` times on 7 days of history: the trace's per-minute
     counts and peaks tiled (a cost figure only: the rows and features are what cost, not the values)."""
@@ -546,19 +550,23 @@ def full_history_cost(trace: Trace, settings: PredictBenchSettings, predictions:
     for offset, k in enumerate(index.tolist()):
         history.record(first + offset, StepObservation(requests=int(counts[k]), peak_requests=peaks[k]))
     wanted = horizons(settings.lead_s, step)
-    forecaster = Forecaster(replace(forecaster_config(step), retrain_every_steps=settings.retrain_every_steps))
+    retrain = retrain_steps(settings, step)
+    forecaster = Forecaster(replace(forecaster_config(step), retrain_every_steps=retrain))
     forecaster.maybe_train(history, wanted)
     train_s = forecaster.cpu_train_s
+    forecaster.predict(history, wanted)  # the first scores the baselines on the history: once per start
+    forecaster.cpu_predict_s = 0.0
     for _ in range(predictions):
         forecaster.predict(history, wanted)
     predict_s = forecaster.cpu_predict_s / predictions
-    per_hour = train_s * (60 / settings.retrain_every_steps) + predict_s * (3600 / step)
+    # One forecast per step, one training per `retrain` steps.
+    per_hour = train_s * (3600 / step / retrain) + predict_s * (3600 / step)
     return {
         "steps": len(history),
         "features": list(forecaster.model.features.names) if forecaster.model else [],
         "train_cpu_s": train_s,
         "predict_cpu_s": predict_s,
-        "retrain_every_steps": settings.retrain_every_steps,
+        "retrain_every_steps": retrain,
         "cpu_s_per_hour": per_hour,
         "train_reason": forecaster.train_reason,
         "note": f"one thread; the trace's per-{step} s counts and peaks tiled to the 10,080 steps a history holds "

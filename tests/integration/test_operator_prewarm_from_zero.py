@@ -15,7 +15,7 @@ minutes before the burst.  A restarted operator scores its baselines on the stor
 burst; no capacity was measured since the restart (nothing served), so the forecast asks for the
 one pod any request needs (rules/forecast/decision.py).  Either part missing: the pool stays at zero
 until the first request, and this test fails.  Wall time: about 30 s (two operator starts, and the
-burst set 22 s after the second).
+burst set 28 s after the second).
 """
 
 from __future__ import annotations
@@ -43,9 +43,12 @@ NAME = "prewarm"
 STEP_S = 10
 DAY_STEPS = 86400 // STEP_S
 BURST = 40  # requests in each 10 s step of a burst
+#: The lead time planned for (no cold start measured): two steps, so that a pass that closes a step
+#: a few seconds late (a pool with no pod is passed over less often) still raises the pool ahead.
+LEAD_S = 2 * STEP_S
 #: How far after the second operator start the burst is set: its load, the first forecast (a
-#: LightGBM training on the history) and the lead time (horizonSeconds 10) fit well inside.
-BURST_AFTER_S = 22.0
+#: LightGBM training on the history) and the lead time fit inside.
+BURST_AFTER_S = LEAD_S + 8.0
 #: Bounds that only catch a hang.
 START_S = 60.0
 
@@ -121,7 +124,7 @@ def test_a_restarted_operator_raises_a_pool_at_zero_before_the_burst_its_history
         pool: Pool, tmp_path: Path) -> None:
     obj = warmmodel(NAME, model_root() / NAME, replicas=1, min_warm=0, max_replicas=2)
     obj["spec"]["pool"]["scaleToZero"] = {"afterIdleSeconds": 60}
-    obj["spec"]["pool"]["predictive"] = {"enabled": True, "horizonSeconds": STEP_S, "maxExtraReplicas": 1}
+    obj["spec"]["pool"]["predictive"] = {"enabled": True, "horizonSeconds": LEAD_S, "maxExtraReplicas": 1}
     pool.cluster.kubectl("-n", pool.namespace, "apply", "-f", "-", input=json.dumps(obj))
     operator = Operator(pool.cluster, pool.namespace, tmp_path / "operator.log", installed=False,
                         extra_args=("--predict-step-seconds", str(STEP_S)))
@@ -152,6 +155,7 @@ def test_a_restarted_operator_raises_a_pool_at_zero_before_the_burst_its_history
                                         "not ahead of it")
         assert pool.replicas() == 1  # one pod: no capacity measured since the restart
         assert forecast.get("stepSeconds") == STEP_S and forecast.get("model") == "seasonal_naive", forecast
+        assert ": 10 s steps (the longest allowed step ≤ half the typical burst)" in forecast["reason"]
         assert (forecast.get("predictedRate") or 0) >= BURST / STEP_S, forecast
         assert conditions[CONDITION_PREDICTIVE]["reason"] == REASON_PRE_WARMING, conditions[CONDITION_PREDICTIVE]
         events = _until(pool.prewarm_events, 10, "the PreWarm Event")

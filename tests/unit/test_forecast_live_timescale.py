@@ -114,7 +114,9 @@ async def test_the_live_runner_forecasts_the_resampled_history_at_the_chosen_ste
         made = runner.forecast
         assert made is not None and made.step_s == 10 and made.prediction.last_step == history.end // 2 - 1
         out = pool.step(spec, {}, [], cold_start_p95=None)
-        assert out.forecast is not None and out.forecast.step_seconds == 10 and "step: " in (out.forecast.reason or "")
+        # stepSeconds is the history's resolution; the reason says the step forecast at, and why.
+        assert out.forecast is not None and out.forecast.step_seconds == 5
+        assert "bursts; a request's typical burst lasts 20 s (p90 20 s): 10 s steps" in str(out.forecast.reason)
         assert out.hold_s == 50.0  # five 10 s steps: pods go between 4-minute bursts, not after 5 minutes
         assert first.hold_s == 50.0
         # A 5 s step closing inside the 10 s one asks for no new forecast; the next 10 s one does.
@@ -161,3 +163,10 @@ async def test_the_fast_loop_asks_for_the_last_seconds_arrivals_when_the_forecas
         now[0] = 1100.0  # the burst is over: nothing in the window
         assert pool.step(spec, {}, [], cold_start_p95=None).wanted == 0
         await runner.stop(save=False)
+
+
+def test_the_model_is_retrained_once_an_hour_at_any_step() -> None:
+    from warmpool_operator.control.forecasting import forecaster_config
+
+    # At 5 s steps, every 60 steps was twelve trainings an hour: most of the forecaster's CPU.
+    assert {step: forecaster_config(step).retrain_every_steps for step in (5, 10, 60)} == {5: 720, 10: 360, 60: 60}

@@ -368,7 +368,8 @@ class PoolForecast:
             # the last history step's count, at the forecast step's length (its rate, per forecast step)
             last_count=(last.observation.requests * (step_s // runner.step_s)
                         if last is not None and last.observation is not None else None),
-            capacity_rps=capacity, last_problem=runner.last_problem, step_reason=runner.choice.reason)
+            capacity_rps=capacity, last_problem=runner.last_problem, step_reason=runner.choice.reason,
+            history_step_s=runner.step_s)
         out.forecast = report.forecast
         out.conditions.append((CONDITION_PREDICTIVE, report.verdict.status, report.verdict.reason,
                                report.verdict.message))

@@ -46,9 +46,10 @@ def _rate(count: float | None, step_s: int) -> float | None:
 
 def report(*, enabled: bool, loaded: bool, prediction: Prediction | None, decision: Decision | None,
            lead: LeadTime, step_s: int, history_steps: int, last_count: int | None, capacity_rps: float | None,
-           last_problem: str | None, step_reason: str | None = None) -> Report:
+           last_problem: str | None, step_reason: str | None = None, history_step_s: int | None = None) -> Report:
     """status.forecast and the Predictive condition from this pass's forecast and decision
-    (``step_reason``: why the forecast runs at ``step_s``)."""
+    (``step_s``: the forecast's step; ``step_reason``: why; ``history_step_s``: the history's
+    resolution, status.forecast.stepSeconds, when it differs)."""
     forecast = ForecastStatus(
         rate_now=_rate(last_count, step_s),
         predicted_rate=_rate(prediction.p90, step_s) if prediction is not None else None,
@@ -62,7 +63,7 @@ def report(*, enabled: bool, loaded: bool, prediction: Prediction | None, decisi
         capacity_per_pod=round(capacity_rps, 4) if capacity_rps is not None and math.isfinite(capacity_rps) else None,
         desired_replicas=decision.replicas if decision is not None and decision.predicted is not None else None,
         history_steps=history_steps,
-        step_seconds=step_s,
+        step_seconds=history_step_s or step_s,
         reason=_reason(prediction, decision, lead, step_s, capacity_rps, step_reason)[:1024],
     )
     return Report(forecast, _verdict(enabled, loaded, prediction, decision, capacity_rps, last_problem))
