@@ -9,8 +9,8 @@ One run, one store, one model (the ~1 GB synthetic Llama by default):
    whole-object GETs of r1's files, bytes discarded), the fill's own ranged GETs (bytes
    discarded), a **download** (boto3's ``download_file`` of r1's objects to files beside the
    caches: its managed transfer, several ranged GETs at once, no fsync) and a **fill** of r1
-   into an empty cache (ranged GETs of every block, SHA-256 verified, stored, written into the
-   revision's files, all fsynced, published);
+   into an empty cache (ranged GETs of every block, SHA-256 verified, written once into the
+   revision's files, fdatasynced and journaled, published);
 3. r2 filled into a cache that holds r1: bytes transferred / bytes of a full fill;
 4. r1 filled again on that node: bytes downloaded (a node that holds the revision).
 

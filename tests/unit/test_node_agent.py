@@ -120,6 +120,30 @@ def test_cached_bytes_counts_the_blocks_present_that_the_namespace_verified(mode
     assert agent.unique_bytes(manifest) <= manifest.total_bytes
 
 
+def test_cached_bytes_counts_what_a_fill_under_way_made_durable_in_its_view(model: Path, tmp_path: Path) -> None:
+    """A fill writes its blocks into the revision's files only: its progress is what its journal lists."""
+    from warmpool_nodecache.partial import PartialView
+    from warmpool_nodecache.trust import DomainBlocks
+
+    manifest = build_manifest(model, block_size=BLOCK)
+    layout = CacheLayout(tmp_path)
+    layout.staging.mkdir(parents=True)
+    store = BlockStore(layout)
+    blocks = DomainBlocks(store, "team-a")
+    view = PartialView(store, manifest, layout.staging / f"{manifest.digest_hex}.1", None,
+                       usable=blocks.usable, vouched=blocks.vouched)
+    view.create()
+    refs = list(manifest.block_refs())[:3]
+    for ref in refs:
+        blocks.vouch(ref.sha256)
+        view.write(ref.sha256, (model / ref.path).read_bytes()[ref.offset: ref.offset + ref.length])
+    assert agent.cached_bytes(layout, manifest, "team-a") == 0  # written, not yet durable
+    view.place([ref.sha256 for ref in refs])
+    assert agent.cached_bytes(layout, manifest, "team-a") == sum(r.length for r in refs)
+    assert agent.cached_bytes(layout, manifest, "team-b") == 0
+    view.close()
+
+
 def test_labels_follow_the_published_revisions(tmp_path: Path) -> None:
     layout = CacheLayout(tmp_path)
     a, b = "a" * 64, "b" * 64
