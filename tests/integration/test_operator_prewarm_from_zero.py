@@ -1,4 +1,4 @@
-"""Pre-warm from zero, live (#45, item 3): a `warmpool operator` process, restarted over a
+"""Pre-warm from zero, live: a `warmpool operator` process, restarted over a
 scale-to-zero pool at zero whose stored history holds a daily burst at this time of day, raises the
 pool from zero BEFORE the burst, at the step it chose from that history.
 

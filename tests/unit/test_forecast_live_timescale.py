@@ -1,4 +1,4 @@
-"""The live operator forecasts at the bursts' time scale (#45): the step is read off the history's own
+"""The live operator forecasts at the bursts' time scale: the step is read off the history's own
 counts (rules/forecast/timescale.py, the one owner bench predict imports too), the stored history is
 resampled to it, the horizon is in that step, and a lower forecast releases pods after a few of
 those steps, not minutes."""

@@ -1,4 +1,4 @@
-"""Pre-warm from zero (#45, item 3), the parts a live operator relies on: a forecaster started over a
+"""Pre-warm from zero, the parts a live operator relies on: a forecaster started over a
 stored history scores the baselines on it at once (a restarted operator picks the one that fits, not
 last value for its first steps), and with no capacity measured (a pool at zero has served nothing
 since the operator started) a forecast burst still asks for one pod.  The live raise is
