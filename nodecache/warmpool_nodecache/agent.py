@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmpool import cachekeys
+from warmpool.contract.files import DIGEST_SAMPLE_BYTES, OUTPUT_HEAD_TENSOR
 from warmpool.contract.nodecache import CACHE_NODE_LABEL_PREFIX, CACHE_NODE_LABEL_VALUE
 from warmpool.contract.pods import ANNOTATION_CACHE_REVISION
 from warmpool.heatmap import HeatMap, HeatMapError
@@ -176,13 +177,15 @@ def heat_order(manifest: Manifest, headers: Mapping[str, Mapping[str, Any]], hea
 
 
 def core_spans(headers: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, int, int]]:
-    """Byte spans of the tensors outside the decoder layers (embeddings, final norm, head)."""
+    """Byte spans of the tensors outside the decoder layers that the engine loads before any layer
+    (embeddings, final norm): an untied output head comes after the layers, with the rest."""
     spans: list[tuple[str, int, int]] = []
     for path, header in headers.items():
         start = int(header["__data_start__"])
         for name, info in header.items():
             offsets = info.get("data_offsets") if isinstance(info, Mapping) else None
-            if name.startswith("__") or _LAYER_RE.search(name) or not isinstance(offsets, list) or len(offsets) != 2:
+            if name.startswith("__") or _LAYER_RE.search(name) or name == OUTPUT_HEAD_TENSOR \
+                    or not isinstance(offsets, list) or len(offsets) != 2:
                 continue
             spans.append((path, start + int(offsets[0]), start + int(offsets[1])))
     return spans
@@ -191,9 +194,12 @@ def core_spans(headers: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, int,
 def start_order(manifest: Manifest, headers: Mapping[str, Mapping[str, Any]], heat_text: str | None) -> BlockOrder:
     """What a worker started on a partial view needs, in the order it needs it: the files that are
     not weights (config, tokenizer, index: read whole at start), the header blocks, the core tensors
-    (the engine loads them before any layer), then the layers hottest first (:func:`heat_order`)."""
+    the engine loads before any layer (:func:`core_spans`), then the layers hottest first
+    (:func:`heat_order`); the rest (an untied output head) follows in file order."""
     by_heat = heat_order(manifest, headers, heat_text)
-    core = layers_first([0], {0: core_spans(headers)})
+    # what opening the checkpoint reads (the digest's sample of the data), then the core tensors
+    opening = [(path, 0, int(header["__data_start__"]) + DIGEST_SAMPLE_BYTES) for path, header in headers.items()]
+    core = layers_first([0, 1], {0: opening, 1: core_spans(headers)})
 
     def order(m: Manifest) -> list[BlockRef]:
         small = [ref for ref in m.block_refs() if not ref.path.endswith(".safetensors")]

@@ -23,6 +23,14 @@ TOKEN_LENGTH_EDGES: tuple[int, ...] = (
     8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304, 131072,
 )
 
+#: The untied output head of a Llama-family checkpoint (HF names).  The built-in engine loads it
+#: after the decoder layers (it is as large as the embeddings), so the node agent's hot-first fill
+#: fetches it after them too, and a worker on a cache still filling reaches its first layer sooner.
+OUTPUT_HEAD_TENSOR = "lm_head.weight"
+#: How much of each safetensors file's tensor data (from its data start) goes into the worker's
+#: model digest: opening a checkpoint reads it, so a fill for a worker starting on it fetches it first.
+DIGEST_SAMPLE_BYTES = 64 * 1024
+
 # Where worker pods see things.
 #: The model's directory, whatever its source (an external engine's args point here,
 #: e.g. `--model=/warmpool/model`).

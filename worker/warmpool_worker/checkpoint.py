@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from warmpool_worker.engine_api import ModelLoadError, WeightsChangedError
 from warmpool_worker.weight_table import LM_HEAD, WEIGHT_TABLES, weight_table
 
+import warmpool.contract.files as files_contract
+
 if TYPE_CHECKING:
     import torch
     from warmpool_worker.partial_cache import PartialCache
@@ -69,7 +71,7 @@ FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 #: The safetensors library itself refuses headers above 100 MB; so do we, before reading one.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 #: How much of each file's tensor data goes into the model digest (see Checkpoint.digest).
-DIGEST_SAMPLE_BYTES = 64 * 1024
+DIGEST_SAMPLE_BYTES = files_contract.DIGEST_SAMPLE_BYTES
 
 #: The architectures with a weight table (the table decides names and shapes).
 SUPPORTED_MODEL_TYPES = tuple(WEIGHT_TABLES)

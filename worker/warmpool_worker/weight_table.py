@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from warmpool.contract.files import OUTPUT_HEAD_TENSOR
+
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
-LM_HEAD = "lm_head.weight"
+LM_HEAD = OUTPUT_HEAD_TENSOR
 
 
 class ModelLayout(Protocol):
