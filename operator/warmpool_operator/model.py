@@ -109,6 +109,8 @@ class Sample:
     prefills: dict[str, float] = field(default_factory=dict)  # bucket -> count
     #: bucket -> warm-up prompts the worker's last warm-up plan asked for
     planned_prefills: dict[str, float] = field(default_factory=dict)
+    #: bucket -> warm-up prompts that plan needs, a settled bucket's early stop counted (older workers: none)
+    needed_prefills: dict[str, float] = field(default_factory=dict)
     heat: dict[int, float] = field(default_factory=dict)
     digest: str | None = None
     num_layers: int | None = None

@@ -27,6 +27,10 @@ METRIC_LAYERS_TOTAL = "warmpool_layers_total"
 METRIC_WARMUP_PREFILLS = "warmpool_warmup_prefills_total"  # label: bucket
 #: Warm-up prompts per bucket the worker's last warm-up plan asked for.
 METRIC_WARMUP_PLANNED = "warmpool_warmup_planned_prefills"  # label: bucket
+#: Warm-up prompts per bucket that plan needs with early settling counted: a bucket whose latency
+#: settled needs the prefills it settled after (fewer than planned), the others what was planned.
+#: The operator's progress (status.pods) counts done of these, so a settled warm-up reads complete.
+METRIC_WARMUP_NEEDED = "warmpool_warmup_needed_prefills"  # label: bucket
 METRIC_LAYER_HEAT = "warmpool_layer_heat"  # label: layer
 #: 1, labelled with the checkpoint digest and layer count, so the operator can write a
 #: heat map that applies to the model the workers loaded.

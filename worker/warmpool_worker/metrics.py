@@ -100,6 +100,7 @@ from warmpool.contract.metrics import (
     METRIC_WAKES,
     METRIC_WAKES_ON_REQUEST,
     METRIC_WARMUP_ERRORS,
+    METRIC_WARMUP_NEEDED,
     METRIC_WARMUP_PLANNED,
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
@@ -223,6 +224,12 @@ class WorkerMetrics(_SchedulingMetrics):
         self.warmup_planned = Gauge(
             METRIC_WARMUP_PLANNED,
             "Warm-up prefills the current plan asks for per bucket",
+            [LABEL_BUCKET],
+            registry=r,
+        )
+        self.warmup_needed = Gauge(
+            METRIC_WARMUP_NEEDED,
+            "Warm-up prefills the current plan needs per bucket: a settled bucket's prefills until it settled",
             [LABEL_BUCKET],
             registry=r,
         )
@@ -385,10 +392,17 @@ class WorkerMetrics(_SchedulingMetrics):
         self.layers_resident.set(resident)
         self.layers_total.set(total)
 
-    def set_planned(self, per_bucket: Mapping[int, int]) -> None:
+    def set_planned(self, per_bucket: Mapping[int, int], settled: Mapping[int, int] | None = None) -> None:
+        """A new plan's prompts per bucket; `settled`: bucket -> prefills after which it settled."""
         self.warmup_planned.clear()
+        self.warmup_needed.clear()
         for bucket, count in per_bucket.items():
             self.warmup_planned.labels(str(bucket)).set(count)
+            self.warmup_needed.labels(str(bucket)).set(min(count, (settled or {}).get(bucket, count)))
+
+    def bucket_settled(self, bucket: int, prefills: int) -> None:
+        """A bucket of the current plan settled after `prefills`: that is all it needs."""
+        self.warmup_needed.labels(str(bucket)).set(prefills)
 
     def warmup_prefill_done(self, bucket: int) -> None:
         self.warmup_prefills.labels(str(bucket)).inc()

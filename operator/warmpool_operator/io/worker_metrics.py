@@ -50,6 +50,7 @@ from warmpool.contract.metrics import (
     METRIC_SLEEP_LEVEL,
     METRIC_TIER,
     METRIC_WAKE_DURATION,
+    METRIC_WARMUP_NEEDED,
     METRIC_WARMUP_PLANNED,
     METRIC_WARMUP_PREFILLS,
     METRIC_WARMUP_TIER,
@@ -137,6 +138,8 @@ def _read(reading: _Reading, name: str, labels: Mapping[str, str], value: float,
         reading.sample.prefills[labels.get(LABEL_BUCKET, "")] = value
     elif name == METRIC_WARMUP_PLANNED and _non_negative(value):
         reading.sample.planned_prefills[labels.get(LABEL_BUCKET, "")] = value
+    elif name == METRIC_WARMUP_NEEDED and _non_negative(value):
+        reading.sample.needed_prefills[labels.get(LABEL_BUCKET, "")] = value
     elif name == METRIC_LAYER_HEAT and _non_negative(value):
         layer = _layer_index(labels.get(LABEL_LAYER, ""))
         if layer is not None:

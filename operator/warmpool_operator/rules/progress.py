@@ -67,12 +67,15 @@ def _count(values: Iterable[float]) -> int:
 
 
 def _prefills(sample: Sample | None) -> tuple[int | None, int | None]:
-    """(done, planned) of the worker's last warm-up plan; done is a counter since the process
-    started (a later warm-up adds to it), so it is shown at most as planned."""
+    """(done, planned) of the worker's last warm-up plan, per bucket summed.  Planned is what the
+    plan needs: a bucket whose latency settled early needs only the prefills it ran (the worker's
+    needed-prefills gauge; a worker without it: the plan's count).  Done is a counter since the
+    process started (a later warm-up adds to it), so a bucket shows at most what it needs."""
     if sample is None or not sample.ok or not sample.planned_prefills:
         return None, None
-    planned = _count(sample.planned_prefills.values())
-    return min(_count(sample.prefills.values()), planned), planned
+    needed = {bucket: sample.needed_prefills.get(bucket, count) for bucket, count in sample.planned_prefills.items()}
+    done = {bucket: min(sample.prefills.get(bucket, 0.0), count) for bucket, count in needed.items()}
+    return _count(done.values()), _count(needed.values())
 
 
 def pod_progress(pod: PodObservation, median_cold_start: float | None, now: float | None) -> PodProgress:

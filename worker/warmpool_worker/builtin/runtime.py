@@ -122,6 +122,9 @@ class WorkerRuntime:
 
     def _on_prefill(self, bucket: int) -> None:
         self.metrics.warmup_prefill_done(bucket)
+        settled_after = self.status.progress.settled.get(bucket)
+        if settled_after is not None:
+            self.metrics.bucket_settled(bucket, settled_after)
         if self.recorder is not None:
             self.recorder.prefill(bucket)
 
@@ -138,7 +141,7 @@ class WorkerRuntime:
     ) -> bool:
         """Run (the rest of) a plan; False if cut short by a stricter tier or the deadline."""
         self.status.plan = plan
-        self.metrics.set_planned(plan.per_bucket())
+        self.metrics.set_planned(plan.per_bucket(), self.status.progress.settled)
         if self.recorder is not None:
             self.recorder.tier = plan.tier.value
         step = (
