@@ -165,10 +165,17 @@ def raise_ahead(pool: Pool, operator: Operator, model: Path, lead_s: float, *, r
     restarted = time.time()
     _until(lambda: (pool.replicas() or 0) >= 1, burst_at - time.time() + 2 * STEP_S, "the pool raised from zero")
     raised = Raised(burst_at, time.time())  # polled every 0.2 s
-    wm = pool.get(PLURAL, NAME)
+
+    def pre_warming() -> dict[str, Any] | None:
+        """The WarmModel once its status is the raising pass's (the pass writes the Deployment first)."""
+        wm = pool.get(PLURAL, NAME) or {}
+        conditions = {c["type"]: c for c in (wm.get("status") or {}).get("conditions") or []}
+        reason = conditions.get(CONDITION_PREDICTIVE, {}).get("reason")
+        return wm if reason == REASON_PRE_WARMING else None
+
+    wm = _until(pre_warming, 10, "status saying the pool is pre-warmed (condition Predictive: PreWarming)")
     assert wm is not None
     forecast = wm["status"].get("forecast") or {}
-    conditions = {c["type"]: c for c in wm["status"].get("conditions") or []}
     print(f"\nraised {burst_at - raised.seen_at:.1f} s before the burst, {raised.seen_at - restarted:.1f} s after the "
           f"history was loaded; status.forecast: {forecast}")
     assert raised.seen_at < burst_at, (f"the pool left zero {raised.seen_at - burst_at:.1f} s after the burst began: "
@@ -177,7 +184,6 @@ def raise_ahead(pool: Pool, operator: Operator, model: Path, lead_s: float, *, r
     assert forecast.get("stepSeconds") == STEP_S and forecast.get("model") == "seasonal_naive", forecast
     assert ": 10 s steps (the longest allowed step ≤ half the typical burst)" in forecast["reason"]
     assert (forecast.get("predictedRate") or 0) >= BURST / STEP_S, forecast
-    assert conditions[CONDITION_PREDICTIVE]["reason"] == REASON_PRE_WARMING, conditions[CONDITION_PREDICTIVE]
     events = _until(pool.prewarm_events, 10, "the PreWarm Event")
     assert "0 -> 1 pods" in events[0]["message"], events[0]["message"]
     return raised
