@@ -31,12 +31,13 @@ from warmpool_devcluster.chart_values import local_values
 from warmpool_devcluster.node_network import SERVICE_CIDR, on_a_node_bridge
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.rules.forecast import report as forecast_report
+from warmpool_operator.rules.forecast.steps import MIN_BUSY_SECONDS, MIN_SERVED
 from warmpool_operator.rules.zero import activator_slice_name
 
 from tests.support import promql
-from tests.support.e2e import http, model_root, tiny_model, warmmodel
+from tests.support.e2e import http, metric, model_root, tiny_model, warmmodel
 from warmpool.contract.api import CONDITION_PREDICTIVE, PLURAL
-from warmpool.contract.http import DEFAULT_WORKER_PORT
+from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_METRICS
 from warmpool.contract.metrics import (
     FORECAST_QUANTILE_P50,
     FORECAST_QUANTILE_P90,
@@ -47,6 +48,7 @@ from warmpool.contract.metrics import (
     METRIC_OPERATOR_FORECAST_RATE_NOW,
     METRIC_OPERATOR_WARM_PODS,
     METRIC_READY,
+    METRIC_REQUEST_PROMPT_TOKENS,
     METRIC_REQUESTS_TOTAL,
     METRIC_TTFT,
     NODE_AGENT_STAGE_MANIFEST,
@@ -69,11 +71,13 @@ DATA_TIMEOUT_S = 60.0
 #: Demand prediction's history step: the default 60 s would leave no forecast within the waits above;
 #: 4 s holds two of the operator's 2 s scrapes, so no step goes unobserved.
 PREDICT_STEP_S = 4
-#: Completions sent (one at a time, loopback) until the operator has measured a pod's capacity (it
-#: needs a few requests and half a second of busy engine time): bounded in count and in time.
+#: Completions sent (one at a time, loopback) until the worker's own counters show the work the operator's
+#: capacity meter needs (MIN_SERVED requests, MIN_BUSY_SECONDS of busy engine), twice over: bounded in count.
 CAPACITY_MAX_REQUESTS = 400
-CAPACITY_TIMEOUT_S = 150.0
-CAPACITY_CHECK_EVERY = 10
+CAPACITY_CHECK_EVERY = 5
+CAPACITY_MARGIN = 2.0
+#: From there, the bound on the operator's measurement: a step (PREDICT_STEP_S), a scrape and a pass, many times over.
+CAPACITY_TIMEOUT_S = 60.0
 #: The alerts' durations and windows shortened through the chart's values (defaults unchanged), so each
 #: one this module drives fires within seconds of the state it names.
 FAST_ALERTS = (
@@ -170,22 +174,50 @@ def _add_operator_arg(cluster: ClusterHandle, arg: str) -> None:
     _wait_for(f"the operator pod with {arg} alone, holding the leader Lease", new_pod_leads, 90.0)
 
 
-def _serve_until_capacity_measured(cluster: ClusterHandle, url: str, completions: str) -> None:
-    """Completions, one at a time, until Prometheus has the operator's measured per-pod capacity."""
-    metric = f'{METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}'
-    deadline = time.monotonic() + CAPACITY_TIMEOUT_S
+def _worker_work(metrics_url: str) -> tuple[float, float]:
+    """The worker's own count of what its capacity is measured from: (requests served, busy engine seconds)."""
+    code, text = http(metrics_url)
+    assert code == 200, text
+    served = metric(text, METRIC_REQUEST_PROMPT_TOKENS + "_count")
+    busy = metric(text, METRIC_ENGINE_BUSY_SECONDS)
+    assert served is not None and busy is not None, f"the worker exports no served or busy counter:\n{text}"
+    return served, busy
+
+
+def _serve_until_capacity_measured(cluster: ClusterHandle, url: str, worker: str) -> None:
+    """Completions, one at a time, until the worker has done the work the operator's capacity meter needs
+    (read from the worker itself, not guessed from a clock); then the operator's own measurement
+    (status.forecast.capacityPerPod), then its gauge in Prometheus.  A failure names the stage."""
+    served0, busy0 = _worker_work(worker + PATH_METRICS)
+    served = busy = 0.0
     sent = 0
-    while sent < CAPACITY_MAX_REQUESTS and time.monotonic() < deadline:
-        code, text = http(completions, {"model": "tiny", "prompt": "hello there, how are you", "max_tokens": 16})
-        assert code == 200, text
-        sent += 1
-        if sent % CAPACITY_CHECK_EVERY == 0 and _series(url, metric):
-            return
+    while served < CAPACITY_MARGIN * MIN_SERVED or busy < CAPACITY_MARGIN * MIN_BUSY_SECONDS:
+        if sent >= CAPACITY_MAX_REQUESTS:
+            raise AssertionError(f"{sent} completions served {served:g} requests in {busy:.2f} busy seconds, short "
+                                 f"of {CAPACITY_MARGIN:g} x ({MIN_SERVED:g}, {MIN_BUSY_SECONDS:g} s)\n"
+                                 f"{_capacity_diagnosis(cluster, url)}")
+        for _ in range(CAPACITY_CHECK_EVERY):
+            code, text = http(worker + "/v1/completions",
+                              {"model": "tiny", "prompt": "hello there, how are you", "max_tokens": 16})
+            assert code == 200, text
+            sent += 1
+        now_served, now_busy = _worker_work(worker + PATH_METRICS)
+        served, busy = now_served - served0, now_busy - busy0
     try:
-        _wait_for("the operator's measured capacity per pod in Prometheus", lambda: _series(url, metric),
+        _wait_for("the operator's measured capacity per pod in status.forecast",
+                  lambda: (_status(cluster).get("forecast") or {}).get("capacityPerPod"), CAPACITY_TIMEOUT_S, 1.0)
+        _wait_for("the operator's measured capacity per pod in Prometheus",
+                  lambda: _series(url, f'{METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}'),
                   SERIES_TIMEOUT_S, 2.0)
     except AssertionError as error:
-        raise AssertionError(f"{error}\n{sent} completions sent\n{_capacity_diagnosis(cluster, url)}") from None
+        raise AssertionError(f"{error}\n{sent} completions sent: the worker served {served:g} in {busy:.2f} busy "
+                             f"seconds\n{_capacity_diagnosis(cluster, url)}") from None
+
+
+def _status(cluster: ClusterHandle) -> dict[str, Any]:
+    got: dict[str, Any] = json.loads(cluster.kubectl("get", PLURAL, "tiny", "-n", _NAMESPACE,
+                                                     "-o", "json").stdout).get("status") or {}
+    return got
 
 
 def _capacity_diagnosis(cluster: ClusterHandle, url: str) -> str:
@@ -255,11 +287,11 @@ def live_pool(cluster: ClusterHandle, crd: str, tmp_path_factory: pytest.TempPat
                                           f"{LABEL_MODEL}=tiny", "-o", "json").stdout)["items"]
         ip = pods[0]["status"]["podIP"]
         assert on_a_node_bridge(ip), f"tests only talk to loopback and the local node's pods, got pod IP {ip}"
-        completions = f"http://{ip}:{DEFAULT_WORKER_PORT}/v1/completions"
-        code, text = http(completions, {"model": "tiny", "prompt": "hello", "max_tokens": 2})
+        worker = f"http://{ip}:{DEFAULT_WORKER_PORT}"
+        code, text = http(worker + "/v1/completions", {"model": "tiny", "prompt": "hello", "max_tokens": 2})
         assert code == 200, text
         # Enough served work for the operator to measure a pod's capacity: the forecast panel's warm capacity.
-        _serve_until_capacity_measured(cluster, url, completions)
+        _serve_until_capacity_measured(cluster, url, worker)
 
         def ttft_rate_seen() -> bool:
             return bool(_series(url, f"sum(rate({METRIC_TTFT}_count[5m])) > 0"))
@@ -321,21 +353,15 @@ def test_prometheus_discovers_the_operator_and_the_workers(live_pool: str) -> No
 def test_the_forecast_series_mirror_status_forecast(live_pool: str, cluster: ClusterHandle) -> None:
     """The panel's figures are the WarmModel's status.forecast, from a shadow-mode forecast on the
     test's history step (the flag reached the operator), in the same units."""
-
-    def status() -> dict[str, Any]:
-        got: dict[str, Any] = json.loads(cluster.kubectl("get", PLURAL, "tiny", "-n", _NAMESPACE,
-                                                         "-o", "json").stdout).get("status") or {}
-        return got
-
-    forecast = status()["forecast"]
+    forecast = _status(cluster)["forecast"]
     assert forecast["stepSeconds"] == PREDICT_STEP_S, forecast
-    (predictive,) = [c for c in status()["conditions"] if c["type"] == CONDITION_PREDICTIVE]
+    (predictive,) = [c for c in _status(cluster)["conditions"] if c["type"] == CONDITION_PREDICTIVE]
     assert predictive["reason"] == forecast_report.REASON_SHADOW, predictive
 
     def same_capacity() -> tuple[float, float] | None:
         # Capacity changes only on steps that served requests (none now): status and the gauge settle equal.
         (series,) = _series(live_pool, f'{METRIC_OPERATOR_FORECAST_CAPACITY_PER_POD}{{warmmodel="tiny"}}')
-        figures = (float(series["value"][1]), float(status()["forecast"]["capacityPerPod"]))
+        figures = (float(series["value"][1]), float(_status(cluster)["forecast"]["capacityPerPod"]))
         return figures if figures[0] == figures[1] else None
 
     capacity, _ = _wait_for("the capacity gauge to equal status.forecast.capacityPerPod", same_capacity,
