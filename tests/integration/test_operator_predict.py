@@ -156,10 +156,16 @@ class Ramp:
 def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
     make_world: MakeWorld, slow_model: Path
 ) -> None:
+    began = time.monotonic()
+
+    def say(what: str) -> None:
+        print(f"predict: {time.monotonic() - began:5.1f}s {what}")
+
     world = make_world()
     world.apply(predictive("ramp", slow_model, learn=True))
     world.wait_ready("ramp", warm=1, timeout=180)
     pod = world.wait(lambda: next((p for p in world.pods("ramp") if pod_ready(p)), None), 60, "a Ready pod")
+    say("one pod warm")
 
     # Some served requests, at a fifth of what the pod can serve at most (each is followed by four
     # times its own latency of quiet): the operator measures one pod's capacity from the worker's
@@ -171,6 +177,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
     measured = world.wait(lambda: forecast(world, "ramp").get("capacityPerPod"), 60,
                           "status.forecast.capacityPerPod measured")
     capacity = float(measured)
+    say("capacity measured")
     assert replicas(world, "ramp") == 1, world.dump()
     rates = [fraction * capacity for fraction in RAMP]
     print(f"predict: one pod serves {capacity:.2f} req/s; ramp {[round(r, 2) for r in rates]} req/s")
@@ -192,7 +199,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
                 capacity_at_growth = float(forecast(world, "ramp").get("capacityPerPod") or capacity)
                 break
             time.sleep(0.3)
-    print(f"predict: sent {ramp.sent}, skipped {ramp.skipped}; (stage, replicas, reason) seen: {seen[-8:]}")
+    say(f"sent {ramp.sent}, skipped {ramp.skipped}; (stage, replicas, reason) seen: {seen[-8:]}")
     status = world.wm("ramp")["status"]
     print(f"predict: status.forecast {status.get('forecast')}; coldStart {status.get('coldStart')}")
     assert grew_at is not None, f"the pool never grew during the ramp: {seen}\n{world.dump()}"
@@ -212,6 +219,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
     # The history is in ConfigMap ramp-history; an operator killed and started again goes on from it.
     before = world.wait(lambda: (h := stored_history(world, "ramp")) is not None and len(h) >= 10 and h, 60,
                         "ten steps of history stored")
+    say("ten steps of history stored")
     world.operator.kill()
     world.operator.start()
     after = world.wait(lambda: (h := stored_history(world, "ramp")) is not None and h.end > before.end + 2 and h,
@@ -220,6 +228,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
     assert after.requests[: len(before)] == before.requests  # what was stored is kept, step for step
     assert sum(r for r in after.requests if r > 0) >= ramp.sent // 2
     assert "history loaded" in world.operator.log().rsplit("operator start #2", 1)[-1]
+    say("the restarted operator went on from the stored history")
 
     # spec.warmup.learnBuckets: every prompt served has one length. Once enough are seen, that length
     # (rounded up to a graph size) is learned, written where new pods read it, and a new pod warms at it.
@@ -236,6 +245,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
         return block if block.get("buckets") else None
 
     block = world.wait(learned, 60, "status.learnedBuckets with buckets")
+    say("buckets learned")
     assert block["buckets"] == [length] and block["observed"] >= MIN_PROMPTS, block
     stored = world.get("configmap", f"ramp{CONFIGMAP_SUFFIX}")["data"]
     assert json.loads(stored[CONFIGMAP_KEY_LEARNED_BUCKETS])["buckets"] == [length]
@@ -246,6 +256,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
         return found if len(found) == 1 and replicas(world, "ramp") == 1 else None
 
     (only,) = world.wait(one_pod, 180, "the pool back to one pod after the ramp")
+    say("back to one pod")
     before = {only["metadata"]["name"]}
     world.kubectl("delete", "pod", only["metadata"]["name"], "--wait=false")
 
@@ -253,6 +264,7 @@ def test_a_ramp_grows_the_pool_before_its_peak_and_a_restart_keeps_the_history(
         return next((p for p in world.pods("ramp") if p["metadata"]["name"] not in before and pod_ready(p)), None)
 
     fresh = world.wait(new_warm_pod, 120, "a new pod Ready")
+    say("a new pod Ready")
     code, text = http(world.base(fresh) + PATH_METRICS, timeout=5)
     assert code == 200, text[:300]
     assert (metric(text, METRIC_WARMUP_PLANNED, bucket=str(length)) or 0) > 0, text[-3000:]
