@@ -22,11 +22,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from warmpool_devcluster.testing import ClusterHandle
+from warmpool_operator.activator import app as activator_app
 from warmpool_operator.activator import proxy
 from warmpool_operator.activator.demand import Demand
 from warmpool_operator.activator.limits import RETRY_AFTER_SECONDS
 from warmpool_operator.activator.pools import NOT_A_POOL, Misdirected, Pools
 from warmpool_operator.io.tracing import Tracing
+from warmpool_operator.rules.builders import service_name
 
 from warmpool.contract.api import API_GROUP_VERSION, KIND, PLURAL
 from warmpool.contract.pods import LABEL_MODEL
@@ -216,6 +218,49 @@ def test_a_request_is_resolved_by_the_services_cluster_ip_or_dns_name_and_refuse
     pools.service("DELETED", owned_service(solo, "solo", "10.96.1.1"))
     with pytest.raises(Misdirected):
         pools.resolve("10.96.1.1", None)
+
+
+def test_a_service_named_and_labelled_as_the_operator_makes_it_counts_only_when_its_warmmodel_owns_it() -> None:
+    """Anyone who may create Services in a namespace can make one with the WarmModel's own name and
+    label: unowned, or owned by something else, it names no pool, by name or by its ClusterIP."""
+    pools = Pools()
+    for namespace in ("team-a", "team-b", "team-c"):
+        pools.warmmodel("ADDED", _warmmodel(namespace, "chat"))
+    stranger = _warmmodel("team-c", "stranger")  # another object's uid in the owner reference
+    pools.service("ADDED", owned_service(_warmmodel("team-a", "chat"), service_name("chat"), "10.96.2.1"))
+    pools.service("ADDED", owned_service(_warmmodel("team-b", "chat"), service_name("chat"), "10.96.2.2", owned=False))
+    forged = owned_service(_warmmodel("team-c", "chat"), service_name("chat"), "10.96.2.3", owned=False)
+    forged["metadata"]["ownerReferences"] = [owner_reference(stranger)]
+    pools.service("ADDED", forged)
+    assert pools.resolve("chat.team-a", None) == ("team-a", "chat")  # the same Service, owned: a pool
+    for namespace, ip in (("team-b", "10.96.2.2"), ("team-c", "10.96.2.3")):
+        for host, caller in ((ip, None), (f"chat.{namespace}", None), ("chat", namespace),
+                             (f"chat.{namespace}.svc.cluster.local", "team-a")):
+            with pytest.raises(Misdirected) as raised:
+                pools.resolve(host, caller)
+            assert str(raised.value) == NOT_A_POOL, host
+
+
+async def test_readyz_answers_readiness_only() -> None:
+    """/readyz is open to whatever probes the pod: it names no namespace, pod address or held pool
+    (those are in the metrics, whose port the chart restricts), only whether this replica is ready."""
+    synced, stopping = [asyncio.Event(), asyncio.Event()], asyncio.Event()
+    runner, url = await _serve(await activator_app._health_app(synced, stopping))
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def readyz() -> tuple[int, Any]:
+                async with session.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=10)) as response:
+                    return response.status, await response.json()
+
+            assert await readyz() == (503, {"ready": False})  # a watch has not listed yet
+            synced[0].set()
+            assert await readyz() == (503, {"ready": False})
+            synced[1].set()
+            assert await readyz() == (200, {"ready": True})
+            stopping.set()
+            assert await readyz() == (503, {"ready": False})
+    finally:
+        await runner.cleanup()
 
 
 async def test_a_held_request_is_counted_on_the_warmmodel_and_forwarded_once_a_pod_is_warm(rig: Rig) -> None:

@@ -139,13 +139,18 @@ def test_one_namespaces_relist_keeps_every_other_namespaces_policies_and_slices(
     assert callers.may_reach(OTHER.ip, POOL), "team B's own list starts its policies over"
 
     pools = Pools()
-    pools.warmmodel("ADDED", {"metadata": {"namespace": "team-b", "name": "m", "uid": "u-m"},
-                              "spec": {"model": {"hostPath": {"path": "/m"}}, "pool": {}}})
+    warmmodel = {"metadata": {"namespace": "team-b", "name": "m", "uid": "u-m"},
+                 "spec": {"model": {"hostPath": {"path": "/m"}}, "pool": {}}}
+    pools.warmmodel("ADDED", warmmodel)
     pools.endpoint_slice("ADDED", {"metadata": {"namespace": "team-b", "name": "m-pods",
                                                 "ownerReferences": [{"uid": "u-m"}]},
                                    "ports": [{"port": 8080}], "endpoints": [{"addresses": ["10.0.0.7"]}]})
     assert pools.pool(("team-b", "m")).pods == ["http://10.0.0.7:8080"]
     pools.relisted_endpoint_slices("team-a")
     assert pools.pool(("team-b", "m")).pods == ["http://10.0.0.7:8080"]
+    # The pods are worked out again from the slices kept whenever team B's WarmModel changes: team
+    # A's list must have kept team B's slice itself, not only the pods last worked out from it.
+    pools.warmmodel("MODIFIED", warmmodel)
+    assert pools.pool(("team-b", "m")).pods == ["http://10.0.0.7:8080"], "team A's list forgot team B's slices"
     pools.relisted_endpoint_slices("team-b")
     assert pools.pool(("team-b", "m")).pods == []
