@@ -15,7 +15,9 @@ import asyncio
 import http.client
 import json
 import os
+import select
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,6 +43,7 @@ from warmpool.contract.zero import (
     ERROR_BUSY,
     ERROR_MISDIRECTED,
     ERROR_NOT_SERVING_API,
+    ERROR_SLOW_CLIENT,
     LABEL_SERVICE_NAME,
     held_annotation,
 )
@@ -98,7 +101,7 @@ class Teams:
         self.callers.pod("ADDED", pod)
 
     async def setup(self, scale_to_zero: dict[str, Any], guard: ConnectionGuard | None = None,
-                    budget: ByteBudget | None = None) -> Teams:
+                    budget: ByteBudget | None = None, body_timeout_s: float = 3.0) -> Teams:
         for ns in (self.ns_a, self.ns_b):
             made = await self.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                             "metadata": {"name": ns, "labels": {"team": ns[:6]}}})
@@ -129,7 +132,7 @@ class Teams:
         self.sessions.append(self.session)
         self.demand = Demand(self.client, ME)
         self.activator = proxy.Activator(self.pools, self.demand, self.session, callers=self.callers, guard=guard,
-                                         budget=budget, body_timeout_s=3.0)
+                                         budget=budget, body_timeout_s=body_timeout_s)
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self.activator.handle)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -341,3 +344,45 @@ async def test_slow_connections_and_oversized_bodies_do_not_exhaust_the_activato
     print(f"\n200 trickling connections, 50 bodies of 4 MiB, {guard.refused} refused at the bound: the process grew "
           f"{grown / 2**20:.1f} MiB; {guard.timed_out} connections closed at the header deadline")
     assert grown < 64 * 1024 * 1024, f"the attack grew the process by {grown / 2**20:.0f} MiB"
+
+
+def _trickle_body(port: int, local: str, trickle_s: float) -> tuple[int | None, dict[str, Any], float]:
+    """A POST whose head arrives whole and whose body then comes a byte every 0.2 s, never all of it:
+    the status and body of the answer, and the seconds it took (None: no answer within ``trickle_s``
+    of trickling and 3 s more)."""
+    body = json.dumps({"prompt": "x" * 200}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3, source_address=(local, 0))
+    try:
+        connection.putrequest("POST", "/v1/completions", skip_host=True, skip_accept_encoding=True)
+        for name, value in (("Host", "m"), ("Content-Type", "application/json"), ("Content-Length", str(len(body)))):
+            connection.putheader(name, value)
+        connection.endheaders()
+        sock = connection.sock
+        started = time.monotonic()
+        for byte in body[:-1]:  # never the last byte: only the deadline can end the read
+            if time.monotonic() - started > trickle_s or select.select([sock], [], [], 0.2)[0]:
+                break  # an answer came (or the trickle ran its course)
+            sock.sendall(bytes([byte]))
+        try:
+            response = connection.getresponse()
+        except TimeoutError:
+            return None, {}, time.monotonic() - started
+        return response.status, json.loads(response.read() or b"{}"), time.monotonic() - started
+    finally:
+        connection.close()
+
+
+async def test_a_body_trickled_past_the_body_timeout_is_408_and_nothing_is_held(teams: Teams) -> None:
+    """A client that sends its request head at once and then its body a byte at a time would keep a
+    connection (and whatever it had sent) for as long as it likes: the body has ``--body-timeout``."""
+    await teams.setup({"afterIdleSeconds": 60, "holdTimeoutSeconds": 30, "maxHeldRequests": 5}, body_timeout_s=1.0)
+    status, body, took = await asyncio.to_thread(_trickle_body, teams.port, TEAM_B_IP, 6.0)
+    assert status == 408, f"a body trickled for {took:.1f}s: {status} {body}"
+    assert body["error"]["type"] == ERROR_SLOW_CLIENT and body["error"]["code"] == 408
+    assert 1.0 <= took < 4.0, f"408 after {took:.1f}s with a 1s body timeout"
+    assert teams.activator.held_total() == 0 and await teams.held_annotation() is None
+    assert teams.activator.budget.used == 0 and teams.upstream.paths == []
+    # The pool's own clients are served as before.
+    teams.warm()
+    status, answer, _ = await _post(teams.client_of(TEAM_B_IP), teams.url, "m")
+    assert status == 200 and answer == {"choices": [{"text": "echo hi"}]}
