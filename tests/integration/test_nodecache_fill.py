@@ -232,7 +232,11 @@ def test_eviction_never_removes_a_mapped_or_pinned_revision(model_a: Path, tmp_p
     assert not layout.revision(manifest_b.digest_hex).exists()
     store = BlockStore(layout)  # b's blocks went with its files, a's are held in its files
     assert all(store.has(sha) for sha in manifest_a.unique_blocks())
-    assert not any(store.has(sha) for sha in manifest_b.unique_blocks() - manifest_a.unique_blocks())
+    b_only = manifest_b.unique_blocks() - manifest_a.unique_blocks()
+    assert not any(store.has(sha) for sha in b_only)
+    # The trust marks of b's blocks went with them (no block file was freed: they lived in b's files).
+    assert not any(layout.vouched(sha).exists() for sha in b_only)
+    assert all(layout.vouched(sha).exists() for sha in manifest_a.unique_blocks())
     with pinned(layout, manifest_a.digest_hex):
         assert evict(layout, budget_bytes=0).in_use == (manifest_a.digest_hex,)
     assert evict(layout, budget_bytes=0).evicted == (manifest_a.digest_hex,)
