@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -59,9 +61,29 @@ def _foreign(tmp_path: Path) -> Path:
     return dest
 
 
-def _fetch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "warmpool", "model", "fetch", *args], env=subprocess_env(),
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+def _refused(*args: str) -> subprocess.CompletedProcess[str]:
+    """`warmpool model fetch ARGS`, expected to refuse before any work.  A refusal prints nothing on
+    stdout; a conversion announces itself there (`[model fetch] installing ...` or `dequantizing ...`)
+    before its minutes of CPU, so its first line fails the test and the conversion is stopped."""
+    command = [sys.executable, "-m", "warmpool", "model", "fetch", *args]
+    with (tempfile.TemporaryFile("w+") as stderr,
+          subprocess.Popen(command, env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=stderr,
+                           text=True) as process):
+        deadline = threading.Timer(120, process.kill)  # bounds the read below, should the command hang
+        deadline.start()
+        try:
+            assert process.stdout is not None
+            stdout = process.stdout.readline()  # "" once the command exits without a line
+            if stdout:
+                process.kill()
+            returncode = process.wait(timeout=30)
+        finally:
+            deadline.cancel()
+            process.kill()  # nothing left running whatever happened above (a no-op once it exited)
+        stderr.seek(0)
+        result = subprocess.CompletedProcess(command, returncode, stdout, stderr.read())
+    assert not stdout, f"the command started work before refusing: {stdout!r}"
+    return result
 
 
 def _our_manifest(files: dict[str, str]) -> str:
@@ -73,7 +95,7 @@ def test_foreign_non_empty_directory_is_refused_and_left_intact(tmp_path: Path, 
     dest = _foreign(tmp_path)
     before = _snapshot(dest)
     siblings = sorted(p.name for p in tmp_path.iterdir())
-    result = _fetch("--dest", str(dest), *(["--force"] if force else []))
+    result = _refused("--dest", str(dest), *(["--force"] if force else []))
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"{dest} exists and was not created by `warmpool model fetch`" in result.stderr
     assert "with or without --force" in result.stderr
@@ -84,7 +106,7 @@ def test_foreign_non_empty_directory_is_refused_and_left_intact(tmp_path: Path, 
 def test_a_file_at_the_destination_is_refused_and_left_intact(tmp_path: Path) -> None:
     dest = tmp_path / "model"
     dest.write_bytes(b"not a directory")
-    result = _fetch("--dest", str(dest), "--force")
+    result = _refused("--dest", str(dest), "--force")
     assert result.returncode == 1 and "was not created by `warmpool model fetch`" in result.stderr
     assert dest.read_bytes() == b"not a directory"
 
@@ -94,8 +116,8 @@ def test_someone_elses_manifest_lookalike_is_not_ownership(tmp_path: Path) -> No
     (dest / MANIFEST).write_text(json.dumps({"format": 99, "source": "elsewhere", "files": {}}))
     before = _snapshot(dest)
     assert inspect_destination(dest) is Destination.FOREIGN
-    with pytest.raises(FetchError, match="was not created by"):
-        ensure_model(dest, force=True)
+    result = _refused("--dest", str(dest), "--force")
+    assert result.returncode == 1 and "was not created by `warmpool model fetch`" in result.stderr
     assert _snapshot(dest) == before
 
 
