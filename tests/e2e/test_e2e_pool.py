@@ -1,5 +1,7 @@
 """A pool's life: scale up and down (the coldest pod goes first), a worker killed (its pod
-restarts and warms again), memory pressure across 70/90 % (tiers and warm-up depth follow).
+restarts and warms again).  Memory pressure across 70/90 % (tiers with their hysteresis, the
+warm-up depth, the pool's conditions) is integration/test_operator.py's
+test_memory_pressure_moves_tiers_with_hysteresis: the same pods on the same node, driven once.
 
 Tiny random Llama checkpoints: they load and warm in seconds, so the story is about the
 operator and the pods, not the model.
@@ -10,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,23 +19,18 @@ from typing import Any
 import pytest
 
 from tests.support.e2e import (
-    GiB,
     World,
-    ballast,
-    charge_to_container,
     deletion_cost,
     http,
     metric,
     pod_ready,
     restarts,
-    rss,
     tiny_model,
     warmmodel,
 )
-from warmpool.contract.api import CONDITION_READY, CONDITION_WARMUP_GATED, KIND, PLURAL
+from warmpool.contract.api import CONDITION_READY, KIND, PLURAL
 from warmpool.contract.http import DEFAULT_WORKER_PORT, PATH_METRICS
-from warmpool.contract.metrics import METRIC_MEMORY_USED_RATIO, METRIC_PHASE_TIMESTAMP, METRIC_TIER
-from warmpool.contract.pods import ANNOTATION_TIER
+from warmpool.contract.metrics import METRIC_PHASE_TIMESTAMP
 
 WARM_COST = 1000  # the operator's deletion cost of a verified-warm pod is at least this
 
@@ -177,86 +173,3 @@ def status_explains(world: World) -> None:
     assert not denied["warm"] and "Permission denied" in denied["message"]
     world.kubectl("delete", PLURAL, "denied", "--wait=false")
     print(f"\ndenied pool, Ready condition: {message}")
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(420)
-def test_memory_pressure_moves_tiers_and_warmup_depth(world: World, tmp_path: Path) -> None:
-    if not world.local:
-        pytest.skip("drives memory with a ballast charged to the worker's container: local cluster only")
-    model = tiny_model()
-    capacity = 2 * GiB
-    with ballast(tmp_path / "ballast-bytes") as held:
-        control = tmp_path / "ballast-bytes"
-
-        held_bytes = 0
-
-        def hold(nbytes: int) -> None:
-            nonlocal held_bytes
-            held_bytes = max(0, nbytes)
-            control.write_text(str(held_bytes))
-            deadline = time.monotonic() + 20
-            while abs(rss(held.pid) - held_bytes) > 16 * 2**20 and time.monotonic() < deadline:
-                time.sleep(0.1)
-
-        # The worker reads its container's memory cgroup against the container's limit; the ballast,
-        # charged to that cgroup, is memory of the container as another of its processes would be.
-        # (A worker under pressure from its start -- its first warm-up plan truncated -- is proven on
-        # a worker process: integration/test_worker_server.py::test_memory_drives_tier_and_warm_up_depth.
-        # A container's cgroup exists only once the container does.)
-        body_model = warmmodel("gated", model, worker_args=["--guard-interval=0.2"])
-        body_model["spec"]["pod"]["resources"] = {"limits": {"memory": str(capacity)}}
-        world.apply(body_model)
-        world.wait_ready("gated", warm=1, timeout=120)
-        pod = world.pods("gated")[0]
-        charge_to_container(held.pid, world.worker_pid(pod))
-        metrics_url = world.base(pod) + PATH_METRICS
-
-        def level() -> float:
-            value = metric(http(metrics_url, timeout=5)[1], METRIC_MEMORY_USED_RATIO)
-            assert value is not None
-            return value
-
-        def drive(ratio: float) -> float:
-            """Resize the ballast until the worker's own reading is ``ratio`` (what it counts, not RSS)."""
-            for _ in range(6):
-                now = level()
-                if abs(now - ratio) < 0.02:
-                    return now
-                hold(held_bytes + int((ratio - now) * capacity))
-                time.sleep(0.6)  # a guard reading or two
-            return level()
-
-        reached = drive(0.80)
-
-        def tier_is(tier: str) -> bool:
-            annotated = (world.get("pod", pod["metadata"]["name"])["metadata"].get("annotations") or {}).get(
-                ANNOTATION_TIER)
-            return annotated == tier and metric(http(metrics_url)[1], METRIC_TIER, tier=tier) == 1
-
-        world.wait(lambda: tier_is("truncated"), 30, f"tier truncated at {reached:.2f}")
-        _, body = world.readyz(pod)
-        print(f"\nat {reached:.0%}: memory {body['memory']}, warm-up {body['warmup']}")
-        assert body["memory"]["source"] == "cgroup", body["memory"]
-        gated = world.condition("gated", CONDITION_WARMUP_GATED)
-        assert gated["status"] == "True" and gated["reason"] == "MemoryPressure", gated
-
-        reached = drive(0.95)
-        world.wait(lambda: tier_is("paused"), 30, f"tier paused at {reached:.2f}")
-        assert world.wm("gated")["status"]["tierCounts"]["paused"] == 1
-        code, _ = http(world.base(pod) + "/v1/completions", {"model": "gated", "prompt": "hi", "max_tokens": 2})
-        assert code == 200, "a paused tier gates optional warm-up, never serving"
-
-        reached = drive(0.30)
-        world.wait(lambda: tier_is("full"), 30, f"tier full at {reached:.2f}")
-
-        def topped_up() -> dict[str, Any] | None:
-            _, now = world.readyz(pod)
-            warmup = now["warmup"]
-            done = warmup["tier"] == "full" and {"8", "16", "32"} <= set(warmup["prefills"])
-            return now if done else None
-
-        body = world.wait(topped_up, 60, "the worker's warm-up topped up to the full plan")
-        print(f"back at {reached:.0%}: warm-up {body['warmup']}")
-        assert body["layers_resident"] == body["layers_total"]
-        assert world.condition("gated", CONDITION_WARMUP_GATED)["reason"] == "FullWarmup"
