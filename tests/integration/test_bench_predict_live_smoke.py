@@ -2,6 +2,11 @@
 session's local cluster, real worker pods of a tiny random model and the operator of this checkout: the
 files exist and the figures hang together; a segment with no request is refused before any pod starts.
 
+Two of the three policies, each as small as it still means something: the fixed pool (one pod) and the
+predictive one, which runs the bench's emulated HPA too (reactive is that HPA without the operator's
+forecast: the same code paths, a third of the wall time).  All three, at full size, are the benchmark's
+own run (bench/results/predict-live.json, rendered by tests/unit/test_newcomer_cli.py).
+
 No timed assertions: the figures only have to exist and agree with each other.
 """
 
@@ -21,6 +26,7 @@ from warmpool_devcluster.testing import ClusterHandle
 pytestmark = pytest.mark.integration
 
 START = calendar.timegm((2023, 11, 16, 18, 0, 0, 0, 0, 0))  # a UTC minute boundary
+POLICIES = ("fixed", "predictive")
 
 
 def _trace(path: Path) -> None:
@@ -48,18 +54,24 @@ def test_live_replay_quick(cluster: ClusterHandle, tmp_path: Path) -> None:
     if cluster.name is None:
         pytest.skip("the live replay runs pods on the local cluster's real node")
     _trace(tmp_path / "trace.csv")
-    # Minutes 4-6 (idle, then the burst), 20 s of replay; minutes 0-3 seed the predictive pool's history.
+    # Minutes 4-6 (idle, then the burst), 20 s of replay: the emulated HPA syncs every 15 s.  Minutes 0-3
+    # seed the predictive pool's history, 8 steps of 5 s (a trace minute lasts 10 s); the replay starts on a
+    # step boundary, 2.5 s away on average.
     proc = _run(cluster, tmp_path, "--trace", str(tmp_path / "trace.csv"), "--segment-start", "4",
-                "--segment-minutes", "2", "--max-requests", "72", "--prime-seconds", "8")
+                "--segment-minutes", "2", "--max-requests", "48", "--prime-seconds", "8",
+                "--policies", ",".join(POLICIES), "--fixed-replicas", "1", "--predict-step-seconds", "5")
+    print(proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "results"
     result = json.loads((out / "smoke.json").read_text())
+    print(f"bench wall {result['wall_s']:.0f}s, per policy "
+          + ", ".join(f"{name} {figures['wall_s']:.0f}s" for name, figures in result["policies"].items()))
     assert result["benchmark"] == "predict-live" and result["mode"].startswith("sequential")
     assert (out / "smoke.png").stat().st_size > 10_000
     assert (out / "smoke.md").read_text().startswith("# warmpool bench predict --live")
     segment = result["segment"]
     assert segment["compression"] == 6 and 0 < segment["requests"] <= 24 and segment["seeded_requests_before"] > 0
-    assert set(result["policies"]) == {"fixed", "reactive", "predictive"} and not result["skipped"]
+    assert set(result["policies"]) == set(POLICIES) and not result["skipped"]
     for name, figures in result["policies"].items():
         assert figures["requests"] == segment["requests"], name  # every request was sent
         assert figures["served"] + figures["errors"] == figures["requests"], name
@@ -69,14 +81,17 @@ def test_live_replay_quick(cluster: ClusterHandle, tmp_path: Path) -> None:
         assert 0 < figures["ttft_p50_s"] <= figures["ttft_p95_s"], name
         assert figures["pod_seconds"] > 0 and figures["max_pods"] >= 1, name
         assert figures["cold_starts_s"] and all(c > 0 for c in figures["cold_starts_s"]), name
-    assert result["policies"]["fixed"]["pods_started"] == 0  # a fixed pool starts none
-    assert result["policies"]["reactive"]["hpa_decisions"], "the emulated HPA never synced"
-    predictive = result["policies"]["predictive"]
-    assert predictive["seeded_steps"] == 4  # trace minutes 0-3, one 10 s step each
-    # The seed was loaded: the operator held its 4 steps when the replay began (priming lasted 8 s, too
+    fixed, predictive = result["policies"]["fixed"], result["policies"]["predictive"]
+    assert fixed["pods_started"] == 0 and fixed["max_pods"] == 1  # a fixed pool starts none
+    assert predictive["hpa_decisions"], "the emulated HPA never synced"
+    # The target computable from these two, from the live figures.
+    warm_hit_points = result["targets"]["warm_hit_points_vs_fixed"]["value"]
+    assert warm_hit_points == pytest.approx(100 * (predictive["warm_hit_rate"] - fixed["warm_hit_rate"]))
+    assert predictive["seeded_steps"] == 8  # trace minutes 0-3, two 5 s steps each
+    # The seed was loaded: the operator held its 8 steps when the replay began (priming lasted 8 s, too
     # short to record that many steps itself), then added the replay's.
     samples = predictive["forecast_samples"]
-    assert samples and samples[0]["historySteps"] >= 4, samples[:3]
+    assert samples and samples[0]["historySteps"] >= 8, samples[:3]
     assert samples[-1]["historySteps"] > samples[0]["historySteps"], samples[-3:]
     offline = result["offline"]
     assert set(offline["policies"]) == set(result["policies"]) and offline["cold_start_s"] > 0

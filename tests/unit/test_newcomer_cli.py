@@ -98,8 +98,9 @@ def test_bench_render_names_what_is_wrong_in_one_line(tmp_path: Path) -> None:
 
 
 def test_bench_render_renders_every_kind_of_results_file_the_repository_holds(tmp_path: Path) -> None:
-    """`zero` once fell through to the scale renderer and died of a KeyError."""
-    for name in ("zero", "scale", "wake"):
+    """`zero` once fell through to the scale renderer and died of a KeyError.  `predict-live`: a full
+    three-policy live run (the live smoke test runs two policies, to stay short)."""
+    for name in ("zero", "scale", "wake", "predict-live"):
         copy = tmp_path / f"{name}.json"
         copy.write_text((REPO / "bench" / "results" / f"{name}.json").read_text())
         result = _warmpool("bench", "render", str(copy))
