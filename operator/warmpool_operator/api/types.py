@@ -1342,7 +1342,8 @@ class PodProgress(ApiObject):
     prefills_done: Annotated[int, Field(ge=0)] | None = None
     """Warm-up prefills done (at most prefillsPlanned)."""
     prefills_planned: Annotated[int, Field(ge=0)] | None = None
-    """Warm-up prefills its warm-up plan asked for."""
+    """Warm-up prefills its warm-up plan needs: a bucket whose latency settled early counts the
+    prefills it ran, the others what the plan asked for."""
     seconds_left: Annotated[int, Field(ge=0)] | None = None
     """Estimated seconds until warm: the pool's own median past cold start less this pod's time so
     far (unset: warm, failing, or no past cold start to go by)."""
