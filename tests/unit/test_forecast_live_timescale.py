@@ -157,6 +157,7 @@ async def test_the_fast_loop_asks_for_the_last_seconds_arrivals_when_the_forecas
         out = pool.step(spec, {}, [], cold_start_p95=None)
         assert out.wanted == 3  # ⌈5 req/s ÷ 1⌉ = 5, held to maxReplicas 3 (a reactive ask: not maxExtraReplicas)
         assert out.forecast is not None and out.forecast.predicted_rate is None  # no forecast behind it
+        assert "fast loop: 3 pods for 5 req/s over the last 10 s" in str(out.forecast.reason)
         # An autoscaler is the reactive loop: the operator's fast loop stays out of its way.
         hpa = {"metadata": {"managedFields": [{"manager": "kube-controller-manager", "subresource": "scale"}]}}
         assert pool.step(spec, hpa, [], cold_start_p95=None).wanted is None

@@ -361,6 +361,14 @@ class PoolForecast:
         capacity = runner.capacity.capacity_rps()
         made = scaling.predictive_decision(spec, prediction.p90 if prediction is not None else None,
                                            step_s, capacity, scaling.autoscaled(owner), at_zero)
+        # The fast loop beside it, where the operator owns replicas (an autoscaler is the reactive
+        # loop otherwise): pods for the last seconds' arrivals, for what the forecast missed.
+        arrived = runner.accumulator.arrivals_within(FAST_WINDOW_S, runner.clock())
+        fast = fast_ask(arrived, capacity) if predictive.enabled and not scaling.autoscaled(owner) else None
+        fast_wanted = min(fast, spec.pool.max_replicas) if fast is not None else None
+        forecast_count = made.predicted if made.predicted is not None else 0
+        fast_words = (f"fast loop: {fast_wanted} pods for {arrived / FAST_WINDOW_S:.3g} req/s over the last "
+                      f"{FAST_WINDOW_S:g} s" if fast_wanted is not None and fast_wanted > forecast_count else None)
         last = runner.last_closed
         report = forecast_report.report(
             enabled=predictive.enabled, loaded=runner.loaded, prediction=prediction, decision=made, lead=lead,
@@ -369,17 +377,12 @@ class PoolForecast:
             last_count=(last.observation.requests * (step_s // runner.step_s)
                         if last is not None and last.observation is not None else None),
             capacity_rps=capacity, last_problem=runner.last_problem, step_reason=runner.choice.reason,
-            history_step_s=runner.step_s)
+            history_step_s=runner.step_s, fast_loop=fast_words)
         out.forecast = report.forecast
         out.conditions.append((CONDITION_PREDICTIVE, report.verdict.status, report.verdict.reason,
                                report.verdict.message))
         acting = predictive.enabled and report.verdict.status == "True" and made.predicted is not None
         forecast_wanted = scaling.awake_wanted(spec, made) if acting else None
-        # The fast loop beside it, where the operator owns replicas (an autoscaler is the reactive
-        # loop otherwise): pods for the last seconds' arrivals, for what the forecast missed.
-        fast = (fast_ask(runner.accumulator.arrivals_within(FAST_WINDOW_S, runner.clock()), capacity)
-                if predictive.enabled and not scaling.autoscaled(owner) else None)
-        fast_wanted = min(fast, spec.pool.max_replicas) if fast is not None else None
         asks = [n for n in (forecast_wanted, fast_wanted) if n is not None]
         out.wanted = max(asks) if asks else None
         # A lower forecast lowers the pool only after a lead time (at least five forecast steps: at

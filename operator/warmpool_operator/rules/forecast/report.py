@@ -46,10 +46,12 @@ def _rate(count: float | None, step_s: int) -> float | None:
 
 def report(*, enabled: bool, loaded: bool, prediction: Prediction | None, decision: Decision | None,
            lead: LeadTime, step_s: int, history_steps: int, last_count: int | None, capacity_rps: float | None,
-           last_problem: str | None, step_reason: str | None = None, history_step_s: int | None = None) -> Report:
+           last_problem: str | None, step_reason: str | None = None, history_step_s: int | None = None,
+           fast_loop: str | None = None) -> Report:
     """status.forecast and the Predictive condition from this pass's forecast and decision
     (``step_s``: the forecast's step; ``step_reason``: why; ``history_step_s``: the history's
-    resolution, status.forecast.stepSeconds, when it differs)."""
+    resolution, status.forecast.stepSeconds, when it differs; ``fast_loop``: what the fast loop
+    beside the forecast asked for, when it asked for more)."""
     forecast = ForecastStatus(
         rate_now=_rate(last_count, step_s),
         predicted_rate=_rate(prediction.p90, step_s) if prediction is not None else None,
@@ -64,13 +66,13 @@ def report(*, enabled: bool, loaded: bool, prediction: Prediction | None, decisi
         desired_replicas=decision.replicas if decision is not None and decision.predicted is not None else None,
         history_steps=history_steps,
         step_seconds=history_step_s or step_s,
-        reason=_reason(prediction, decision, lead, step_s, capacity_rps, step_reason)[:1024],
+        reason=_reason(prediction, decision, lead, step_s, capacity_rps, step_reason, fast_loop)[:1024],
     )
     return Report(forecast, _verdict(enabled, loaded, prediction, decision, capacity_rps, last_problem))
 
 
 def _reason(prediction: Prediction | None, decision: Decision | None, lead: LeadTime, step_s: int,
-            capacity_rps: float | None, step_reason: str | None = None) -> str:
+            capacity_rps: float | None, step_reason: str | None = None, fast_loop: str | None = None) -> str:
     """What the policy expects next and why: the forecast (for which seconds ahead), the capacity per
     pod and the lead time it plans with, the pods that makes, then the forecaster's and the decision's
     own words, and last why the step is what it is."""
@@ -91,6 +93,8 @@ def _reason(prediction: Prediction | None, decision: Decision | None, lead: Lead
         parts.append(f"{prediction.model or 'no model'}: {prediction.reason}")
     if decision is not None:
         parts.append(decision.reason)
+    if fast_loop:
+        parts.append(fast_loop)
     if step_reason:
         parts.append(f"step: {step_reason}")
     return "; ".join(parts) or "no forecast yet"
