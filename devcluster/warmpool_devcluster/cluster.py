@@ -445,18 +445,7 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
     _start_controllers(state, root, binaries, spawn)
     _save_state(state)
     if state.node is not None:
-        node.write_node_kubeconfigs(root, state.apiserver_url,
-                                    lambda path, server, stem: _write_kubeconfig(path, server, pki, stem))
-        _log(f"real node starting: containerd, kubelet, kube-proxy on bridge {state.node.network.bridge} "
-             f"({state.node.network.pod_cidr})")
-        node.start_runtime(state.node, root, spawn)
-        _save_state(state)
-        node.start_agents(state.node, root, binaries, spawn)
-        _save_state(state)
-        node.wait_ready(state.node, root, lambda: _ready_nodes(name, NODE_NAME) >= 1)
-        _log("NetworkPolicy enforcer starting")
-        node.start_policy_enforcer(state.node, root, kubeconfig_path(name), spawn)
-        _save_state(state)
+        _start_real_node(state, state.node, root, binaries, spawn)
     if fake_nodes:
         _start_fake_nodes(state, binaries["kwok"], fake_nodes)
     _wait("the default service account", lambda: kubectl(
@@ -465,6 +454,23 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
     _log(f"cluster {name!r} is up in {time.monotonic() - started:.1f}s; "
          f"kubeconfig: {kubeconfig_path(name)}")
     return kubeconfig_path(name)
+
+
+def _start_real_node(state: ClusterState, real_node: node.NodeState, root: Path, binaries: dict[str, Path],
+                     spawn: Callable[[str, list[str]], int]) -> None:
+    """containerd, the kubelet and kube-proxy, then (once the node is Ready) the NetworkPolicy enforcer."""
+    node.write_node_kubeconfigs(root, state.apiserver_url,
+                                lambda path, server, stem: _write_kubeconfig(path, server, root / "pki", stem))
+    _log(f"real node starting: containerd, kubelet, kube-proxy on bridge {real_node.network.bridge} "
+         f"({real_node.network.pod_cidr})")
+    node.start_runtime(real_node, root, spawn)
+    _save_state(state)
+    node.start_agents(real_node, root, binaries, spawn)
+    _save_state(state)
+    node.wait_ready(real_node, root, lambda: _ready_nodes(state.name, NODE_NAME) >= 1)
+    _log("NetworkPolicy enforcer starting")
+    node.start_policy_enforcer(real_node, root, kubeconfig_path(state.name), spawn)
+    _save_state(state)
 
 
 def _real_node(name: str) -> tuple[ClusterState, node.NodeState]:
