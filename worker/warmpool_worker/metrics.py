@@ -177,7 +177,44 @@ class _SchedulingMetrics:
         self.batch_preemptions.inc()
 
 
-class WorkerMetrics(_SchedulingMetrics):
+class _WarmupPrefillMetrics:
+    """The warm-up's prefills per bucket (planned, needed once settled, done): part of
+    `WorkerMetrics`, which registers them (`_register_warmup_prefills`)."""
+
+    def _register_warmup_prefills(self, r: CollectorRegistry) -> None:
+        self.warmup_prefills = Counter(
+            METRIC_WARMUP_PREFILLS, "Warm-up prefills done per length bucket", [LABEL_BUCKET], registry=r
+        )
+        self.warmup_planned = Gauge(
+            METRIC_WARMUP_PLANNED,
+            "Warm-up prefills the current plan asks for per bucket",
+            [LABEL_BUCKET],
+            registry=r,
+        )
+        self.warmup_needed = Gauge(
+            METRIC_WARMUP_NEEDED,
+            "Warm-up prefills the current plan needs per bucket: a settled bucket's prefills until it settled",
+            [LABEL_BUCKET],
+            registry=r,
+        )
+
+    def set_planned(self, per_bucket: Mapping[int, int], settled: Mapping[int, int] | None = None) -> None:
+        """A new plan's prompts per bucket; `settled`: bucket -> prefills after which it settled."""
+        self.warmup_planned.clear()
+        self.warmup_needed.clear()
+        for bucket, count in per_bucket.items():
+            self.warmup_planned.labels(str(bucket)).set(count)
+            self.warmup_needed.labels(str(bucket)).set(min(count, (settled or {}).get(bucket, count)))
+
+    def bucket_settled(self, bucket: int, prefills: int) -> None:
+        """A bucket of the current plan settled after `prefills`: that is all it needs."""
+        self.warmup_needed.labels(str(bucket)).set(prefills)
+
+    def warmup_prefill_done(self, bucket: int) -> None:
+        self.warmup_prefills.labels(str(bucket)).inc()
+
+
+class WorkerMetrics(_SchedulingMetrics, _WarmupPrefillMetrics):
     """All the worker's series in one registry; methods named after what happened."""
 
     def __init__(self, process_start: float | None = None) -> None:
@@ -218,21 +255,7 @@ class WorkerMetrics(_SchedulingMetrics):
         )
         self.layers_resident = Gauge(METRIC_LAYERS_RESIDENT, "Decoder layers materialised", registry=r)
         self.layers_total = Gauge(METRIC_LAYERS_TOTAL, "Decoder layers in the model", registry=r)
-        self.warmup_prefills = Counter(
-            METRIC_WARMUP_PREFILLS, "Warm-up prefills done per length bucket", [LABEL_BUCKET], registry=r
-        )
-        self.warmup_planned = Gauge(
-            METRIC_WARMUP_PLANNED,
-            "Warm-up prefills the current plan asks for per bucket",
-            [LABEL_BUCKET],
-            registry=r,
-        )
-        self.warmup_needed = Gauge(
-            METRIC_WARMUP_NEEDED,
-            "Warm-up prefills the current plan needs per bucket: a settled bucket's prefills until it settled",
-            [LABEL_BUCKET],
-            registry=r,
-        )
+        self._register_warmup_prefills(r)
         self.layer_heat = Gauge(
             METRIC_LAYER_HEAT, "Per-layer heat (decayed access counts)", [LABEL_LAYER], registry=r
         )
@@ -391,21 +414,6 @@ class WorkerMetrics(_SchedulingMetrics):
     def set_layers(self, resident: int, total: int) -> None:
         self.layers_resident.set(resident)
         self.layers_total.set(total)
-
-    def set_planned(self, per_bucket: Mapping[int, int], settled: Mapping[int, int] | None = None) -> None:
-        """A new plan's prompts per bucket; `settled`: bucket -> prefills after which it settled."""
-        self.warmup_planned.clear()
-        self.warmup_needed.clear()
-        for bucket, count in per_bucket.items():
-            self.warmup_planned.labels(str(bucket)).set(count)
-            self.warmup_needed.labels(str(bucket)).set(min(count, (settled or {}).get(bucket, count)))
-
-    def bucket_settled(self, bucket: int, prefills: int) -> None:
-        """A bucket of the current plan settled after `prefills`: that is all it needs."""
-        self.warmup_needed.labels(str(bucket)).set(prefills)
-
-    def warmup_prefill_done(self, bucket: int) -> None:
-        self.warmup_prefills.labels(str(bucket)).inc()
 
     def set_heat(self, heat: Mapping[int, float]) -> None:
         for layer, value in heat.items():
