@@ -51,7 +51,7 @@ from warmpool_operator.rules.forecast.forecaster import (
 )
 from warmpool_operator.rules.forecast.history import PEAK_SUBSTEP_S, History, StepObservation, peak_of
 from warmpool_operator.rules.forecast.lengths import histogram
-from warmpool_operator.rules.forecast.timescale import StepChoice, choose_step, horizon_steps
+from warmpool_operator.rules.forecast.timescale import StepChoice, choose_step
 
 from warmpool_bench.coldstart import machine_info
 from warmpool_bench.predict_inputs import MeasuredInputs, PodMemory
@@ -173,7 +173,7 @@ def run_predict(trace: Trace, settings: PredictBenchSettings) -> tuple[dict[str,
         "settings": {**_settings_json(settings), "fixed_replicas_used": fixed_pool_size(trace, settings),
                      "fixed_replicas_mean": fixed_pool_size(trace, settings, "mean"), "lull_s": LULL_S,
                      "step": asdict(step),
-                     "horizon_steps": list(horizon_steps(settings.scale_ups[0].lead_s, step.step_s))},
+                     "horizon_steps": list(horizons(settings.scale_ups[0].lead_s, step.step_s))},
         "scenarios": [],
     }
     result["machine"]["loadavg"] = loadavg_start

@@ -44,14 +44,6 @@ def fsync_dir(path: os.PathLike[str] | str) -> None:
         os.close(fd)
 
 
-def fsync_file(path: os.PathLike[str] | str) -> None:
-    fd = os.open(path, os.O_RDONLY)  # fsync through a read-only descriptor flushes the file's data too
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def verify(sha256: str, data: bytes) -> None:
     # The message never carries what the bytes did hash to, nor their length: a source that
     # a WarmModel names could otherwise read any endpoint back through the status, a hash at a time.

@@ -32,6 +32,8 @@ ALLOWED = {
     "ignore_aliases": "yaml's Dumper calls it",
     "_check_rules": "a pydantic model validator",
     # Called only from tests today, and kept on purpose (each says why):
+    "choose_step": "the replay's step choice from arrival times (bench predict), kept beside the operator's "
+                   "choice from counts so that one module owns the rule",
     "round_up": "lengths.py's edges from the reader's side (a prompt length -> its bucket); the predictive "
                 "operator test reads a served request's bucket with it",
     "generated_histogram": "the forecast history's generated-token histogram, stored beside prompt_histogram",

@@ -14,7 +14,8 @@ from warmpool_operator.rules.forecast.baselines import (
     point_forecasts,
 )
 from warmpool_operator.rules.forecast.evaluation import Scoreboard, pinball, quantile_loss
-from warmpool_operator.rules.forecast.features import as_series
+
+from tests.support.series import as_series
 
 pytestmark = pytest.mark.unit
 

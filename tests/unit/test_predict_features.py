@@ -11,12 +11,13 @@ import pytest
 from warmpool_operator.rules.forecast.features import (
     FeatureConfig,
     FeatureSet,
-    as_series,
     feature_matrix,
     feature_set,
     latest_row,
     training_rows,
 )
+
+from tests.support.series import as_series
 
 pytestmark = pytest.mark.unit
 

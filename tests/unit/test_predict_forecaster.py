@@ -7,10 +7,12 @@ import math
 
 import numpy as np
 import pytest
-from warmpool_operator.rules.forecast.features import FeatureConfig, as_series
+from warmpool_operator.rules.forecast.features import FeatureConfig
 from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig
 from warmpool_operator.rules.forecast.history import History, StepObservation
 from warmpool_operator.rules.forecast.quantile_model import QuantileModelConfig, train
+
+from tests.support.series import as_series
 
 pytestmark = pytest.mark.unit
 

@@ -8,10 +8,10 @@ import pytest
 from warmpool_bench.predict_policies import BurstPredictive, FastLoopSettings, HpaSettings, Predictive, Reactive
 from warmpool_bench.predict_sim import PoolConfig, ServiceModel, Simulation
 from warmpool_bench.predict_trace import TraceRequest
-from warmpool_operator.rules.forecast.decision import PredictiveSpec
+from warmpool_operator.rules.forecast.decision import PredictiveSpec, horizons
 from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig
 from warmpool_operator.rules.forecast.history import History, HistoryLimits
-from warmpool_operator.rules.forecast.timescale import bursts, choose_step, horizon_steps
+from warmpool_operator.rules.forecast.timescale import bursts, choose_step
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +59,7 @@ def test_steady_traffic_has_no_bursts_and_keeps_the_longest_step() -> None:
                                                              (30.0, 10, (4,)), (45.0, 60, (1, 2))])
 def test_the_horizon_covers_the_pools_p95_cold_start(cold_p95_s: float, step_s: int,
                                                      wanted: tuple[int, ...]) -> None:
-    steps = horizon_steps(cold_p95_s, step_s)
+    steps = horizons(cold_p95_s, step_s)
     assert steps == wanted
     assert (steps[0] - 1) * step_s <= cold_p95_s < steps[0] * step_s  # the step a pod asked now is warm in
     assert steps[-1] * step_s >= cold_p95_s + step_s  # and one step beyond it

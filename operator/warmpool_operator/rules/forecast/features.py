@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,11 +74,6 @@ def feature_set(config: FeatureConfig, history_steps: int, companion: bool = Fal
     return FeatureSet(window=config.window, long_window=config.long_window,
                       time_of_day=history_steps >= config.time_of_day_min_steps,
                       day_of_week=history_steps >= config.day_of_week_min_steps, companion=companion)
-
-
-def as_series(values: Sequence[float | None]) -> FloatArray:
-    """Counts with None as NaN."""
-    return np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
 
 
 def feature_matrix(series: FloatArray, first_step: int, horizon: int, features: FeatureSet,

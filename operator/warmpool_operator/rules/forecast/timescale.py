@@ -28,8 +28,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from warmpool_operator.rules.forecast.decision import horizons
-
 #: Steps a forecast may use: each divides a minute (and so an hour slot).
 ALLOWED_STEPS_S = (5, 10, 15, 20, 30, 60)
 
@@ -150,7 +148,3 @@ def choose_step_from_counts(counts: Sequence[int | None], history_step_s: int,
     return step_for_bursts(found, steps_over(history_step_s),
                            f"no {history_step_s} s step with ≥ {burst_factor:g}x the mean rate")
 
-
-def horizon_steps(cold_start_p95_s: float, step_s: int) -> tuple[int, ...]:
-    """The steps ahead to forecast: those covering one p95 cold start from now, and one step beyond."""
-    return horizons(cold_start_p95_s, step_s)
