@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -149,15 +150,14 @@ def test_an_images_packages_alone_import_and_run(side: str, tmp_path: Path) -> N
         f"assert sys.modules['warmpool'].__file__.startswith({str(tmp_path)!r})\n"
         f"print(sorted(n for n in sys.modules if n.split('.')[0] in {NOT_PRODUCT!r}))\n"
     )
-    run = [sys.executable, "-S", "-c", probe]
-    loaded = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    runs = [[sys.executable, "-S", "-c", probe], [sys.executable, "-S", "-m", "warmpool", side, "--help"],
+            [sys.executable, "-S", "-m", "warmpool", "demo"]]
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:  # independent: side by side
+        loaded, command, demo = pool.map(lambda run: subprocess.run(run, env=env, cwd=tmp_path, capture_output=True,
+                                                                    text=True, timeout=120), runs)
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.strip() == "[]"
-    command = subprocess.run([sys.executable, "-S", "-m", "warmpool", side, "--help"], env=env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=120)
     assert command.returncode == 0 and f"usage: warmpool {side}" in command.stdout, command.stderr
-    demo = subprocess.run([sys.executable, "-S", "-m", "warmpool", "demo"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
     assert demo.returncode == 2 and "a developer tool, not in this install" in demo.stderr, demo.stderr
 
 

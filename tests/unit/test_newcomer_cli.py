@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,12 @@ REPO = Path(__file__).resolve().parents[2]
 def _warmpool(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "warmpool", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120, env=env)
+
+
+def _warmpool_each(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """Independent `warmpool` commands side by side (each a second of interpreter start), in order."""
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        return list(pool.map(lambda args: _warmpool(*args), commands))
 
 
 def test_warmpool_version_and_the_usage_names_it(capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,27 +90,26 @@ def _one_line_error(result: subprocess.CompletedProcess[str], rc: int, *phrases:
 
 
 def test_bench_render_names_what_is_wrong_in_one_line(tmp_path: Path) -> None:
-    _one_line_error(_warmpool("bench", "render", str(tmp_path / "missing.json")), 1,
-                    "missing.json: No such file or directory")
     (tmp_path / "garbage.json").write_text("not json")
-    _one_line_error(_warmpool("bench", "render", str(tmp_path / "garbage.json")), 1, "is not a results file")
     (tmp_path / "list.json").write_text("[1, 2]")
-    _one_line_error(_warmpool("bench", "render", str(tmp_path / "list.json")), 1, "a JSON object, this one a list")
     (tmp_path / "unknown.json").write_text(json.dumps({"benchmark": "nope"}))
-    _one_line_error(_warmpool("bench", "render", str(tmp_path / "unknown.json")), 1, "'nope', not one of")
     (tmp_path / "partial.json").write_text(json.dumps({"benchmark": "coldstart"}))
-    _one_line_error(_warmpool("bench", "render", str(tmp_path / "partial.json")), 1,
-                    "is not a complete coldstart results file")
+    expected = {"missing": "missing.json: No such file or directory", "garbage": "is not a results file",
+                "list": "a JSON object, this one a list", "unknown": "'nope', not one of",
+                "partial": "is not a complete coldstart results file"}
+    results = _warmpool_each(*(("bench", "render", str(tmp_path / f"{name}.json")) for name in expected))
+    for result, phrase in zip(results, expected.values(), strict=True):
+        _one_line_error(result, 1, phrase)
     assert not (tmp_path / "partial.md").exists()
 
 
 def test_bench_render_renders_every_kind_of_results_file_the_repository_holds(tmp_path: Path) -> None:
     """`zero` once fell through to the scale renderer and died of a KeyError.  `predict-live`: a full
     three-policy live run (the live smoke test runs two policies, to stay short)."""
-    for name in ("zero", "scale", "wake", "predict-live"):
-        copy = tmp_path / f"{name}.json"
-        copy.write_text((REPO / "bench" / "results" / f"{name}.json").read_text())
-        result = _warmpool("bench", "render", str(copy))
+    copies = [tmp_path / f"{name}.json" for name in ("zero", "scale", "wake", "predict-live")]
+    for copy in copies:
+        copy.write_text((REPO / "bench" / "results" / copy.name).read_text())
+    for copy, result in zip(copies, _warmpool_each(*(("bench", "render", str(copy)) for copy in copies)), strict=True):
         assert result.returncode == 0, result.stderr
         assert copy.with_suffix(".md").read_text().startswith("# ")
 
