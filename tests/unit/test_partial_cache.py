@@ -21,7 +21,8 @@ from warmpool.fill_progress import (
 pytestmark = pytest.mark.unit
 
 BS = 4096
-FAST = PartialCacheConfig(timeout_s=0.5, poll_s=0.01)
+#: The bound of the waits that must run out (each test waits it out: short).
+FAST = PartialCacheConfig(timeout_s=0.1, poll_s=0.01)
 
 
 def _view(tmp_path: Path, present: tuple[tuple[int, int], ...], state: str = "filling",
@@ -39,7 +40,7 @@ def test_a_directory_without_a_record_is_a_complete_checkpoint(tmp_path: Path) -
 
 
 def test_the_directory_must_appear_within_the_bound(tmp_path: Path) -> None:
-    with pytest.raises(PartialCacheError, match=r"did not appear within 0\.5s"):
+    with pytest.raises(PartialCacheError, match=r"did not appear within 0\.1s"):
         PartialCache.open(tmp_path / "partial" / "abc", FAST)
 
 
@@ -52,7 +53,7 @@ def test_a_listed_range_returns_at_once_and_a_missing_one_times_out_naming_it(tm
     gate.wait(link / "model.safetensors", 0, BS, "the header")
     gate.wait_file(link / "config.json", "a model file")
     with pytest.raises(PartialCacheError, match=r"model.safetensors: layer 3: tensor 'w' \(bytes 4096..8193\): "
-                                               r"2 block\(s\) still missing after 0\.5s"):
+                                               r"2 block\(s\) still missing after 0\.1s"):
         gate.wait(link / "model.safetensors", BS, 2 * BS + 1, "layer 3: tensor 'w'")
 
 
