@@ -463,42 +463,6 @@ def test_an_agent_kept_out_of_a_namespaces_secrets_says_so_in_the_warmmodels_sta
         cluster.kubectl("delete", PLURAL, "from-s3", "-n", namespace, "--wait=false", check=False)
 
 
-def test_the_activator_changes_only_its_own_held_annotation(cluster: ClusterHandle, namespace: str, crd: str,
-                                                            release: Release) -> None:
-    """Its token is bound to its pod (as a Deployment pod's is): the policy reads the pod's name
-    from it, so one replica cannot touch another's count, nor anything else of the WarmModel."""
-    sa = release.sa("-activator")
-    pod = pod_on_the_kwok_node(cluster, namespace, "activator-0", sa)
-    activator = As(cluster, token(cluster, namespace, sa, pod))
-    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps({
-        "apiVersion": API_GROUP_VERSION, "kind": KIND, "metadata": {"name": "m"},
-        "spec": {"model": {"hostPath": {"path": "/models/m"}}, "pool": {"replicas": 0, "minWarm": 0,
-                                                                        "scaleToZero": {"afterIdleSeconds": 60}}}}))
-    path = f"/apis/{API_GROUP_VERSION}/namespaces/{namespace}/{PLURAL}/m"
-
-    def patch(body: dict[str, Any]) -> tuple[bool, str]:
-        return activator._send("PATCH", path, body, "application/merge-patch+json")
-
-    def anothers_count() -> tuple[bool, str]:
-        allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-1"): "1 1"}}})
-        if allowed:  # not enforced yet: undone
-            patch({"metadata": {"annotations": {held_annotation("activator-1"): None}}})
-        return allowed, out
-
-    _, refused = active(anothers_count, "another replica's held annotation")
-    assert "may change only its own annotation" in refused, refused
-    allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-0"): held_value(3, time.time())}}})
-    assert allowed, out
-    allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-0"): None}}})
-    assert allowed, out
-    allowed, out = patch({"spec": {"pool": {"replicas": 3}}})
-    assert not allowed and "may not change a WarmModel's spec" in out, out
-    allowed, out = patch({"metadata": {"labels": {"team": "x"}}})
-    assert not allowed, out
-    live = json.loads(cluster.kubectl("get", PLURAL, "m", "-n", namespace, "-o", "json").stdout)
-    assert live["spec"]["pool"]["replicas"] == 0 and not (live["metadata"].get("annotations") or {})
-
-
 # --------------------------------------------------------------------------- on an API server alone
 #
 # The rules below need no node: the chart's identities, RBAC and policies on a private API server
@@ -874,6 +838,41 @@ def test_no_service_account_of_the_chart_changes_an_owner_reference(api_server: 
         api_server.kubectl("delete", "node", AGENT_NODE, "--wait=false", check=False)
     live = json.loads(api_server.kubectl("get", "configmap", "theirs", "-n", ns, "-o", "json").stdout)
     assert "ownerReferences" not in live["metadata"]
+
+
+def test_the_activator_changes_only_its_own_held_annotation(api_server: ClusterHandle, api_release: Release) -> None:
+    """Its token is bound to its pod (as a Deployment pod's is): the policy reads the pod's name
+    from it, so one replica cannot touch another's count, nor anything else of the WarmModel.
+    (On the API server alone, as the held value's format rules below: on the suite's shared
+    real-node cluster this policy twice stayed unenforced for 90 s after the release was installed,
+    right after the agent's Secret test; see docs/reliability.md's known gaps.)"""
+    ns = api_release.namespace
+    warmmodel(api_server, ns, "m")
+    pod = plain_pod(api_server, ns, "activator-0", sa=api_release.sa("-activator"))
+    activator = AsApi(api_server, token(api_server, ns, api_release.sa("-activator"), pod))
+    path = f"/apis/{API_GROUP_VERSION}/namespaces/{ns}/{PLURAL}/m"
+
+    def patch(body: dict[str, Any]) -> tuple[bool, str]:
+        return activator.send("PATCH", path, body)
+
+    def anothers_count() -> tuple[bool, str]:
+        allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-1"): "1 1"}}})
+        if allowed:  # not enforced yet: undone
+            patch({"metadata": {"annotations": {held_annotation("activator-1"): None}}})
+        return allowed, out
+
+    _, refused = active(anothers_count, "another replica's held annotation")
+    assert "may change only its own annotation" in refused, refused
+    allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-0"): held_value(3, time.time())}}})
+    assert allowed, out
+    allowed, out = patch({"metadata": {"annotations": {held_annotation("activator-0"): None}}})
+    assert allowed, out
+    allowed, out = patch({"spec": {"pool": {"replicas": 3}}})
+    assert not allowed and "may not change a WarmModel's spec" in out, out
+    allowed, out = patch({"metadata": {"labels": {"team": "x"}}})
+    assert not allowed, out
+    live = json.loads(api_server.kubectl("get", PLURAL, "m", "-n", ns, "-o", "json").stdout)
+    assert live["spec"]["pool"]["replicas"] == 1 and not (live["metadata"].get("annotations") or {})
 
 
 def test_the_activators_held_value_is_well_formed_bounded_and_not_ahead_of_the_api_server(
