@@ -141,6 +141,9 @@ def test_the_standby_pod_takes_over_when_the_leader_pod_is_deleted_or_killed(
         # other pod, by now a standby, takes over once the Lease expires.
         world.wait(lambda: len([p for p in operator.pods() if pod_ready(p)]) == 2, 120,
                    "a second operator pod Ready again (the Deployment replaced the deleted one)")
+        # Read again now that it is Ready: the leader may be the replacement pod, whose container had
+        # no ID yet when the Lease changed hands.
+        second = json.loads(world.kubectl("get", "pod", second["metadata"]["name"], "-o", "json"))
         (container,) = second["status"]["containerStatuses"]
         assert world.cluster.node is not None
         killed_holder, before = operator.holder(), operator.transitions()
