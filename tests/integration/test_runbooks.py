@@ -232,9 +232,13 @@ def _lease_held(runner: Runner, install: Install) -> bool:
     holder = got.stdout.strip()
     if got.returncode != 0 or not holder:
         return False
-    pods = runner.kubectl("get", "pods", "-n", install.namespace, "-l",
-                          f"app.kubernetes.io/instance={install.release},app.kubernetes.io/component=operator",
-                          "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+    listed = runner.kubectl("get", "pods", "-n", install.namespace, "-l",
+                            f"app.kubernetes.io/instance={install.release},app.kubernetes.io/component=operator",
+                            "-o", "json").stdout
+    # A terminating pod does not count: after a rollout the old leader holds the Lease until it exits,
+    # then gives it up, and a block run in that gap would find no holder.
+    pods = [pod["metadata"]["name"] for pod in json.loads(listed)["items"]
+            if "deletionTimestamp" not in pod["metadata"] and pod["status"].get("phase") == "Running"]
     return any(holder.startswith(pod + "-") for pod in pods)
 
 

@@ -455,7 +455,7 @@ def test_against_the_builtin_worker_as_engine(sidecars: list[SidecarProcess], tm
                              "--buckets", "8,16,32", "--prompts-per-bucket", "1", "--decode-tokens", "2")
     sidecars.append(sidecar)
     body = sidecar.wait_stage("waiting_engine")
-    wait_for("the prefetch", lambda: sidecar.readyz()[1]["prefetch"]["state"] == "done", 30)
+    wait_for("the prefetch", lambda: (sidecar.readyz()[1]["prefetch"] or {}).get("state") == "done", 30)
     prefetch = sidecar.readyz()[1]["prefetch"]
     after = resident_bytes(file_ranges(shards))
     assert before is not None and after is not None
@@ -524,7 +524,8 @@ def test_against_llama_cpp_server(sidecars: list[SidecarProcess], tmp_path: Path
         "--buckets", "32,128", "--prompts-per-bucket", "1", "--decode-tokens", "2", "--request-timeout", "120",
     )
     sidecars.append(sidecar)
-    wait_for("the prefetch", lambda: sidecar.readyz()[1]["prefetch"]["state"] == "done", 60)
+    # "prefetch" is null until the sidecar has read the weights' headers
+    wait_for("the prefetch", lambda: (sidecar.readyz()[1]["prefetch"] or {}).get("state") == "done", 60)
     after = resident_bytes(file_ranges([gguf]))
     prefetch = sidecar.readyz()[1]["prefetch"]
     print(f"llama.cpp GGUF page cache: {before} -> {after} bytes resident; prefetch {prefetch}")
