@@ -55,7 +55,8 @@ def try_create(cluster: ClusterHandle, namespace: str, body: dict[str, Any]) -> 
 def test_an_extra_host_path_outside_the_allowed_ones_is_refused_at_admission(api_server: ClusterHandle,
                                                                             release: Release) -> None:
     ns = release.namespace
-    admitted, out = active(lambda: try_create(api_server, ns, warmmodel("etc", ["/etc"])), "an extra hostPath /etc")
+    admitted, out = active(lambda: try_create(api_server, ns, warmmodel("etc", ["/etc"])), "an extra hostPath /etc",
+                           api_server)
     assert "spec.pod.extraVolumes: hostPath /etc is outside the directories the warmpool operator may mount" in out
     assert "operator.allowedHostPaths" in out and "/models" in out
     for path in ("/modelsX/a", "/var/lib/kubelet", "/data/x", "/scratchy"):  # by whole segments
@@ -71,14 +72,14 @@ def test_an_extra_host_path_on_the_block_cache_is_refused(api_server: ClusterHan
                                                           path: str) -> None:
     """/var/lib/warmpool is allowed, but it holds the cache (every tenant's models)."""
     _, out = active(lambda: try_create(api_server, release.namespace, warmmodel("cache", [path])),
-                           f"an extra hostPath {path}")
+                           f"an extra hostPath {path}", api_server)
     assert f"a hostPath may not be, lie in or hold the node's block cache ({CACHE_ROOT})" in out, out
 
 
 def test_an_update_that_adds_one_is_refused_and_one_that_leaves_the_spec_is_not(api_server: ClusterHandle,
                                                                                 release: Release) -> None:
     ns = release.namespace
-    active(lambda: try_create(api_server, ns, warmmodel("probe", ["/etc"])), "an extra hostPath /etc")
+    active(lambda: try_create(api_server, ns, warmmodel("probe", ["/etc"])), "an extra hostPath /etc", api_server)
     api_server.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(warmmodel("pool", ["/models/c"])))
     patch = json.dumps({"spec": {"pod": {"extraVolumes": [{"name": "root", "hostPath": {"path": "/root"}}]}}})
     refused = api_server.kubectl("patch", "wm", "pool", "-n", ns, "--type=merge", "-p", patch, check=False)
@@ -91,7 +92,7 @@ def test_the_models_own_host_path_is_left_to_the_operator(api_server: ClusterHan
     """spec.model.hostPath outside the prefixes is admitted: the operator refuses it (Degraded,
     HostPathNotAllowed, and the alert on it), as before; only extra volumes are checked here."""
     ns = release.namespace
-    active(lambda: try_create(api_server, ns, warmmodel("probe", ["/etc"])), "an extra hostPath /etc")
+    active(lambda: try_create(api_server, ns, warmmodel("probe", ["/etc"])), "an extra hostPath /etc", api_server)
     admitted, out = try_create(api_server, ns, warmmodel("model-etc", [], model_path="/etc/models"))
     assert admitted, out
 
@@ -107,7 +108,7 @@ def test_a_namespaced_release_checks_only_the_namespaces_it_watches(api_server: 
     values = {"watch": {"namespaces": [watched]}, "operator": {"allowedHostPaths": ["/data"]}}
     with installed(api_server, watched, tmp_path, values):
         _, out = active(lambda: try_create(api_server, watched, warmmodel("x", ["/models/x"], "/data/m")),
-                        "an extra hostPath /models/x in the watched namespace")
+                        "an extra hostPath /models/x in the watched namespace", api_server)
         assert "hostPath /models/x is outside" in out and "(/data;" in out, out
         admitted, out = try_create(api_server, other, warmmodel("x", ["/models/x"], "/data/m"))
         assert admitted, out
