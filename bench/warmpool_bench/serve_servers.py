@@ -8,9 +8,10 @@
   it instead of cutting the running one short (its default);
 * ``llama_server``: llama.cpp's own C++ server binary (``llama-server``), the honest peer of
   continuous batching: ``--parallel N`` slots batched together every step (``--cont-batching``),
-  N matching the level's concurrency, so it is restarted per level.  The project does not build
-  it (llama-cpp-python ships the library, not the binary): the bench uses the one named by
-  ``--llama-server`` / $WARMPOOL_LLAMA_SERVER / ``llama-server`` on PATH, and reports it absent
+  N matching the level's concurrency, so it is restarted per level.  llama-cpp-python ships the
+  library, not the binary: ``make llama-server`` builds it from the llama.cpp its sdist vendors
+  (`llama_server_build`).  The bench uses the one named by ``--llama-server``, else
+  $WARMPOOL_LLAMA_SERVER, else that build, else ``llama-server`` on PATH, and reports it absent
   otherwise.
 
 Both get the same torch/ggml thread count.  Every wait is bounded.
@@ -30,6 +31,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from warmpool_bench.llama_server_build import QUANTIZE, cached_llama_server
 
 HOST = "127.0.0.1"
 #: The packaged llama.cpp server's parallel slots (see the module docstring).
@@ -125,22 +128,34 @@ def start_llama_cpp(gguf: Path, work: Path, threads: int, context: int, timeout_
 
 
 def find_llama_server(explicit: Path | None) -> Path:
-    """The llama-server binary: `explicit`, else $WARMPOOL_LLAMA_SERVER, else `llama-server` on PATH.
-    Raises FileNotFoundError naming every place looked at."""
+    """The llama-server binary: `explicit`, else $WARMPOOL_LLAMA_SERVER, else `make llama-server`'s
+    build for this venv's llama-cpp-python, else `llama-server` on PATH.  Raises FileNotFoundError
+    naming every place looked at."""
     candidates: list[tuple[str, str | None]]
     if explicit is not None:
         candidates = [(f"--llama-server {explicit}", str(explicit))]
     else:
         from_env = os.environ.get(LLAMA_SERVER_ENV)
+        built = cached_llama_server()
         candidates = [(f"${LLAMA_SERVER_ENV}={from_env}" if from_env else f"${LLAMA_SERVER_ENV} (unset)", from_env),
+                      ("`make llama-server`'s build (none)" if built is None else f"{built}",
+                       None if built is None else str(built)),
                       (f"{LLAMA_SERVER_BINARY} on PATH", shutil.which(LLAMA_SERVER_BINARY))]
     for _where, path in candidates:
         if path and Path(path).is_file() and os.access(path, os.X_OK):
             return Path(path)
     looked = ", ".join(where for where, _ in candidates)
     raise FileNotFoundError(
-        f"no llama-server binary ({looked}): this checkout builds none (llama-cpp-python ships libllama, not "
-        "the server binary); build llama.cpp's `llama-server` target and pass --llama-server PATH")
+        f"no llama-server binary ({looked}): build it with `make llama-server` (from the llama.cpp that "
+        "llama-cpp-python's sdist vendors), or pass --llama-server PATH")
+
+
+def find_llama_quantize(server: Path) -> Path:
+    """llama-quantize beside the llama-server binary (`make llama-server` builds both into one folder)."""
+    quantize = server.parent / QUANTIZE
+    if not (quantize.is_file() and os.access(quantize, os.X_OK)):
+        raise FileNotFoundError(f"no {QUANTIZE} beside {server} (`make llama-server` builds both)")
+    return quantize
 
 
 def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, parallel: int,
@@ -180,8 +195,12 @@ def worker_figures(server: Server) -> dict[str, float]:
 
 
 def describe_gguf(gguf: Path) -> dict[str, object]:
-    """What llama.cpp runs: the file and its weights' quantisation (from its name)."""
-    return {"path": str(gguf), "bytes": gguf.stat().st_size, "quantisation": gguf.stem.rsplit(".", 1)[-1]}
+    """What llama.cpp runs: the file, its weights' quantisation (from its name) and the ggml type
+    of every tensor (what the file really holds)."""
+    from warmpool_bench.serve_gguf import tensor_types
+
+    return {"path": str(gguf), "bytes": gguf.stat().st_size, "quantisation": gguf.stem.rsplit(".", 1)[-1],
+            "tensor_types": tensor_types(gguf)}
 
 
 def dumps(value: object) -> str:

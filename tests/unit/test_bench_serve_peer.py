@@ -12,6 +12,7 @@ import pytest
 from warmpool_bench.serve import ServeSettings, run_serve
 from warmpool_bench.serve_report import render_serve, scaling_table
 from warmpool_bench.serve_servers import LLAMA_SERVER_ENV, find_llama_server, llama_server_command
+from warmpool_dev.paths import ENV_CACHE_DIR
 from warmpool_dev.testing_models import build_tokenizer_json
 
 pytestmark = pytest.mark.unit
@@ -29,6 +30,7 @@ def no_llama_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.delenv(LLAMA_SERVER_ENV, raising=False)
+    monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path / "cache"))  # no `make llama-server` build either
 
 
 def test_absent_binary_names_every_place_looked(no_llama_server: None) -> None:
@@ -36,7 +38,8 @@ def test_absent_binary_names_every_place_looked(no_llama_server: None) -> None:
         find_llama_server(None)
     message = str(error.value)
     assert f"${LLAMA_SERVER_ENV} (unset)" in message and "llama-server on PATH" in message
-    assert "builds none" in message and "--llama-server PATH" in message
+    assert "`make llama-server`'s build (none)" in message
+    assert "build it with `make llama-server`" in message and "--llama-server PATH" in message
 
 
 def test_explicit_env_and_path_lookups(tmp_path: Path, no_llama_server: None, monkeypatch: pytest.MonkeyPatch) -> None:
