@@ -5,11 +5,14 @@ Per server and concurrency level, from the requests' token timestamps:
 * ``throughput_tok_s``: output tokens / wall time of the level (first send -> last token);
 * ``steady_tok_s``: output tokens / time, counted only while every client was active (from
   the last client's first send to the first client's last token): the batch at full width;
-* TTFT (send -> first token) and TPOT (mean gap between the following tokens), p50 and p95.
+* TTFT (send -> first token) and TPOT (mean gap between the following tokens), p50 and p95;
+* TBT, time between tokens: every gap between two consecutive tokens of one request, pooled over
+  the level's requests, p50 and p95 (a decode stalled behind someone's prefill shows here, where a
+  request's mean, TPOT, averages it away).
 
 Targets (never asserted anywhere; met or missed is reported): at 12 concurrent, steady decode
-throughput >= 4x a single request's (the level-1 figure), and TTFT p95 <= 3x the level-1 TTFT
-p50.
+throughput >= 4x a single request's (the level-1 figure), TTFT p95 <= 2.5x the level-1 TTFT
+p50, and TBT p95 <= 1.5x the level-1 TBT p95.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from warmpool_bench.stats import median, percentile, ratio
 
 TARGET_CONCURRENCY = 12
 TARGET_THROUGHPUT_RATIO = 4.0
-TARGET_TTFT_RATIO = 3.0
+TARGET_TTFT_RATIO = 2.5
+TARGET_TBT_RATIO = 1.5
 
 
 def level_figures(timings: Sequence[RequestTiming], wall_s: float, concurrency: int) -> dict[str, Any]:
@@ -42,6 +46,7 @@ def level_figures(timings: Sequence[RequestTiming], wall_s: float, concurrency: 
             steady = inside / (end - start)
     ttft = [t.ttft_s for t in done]
     tpot = [t.tpot_s for t in done]
+    tbt = [later - earlier for t in done for earlier, later in zip(t.token_times, t.token_times[1:], strict=False)]
     return {
         "concurrency": concurrency,
         "requests": len(timings),
@@ -55,6 +60,8 @@ def level_figures(timings: Sequence[RequestTiming], wall_s: float, concurrency: 
         "ttft_p95_s": percentile(ttft, 95),
         "tpot_p50_s": median(tpot),
         "tpot_p95_s": percentile(tpot, 95),
+        "tbt_p50_s": median(tbt),
+        "tbt_p95_s": percentile(tbt, 95),
     }
 
 
@@ -80,11 +87,14 @@ def judge(levels: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     single = alone["steady_tok_s"] or alone["throughput_tok_s"]
     throughput = ratio(wide["steady_tok_s"] or wide["throughput_tok_s"], single)
     ttft = ratio(wide["ttft_p95_s"], alone["ttft_p50_s"])
+    tbt = ratio(wide.get("tbt_p95_s"), alone.get("tbt_p95_s"))
     return {
         "throughput_ratio": throughput,
         "throughput_met": None if throughput is None else throughput >= TARGET_THROUGHPUT_RATIO,
         "ttft_p95_ratio": ttft,
         "ttft_met": None if ttft is None else ttft <= TARGET_TTFT_RATIO,
+        "tbt_p95_ratio": tbt,
+        "tbt_met": None if tbt is None else tbt <= TARGET_TBT_RATIO,
     }
 
 
@@ -119,8 +129,8 @@ def render_serve(result: Mapping[str, Any]) -> str:
             lines += [f"Failed: {server['error']}", ""]
             continue
         lines += ["| concurrency | requests | tokens | throughput tok/s | steady tok/s | x single | "
-                  "TTFT p50 s | TTFT p95 s | TPOT p50 s | TPOT p95 s |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "TTFT p50 s | TTFT p95 s | TPOT p50 s | TPOT p95 s | TBT p95 s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         single = server["levels"].get("1", {})
         base = single.get("steady_tok_s") or single.get("throughput_tok_s")
         for level in server["levels"].values():
@@ -129,13 +139,14 @@ def render_serve(result: Mapping[str, Any]) -> str:
                 f"{_f(level['throughput_tok_s'], 1)} | {_f(level['steady_tok_s'], 1)} | "
                 f"{_f(ratio(level['steady_tok_s'] or level['throughput_tok_s'], base))} | "
                 f"{_f(level['ttft_p50_s'], 3)} | {_f(level['ttft_p95_s'], 3)} | {_f(level['tpot_p50_s'], 3)} | "
-                f"{_f(level['tpot_p95_s'], 3)} |")
+                f"{_f(level['tpot_p95_s'], 3)} | {_f(level.get('tbt_p95_s'), 3)} |")
         verdict = server["targets"]
         lines += ["", f"At {TARGET_CONCURRENCY} concurrent: steady throughput {_f(verdict.get('throughput_ratio'))}x "
                   f"a single request's (target >= {TARGET_THROUGHPUT_RATIO:g}x: "
                   f"{_met(verdict.get('throughput_met'))}); "
                   f"TTFT p95 {_f(verdict.get('ttft_p95_ratio'))}x TTFT alone (target <= {TARGET_TTFT_RATIO:g}x: "
-                  f"{_met(verdict.get('ttft_met'))}).", ""]
+                  f"{_met(verdict.get('ttft_met'))}); TBT p95 {_f(verdict.get('tbt_p95_ratio'))}x TBT p95 alone "
+                  f"(target <= {TARGET_TBT_RATIO:g}x: {_met(verdict.get('tbt_met'))}).", ""]
         if server.get("same_text"):
             same = server["same_text"]
             lines += [f"Greedy text equal to the same prompt served alone: {same['equal']}/{same['compared']}.", ""]
@@ -169,10 +180,35 @@ def scaling_table(servers: Mapping[str, Mapping[str, Any]]) -> list[str]:
              "| concurrency | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for c in levels:
         lines.append(f"| {c} | " + " | ".join(_f(by_server[name].get(c)) for name in names) + " |")
+    lines += _at_target_table(servers)
     absent = [f"{name}: {server['error']}" for name, server in servers.items() if "error" in server]
     if absent:
         lines += ["", "Not measured: " + "; ".join(absent)]
     return [*lines, ""]
+
+
+def _at_target_table(servers: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One row per measured server: its figures at 1 and at TARGET_CONCURRENCY and their ratios."""
+    rows = []
+    for name, server in servers.items():
+        levels = server.get("levels") or {}
+        alone, wide = levels.get("1"), levels.get(str(TARGET_CONCURRENCY))
+        if alone is None or wide is None:
+            continue
+        verdict = server.get("targets") or {}
+        rows.append(
+            f"| {name} | {_f(alone.get('steady_tok_s') or alone.get('throughput_tok_s'), 1)} | "
+            f"{_f(wide.get('steady_tok_s') or wide.get('throughput_tok_s'), 1)} | "
+            f"{_f(verdict.get('throughput_ratio'))} | {_f(alone.get('ttft_p50_s'), 3)} | "
+            f"{_f(wide.get('ttft_p95_s'), 3)} | {_f(verdict.get('ttft_p95_ratio'))} | "
+            f"{_f(alone.get('tbt_p95_s'), 3)} | {_f(wide.get('tbt_p95_s'), 3)} | {_f(verdict.get('tbt_p95_ratio'))} |")
+    if not rows:
+        return []
+    c = TARGET_CONCURRENCY
+    return ["", f"At 1 and {c} concurrent, side by side (each server against its own one request):", "",
+            f"| server | tok/s at 1 | tok/s at {c} | scaling 1 -> {c} | TTFT p50 alone s | TTFT p95 at {c} s | "
+            f"÷ alone | TBT p95 alone s | TBT p95 at {c} s | ÷ alone |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def plot_serve(result: Mapping[str, Any], path: Path) -> None:

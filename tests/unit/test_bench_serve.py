@@ -76,3 +76,30 @@ def test_the_client_talks_to_loopback_only() -> None:
     timing = RequestTiming(0, 0, 0, 0.0)
     with pytest.raises(ValueError, match="loopback"):
         stream_completion("http://10.0.0.1:8080", {"prompt": "x"}, timing, 1.0)
+
+
+def test_time_between_tokens_shows_a_stall_the_mean_hides() -> None:
+    stalled = RequestTiming(0, 0, 0, 0.0, [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 2.3, 3.3])  # two 1 s gaps
+    smooth = [_timing(1, 0, 0.0, 0.5, 0.1, 11)]
+    figures = level_figures([stalled, *smooth], wall_s=2.4, concurrency=2)
+    assert figures["tbt_p50_s"] == pytest.approx(0.1)
+    assert figures["tbt_p95_s"] > 0.5 > figures["tpot_p95_s"]  # the stalls, against its request's mean 0.28 s
+    alone = level_figures(smooth, wall_s=1.5, concurrency=1)
+    verdict = judge({"1": alone, "12": figures})
+    assert verdict["tbt_p95_ratio"] == pytest.approx(figures["tbt_p95_s"] / 0.1) and verdict["tbt_met"] is False
+
+
+def test_side_by_side_at_one_and_twelve() -> None:
+    from warmpool_bench.serve_report import scaling_table
+
+    def server(tok_s_12: float) -> dict[str, Any]:
+        levels = {"1": level_figures([_timing(0, 0, 0.0, 0.4, 0.05, 20)], 1.35, 1),
+                  "12": level_figures([_timing(i, 0, 0.0, 0.4, 0.05, 20) for i in range(12)], 1.35, 12)}
+        levels["12"]["steady_tok_s"] = tok_s_12
+        return {"levels": levels, "targets": judge(levels)}
+
+    lines = scaling_table({"warmpool": server(60.0), "llama_server_f32": server(30.0)})
+    header = next(line for line in lines if line.startswith("| server |"))
+    assert "scaling 1 -> 12" in header and "TBT p95 at 12 s" in header
+    rows = [line for line in lines if line.startswith(("| warmpool |", "| llama_server_f32 |"))]
+    assert len(rows) == 2 and "| 60.0 |" in rows[0] and "| 30.0 |" in rows[1]
