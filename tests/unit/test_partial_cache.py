@@ -3,6 +3,7 @@ files: a range already listed, one listed while it waits, and the three ways a w
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from pathlib import Path
@@ -86,3 +87,22 @@ def test_a_failed_fill_or_a_vanished_record_ends_the_wait_with_why(tmp_path: Pat
     progress_path(view).unlink()
     with pytest.raises(PartialCacheError, match="is gone before the revision was complete"):
         gate.wait(view / "model.safetensors", BS, 2 * BS, "layer 2")
+
+
+def test_the_view_stays_readable_while_the_fill_publishes_it(tmp_path: Path) -> None:
+    """The fill publishes by renaming the view and only then re-pointing the link: a worker reading
+    through the link would find nothing in that gap (it once failed on tokenizer.json there)."""
+    view = _view(tmp_path, ((0, 4),), state="published")
+    (view / "config.json").write_text("{}\n\n\n\n\n\n\n\n")  # the 10 bytes the record lists
+    (view / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}" + bytes(4 * BS - 10))
+    link = tmp_path / "partial-abc"
+    link.symlink_to(view)
+    gate = PartialCache.open(link, FAST)
+    assert gate is not None
+    final = tmp_path / "revisions" / "abc"
+    final.parent.mkdir()
+    view.rename(final)  # published; the link still names the old place
+    assert not link.exists()
+    gate.wait_openable(64)  # reads each header through the view itself
+    assert (gate.directory / "config.json").read_text() == "{}\n\n\n\n\n\n\n\n"
+    gate.wait(gate.directory / "model.safetensors", 0, 4 * BS, "layer 0")

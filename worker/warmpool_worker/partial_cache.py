@@ -55,10 +55,14 @@ class PartialCache:
 
     def __init__(self, model_dir: Path, view: Path, config: PartialCacheConfig) -> None:
         self.model_dir, self.view, self.config = model_dir, view, config
-        # The record is read through a descriptor of the view's directory, not its path: the fill
-        # publishes the view by renaming it (a pod's bind mount follows the inode the same way).
+        # The view is read through a descriptor of its directory, never through its path or the link:
+        # the fill publishes it by a rename and only then re-points the link, so for a moment the
+        # link names nothing (a pod's bind mount follows the inode the same way).
         self._view_fd = os.open(view, os.O_RDONLY | os.O_DIRECTORY)
-        self.record = progress_path(Path(f"/proc/self/fd/{self._view_fd}"))
+        #: The view's directory as this process reads it (through the descriptor): the model's files
+        #: are opened under it.
+        self.directory = Path(f"/proc/self/fd/{self._view_fd}")
+        self.record = progress_path(self.directory)
         self._last: FillProgress | None = None
         self._complete = False
         self._lock = threading.RLock()
@@ -106,17 +110,22 @@ class PartialCache:
             self._last = progress
         return progress
 
+    def shown(self, text: str) -> str:
+        """`text` (an error) naming the model's files as the worker was given them, not by descriptor."""
+        return text.replace(str(self.directory), str(self.model_dir))
+
     def _relative(self, path: Path) -> str:
-        try:
-            return path.relative_to(self.model_dir).as_posix()
-        except ValueError:
-            return path.relative_to(self.view).as_posix()
+        for base in (self.directory, self.model_dir):
+            if path.is_relative_to(base):
+                return path.relative_to(base).as_posix()
+        return path.relative_to(self.view).as_posix()
 
     def wait(self, path: Path, start: int, end: int, what: str) -> None:
         """Return once bytes [start, end) of `path` (a file under the model directory) are in place."""
         if self._complete or start >= end:
             return
         relative = self._relative(path)
+        path = self.model_dir / relative  # named as the worker was given it, not by its descriptor
         began = time.monotonic()
         deadline = began + self.config.timeout_s
         with self._lock:
@@ -155,7 +164,7 @@ class PartialCache:
         relative = self._relative(path)
         entry = (self._last.files.get(relative) if self._last is not None else None)
         if entry is None:
-            raise PartialCacheError(f"{path}: {what}: the fill's revision has no such file")
+            raise PartialCacheError(f"{self.model_dir / relative}: {what}: the fill's revision has no such file")
         self.wait(path, 0, entry.size, what)
 
     def wait_openable(self, digest_sample_bytes: int) -> None:
@@ -164,11 +173,11 @@ class PartialCache:
         files = dict(self._last.files) if self._last is not None else {}
         for relative in sorted(files):
             if not relative.endswith(WEIGHTS_SUFFIX):
-                self.wait_file(self.model_dir / relative, "a model file")
+                self.wait_file(self.directory / relative, "a model file")
         for relative, entry in sorted(files.items()):
             if not relative.endswith(WEIGHTS_SUFFIX) or entry.size < 8:
                 continue
-            path = self.model_dir / relative
+            path = self.directory / relative
             self.wait(path, 0, 8, "the safetensors header length")
             with path.open("rb") as handle:
                 (header_len,) = struct.unpack("<Q", handle.read(8))

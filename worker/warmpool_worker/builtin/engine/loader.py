@@ -71,7 +71,13 @@ def load_engine(model_dir: Path, device: str = "cpu", dtype: str | None = None,
     if fill is not None:
         fill.wait_openable(DIGEST_SAMPLE_BYTES)
         model_name = model_name or model_dir.name  # the view's own name carries the fill's lease version
-    checkpoint = open_checkpoint(model_dir, fill)
-    parsed = read_tokenizer(model_dir) if tokenizer is None else tokenizer.result()
+        try:  # through the view itself, whether or not the fill has published it meanwhile
+            checkpoint = open_checkpoint(fill.directory, fill)
+            parsed = read_tokenizer(fill.directory) if tokenizer is None else tokenizer.result()
+        except ModelLoadError as error:
+            raise type(error)(fill.shown(str(error))) from None
+    else:
+        checkpoint = open_checkpoint(model_dir, fill)
+        parsed = read_tokenizer(model_dir) if tokenizer is None else tokenizer.result()
     return LlamaEngine(checkpoint, parsed, device=device,
                        dtype=resolve_dtype(dtype, checkpoint.config, dev), model_name=model_name, **options)
