@@ -22,6 +22,7 @@ from warmpool_operator.io.watch_cache import Cache
 from warmpool_operator.io.worker_client import worker_url
 from warmpool_operator.model import Obj, Sample, Target
 from warmpool_operator.rules import gating
+from warmpool_operator.rules.node_health import ALL_HEALTHY, NodeHealth, lost_node_failure
 from warmpool_operator.rules.observation import PodObservation, pod_failure, pod_ready, pod_state
 from warmpool_operator.rules.ownership import deployment_pods
 from warmpool_operator.settings import OperatorConfig
@@ -120,9 +121,12 @@ def scrapeable(target: Target, pods: list[Obj], config: OperatorConfig) -> tuple
 
 
 async def observe(memory: ScrapeMemory, pods: list[Obj], target: Target, scheduler: ScrapeScheduler,
-                  config: OperatorConfig, tracing: Tracing) -> PoolPods:
-    """The pool's pods and their latest samples; what is stale is scraped now."""
+                  config: OperatorConfig, tracing: Tracing, nodes: NodeHealth = ALL_HEALTHY) -> PoolPods:
+    """The pool's pods and their latest samples; what is stale is scraped now, but for pods on a
+    lost node (their node marks them not Ready: scraping them now would only wait out the timeout
+    before the pass replaces them)."""
     refs, by_uid = scrapeable(target, pods, config)
+    lost = {ref.uid for ref in refs if nodes.pod_lost(ref.node)}
     port = target.spec.pod.port
     memory.urls = {ref.uid: worker_url(ref.ip, port, PATH_METRICS) for ref in refs}
     memory.readiness = {ref.uid: pod_ready(by_uid[ref.uid]) for ref in refs}
@@ -130,7 +134,7 @@ async def observe(memory: ScrapeMemory, pods: list[Obj], target: Target, schedul
         del memory.samples[uid]
     stale = {
         uid: link for uid, link in memory.urls.items()
-        if uid not in memory.samples or memory.samples[uid].ready != memory.readiness[uid]
+        if uid not in lost and (uid not in memory.samples or memory.samples[uid].ready != memory.readiness[uid])
     }
     if stale:
         with tracing.span(SPAN_SCRAPE, {"warmpool.pods": len(stale)}):
@@ -141,11 +145,15 @@ async def observe(memory: ScrapeMemory, pods: list[Obj], target: Target, schedul
     return PoolPods(refs=refs, pods=by_uid, samples=samples, readiness=dict(memory.readiness), fresh=fresh)
 
 
-def observations(pool: PoolPods, decisions: Mapping[str, gating.Decision]) -> list[PodObservation]:
-    """Every pod of the pool as status and scaling read it, with this pass's tier decisions."""
+def observations(pool: PoolPods, decisions: Mapping[str, gating.Decision],
+                 nodes: NodeHealth = ALL_HEALTHY) -> list[PodObservation]:
+    """Every pod of the pool as status and scaling read it, with this pass's tier decisions and
+    what its node's state means for it (rules/node_health.py)."""
     out: list[PodObservation] = []
     for uid, pod in pool.pods.items():
         meta = pod.get("metadata") or {}
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        lost = nodes.pod_lost(node)
         out.append(PodObservation(
             uid=uid,
             name=str(meta.get("name")),
@@ -153,7 +161,9 @@ def observations(pool: PoolPods, decisions: Mapping[str, gating.Decision]) -> li
             terminating=bool(meta.get("deletionTimestamp")),
             sample=pool.samples.get(uid),
             decision=decisions.get(uid),
-            failure=pod_failure(pod),
+            failure=lost_node_failure(node) if lost else pod_failure(pod),
             state=pod_state(pod),
+            node_lost=lost,
+            leaving=nodes.pod_leaving(node),
         ))
     return out

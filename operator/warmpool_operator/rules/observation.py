@@ -39,17 +39,29 @@ class PodObservation:
     #: The pod's own state as the kubelet reports it (a container's waiting reason, else the pod's
     #: phase): what its cold start shows before the worker reports anything.
     state: str = ""
+    #: Its node is lost (NotReady, Unknown, or tainted unreachable / not-ready: rules/node_health.py):
+    #: not warm, whatever it last said, and replaced at once.
+    node_lost: bool = False
+    #: Its node is cordoned (a drain): still serving, and replaced elsewhere before it is evicted.
+    leaving: bool = False
 
     @property
     def warm(self) -> bool:
-        """Verified warm: Ready *and* the worker's own metrics say warm (ready == 1)."""
+        """Verified warm: Ready *and* the worker's own metrics say warm (ready == 1), on a node
+        that is not lost."""
         return (
             self.ready
             and not self.terminating
+            and not self.node_lost
             and self.sample is not None
             and self.sample.ok
             and self.sample.ready
         )
+
+    @property
+    def replaced(self) -> bool:
+        """A pod the pool starts another one for: on a lost node, or on a cordoned one."""
+        return not self.terminating and (self.node_lost or self.leaving)
 
     @property
     def metrics_unavailable(self) -> bool:
@@ -64,7 +76,8 @@ class PodObservation:
     @property
     def warming(self) -> bool:
         """Ready, and the worker's own metrics say it is not warm yet (read, not guessed)."""
-        return self.ready and not self.terminating and not self.metrics_unavailable and not self.warm
+        return (self.ready and not self.terminating and not self.node_lost and not self.metrics_unavailable
+                and not self.warm)
 
 
 @dataclass

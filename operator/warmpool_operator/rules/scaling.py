@@ -29,6 +29,9 @@ class PodWarmth(Protocol):
     @property
     def warming(self) -> bool: ...
 
+    @property
+    def replaced(self) -> bool: ...
+
 
 def desired_replicas(spec: WarmModelSpec, extra: int = 0, at_zero: bool = False) -> int:
     """Pods to run: the asked-for replicas, at least minWarm, plus ``extra`` pods for ones that
@@ -49,15 +52,20 @@ def extra_from_live(spec: WarmModelSpec, live_replicas: int) -> int:
 
 
 def extra_pods(pods: Iterable[PodWarmth], min_warm: int) -> int:
-    """Pods to add above the asked-for replicas while fewer than ``min_warm`` are verified warm.
+    """Pods to add above the asked-for replicas: one for each pod on a lost or cordoned node
+    (rules/node_health.py), which the Deployment still counts while it is going; and, while fewer
+    than ``min_warm`` of the others are verified warm, one for each of them that is Ready but not.
 
-    Only pods whose own metrics say "not warm yet" count: a pod whose metrics cannot be read
+    Only pods whose own metrics say "not warm yet" count there: a pod whose metrics cannot be read
     is no reason to grow the pool (every new pod would be just as unreadable, and the pool
-    would grow to maxReplicas and never be Ready).
+    would grow to maxReplicas and never be Ready).  A replaced pod stops counting once it is
+    gone (evicted: terminating) or its node is back: the pool then scales down, coldest first
+    (the pod-deletion-cost the tiers step writes).
     """
     live = [p for p in pods if not p.terminating]
-    warm = sum(p.warm for p in live)
-    return max(0, min(min_warm - warm, sum(p.warming for p in live)))
+    staying = [p for p in live if not p.replaced]
+    warm = sum(p.warm for p in staying)
+    return max(0, min(min_warm - warm, sum(p.warming for p in staying))) + sum(p.replaced for p in live)
 
 
 def autoscaled(body: Mapping[str, Any]) -> bool:
