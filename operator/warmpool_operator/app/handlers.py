@@ -148,6 +148,7 @@ async def connect(memo: kopf.Memo, **_: Any) -> None:
     memo.registry.start_resync()
     memo.registry.start_activator_watch()
 
+    memo.registry.start_node_watch()
 
 @kopf.on.cleanup()
 async def disconnect(memo: kopf.Memo, **_: Any) -> None:

@@ -363,7 +363,8 @@ class Reconciler:
         refs, by_uid = observe.scrapeable(target, pods, config)  # held requests wait on pods routed: before the rest
         await zero_step.route_ready_first(shared.kube, self.cache, target, self.body, memory.children.settled,
                                           memory.zero, refs, by_uid, shared.activators)
-        pool = await observe.observe(memory.scrapes, pods, target, shared.scheduler, config, shared.tracing)
+        nodes = shared.nodes.health()  # pods on lost nodes are not warm, those on cordoned ones leaving
+        pool = await observe.observe(memory.scrapes, pods, target, shared.scheduler, config, shared.tracing, nodes)
         decisions = await tiers.decide_and_direct(memory.tiers, pool, target, self.body, memory.children.token,
                                                   shared.workers, config.ttl(), shared.tracing)
         if memory.tiers.token_refused:
@@ -373,7 +374,7 @@ class Reconciler:
                         target.namespace, target.name)
             memory.children.token = ""
             memory.tiers.token_refused = False
-        outcome.observations = observe.observations(pool, decisions)
+        outcome.observations = observe.observations(pool, decisions, nodes)
         for obs in outcome.observations:
             memory.cold.record(obs.uid, obs.sample)
         await tiers.annotate(shared.kube, target, pool, outcome.observations)

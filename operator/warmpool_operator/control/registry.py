@@ -16,7 +16,7 @@ import aiohttp
 
 from warmpool.contract.zero import LABEL_SERVICE_NAME
 from warmpool.kube import KubeError
-from warmpool_operator.control import resync
+from warmpool_operator.control import nodes, resync
 from warmpool_operator.control.reconciler import Reconciler
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.control.sleep_actions import PressureBoard
@@ -29,6 +29,7 @@ from warmpool_operator.io.watch_cache import Cache, model_key, uid_of, warmmodel
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.rules.control_token import KEY_BYTES
 from warmpool_operator.settings import OperatorConfig
+from warmpool_operator.rules.node_health import NodeBoard
 
 log = logging.getLogger("warmpool.operator")
 
@@ -65,10 +66,13 @@ class Registry:
     #: what every reconciler gets (made from the fields above)
     shared: Shared = field(init=False)
 
+    #: lost and cordoned nodes, from the Node watch (control/nodes.py)
+    nodes: NodeBoard = field(default_factory=NodeBoard)
+    node_watch: asyncio.Task[None] | None = None
     def __post_init__(self) -> None:
         self.shared = Shared(kube=self.kube, workers=self.workers, scheduler=self.scheduler, config=self.config,
                              tracing=self.tracing, board=self.board, forecasting=self.forecasting,
-                             control_key=self.control_key, activators=self.activators)
+                             control_key=self.control_key, activators=self.activators, nodes=self.nodes)
 
     def start_scheduler(self) -> None:
         if self.scheduling is None:
@@ -97,6 +101,18 @@ class Registry:
     def start_resync(self) -> None:
         if self.resyncing is None:
             self.resyncing = asyncio.create_task(self._resync_loop(self.config.resync_interval), name="resync")
+    def start_node_watch(self) -> None:
+        """Follow the Nodes: a node lost or cordoned wakes the pools with pods on it."""
+        if self.node_watch is None:
+            self.node_watch = asyncio.create_task(nodes.follow_nodes(self.kube, self.nodes, self.poke_pools_on),
+                                                  name="nodes")
+
+    def poke_pools_on(self, names: set[str]) -> None:
+        for key in nodes.pools_on(self.cache, names):
+            rec = self.by_key.get(key)
+            if rec is not None:
+                rec.poke()
+
 
     def saw(self, event_type: str | None, uid: str) -> None:
         """Note a watch event.  A listed object (type None) seen before means its watch broke and
@@ -190,7 +206,7 @@ class Registry:
             await rec.stop()
 
     async def close(self) -> None:
-        for task in (self.scheduling, self.resyncing, self.activator_watch):
+        for task in (self.scheduling, self.resyncing, self.activator_watch, self.node_watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

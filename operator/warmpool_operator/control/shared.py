@@ -23,6 +23,7 @@ from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.rules.control_token import KEY_BYTES
+from warmpool_operator.rules.node_health import NodeBoard
 from warmpool_operator.settings import OperatorConfig
 
 
@@ -45,3 +46,5 @@ class Shared:
     control_key: bytes = field(default_factory=lambda: secrets.token_bytes(KEY_BYTES))
     #: the activator's addresses, which the Services of scale-to-zero pools at zero list
     activators: ActivatorBoard = field(default_factory=ActivatorBoard)
+    #: which nodes are lost or cordoned, from the Node watch (control/nodes.py)
+    nodes: NodeBoard = field(default_factory=NodeBoard)
