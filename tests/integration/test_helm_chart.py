@@ -435,7 +435,7 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
                                         "namespace": "warmpool-system"}]
     (discovery,) = _not_activator(by_kind(namespaced, "ClusterRole"))
     assert {r for rule in discovery["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
-                                                                              "namespaces"}
+                                                                              "namespaces", "nodes"}
     args = _not_activator(by_kind(namespaced, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == [f"--namespace={ns}" for ns in watched]
     assert [a["metadata"]["name"] for a in by_kind(namespaced, "ServiceAccount")] == ["wp-warmpool-activator"]
@@ -460,7 +460,11 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
                                   "wp-warmpool-activator-callers"}
     # Cluster-wide kopf never lists namespaces: no rule for them.
     assert {r for rule in cluster_roles["wp-warmpool-discovery"]["rules"] for r in rule["resources"]} == {
-        "customresourcedefinitions"}
+        "customresourcedefinitions", "nodes"}
+    # Nodes read in either scope (node loss and drains, control/nodes.py), never written.
+    for roles in (_not_activator(by_kind(namespaced, "ClusterRole")), [cluster_roles["wp-warmpool-discovery"]]):
+        assert [r["verbs"] for role in roles for r in role["rules"] if "nodes" in r["resources"]] == [
+            ["get", "list", "watch"]]
     args = _not_activator(by_kind(wide, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args and not any(a.startswith("--namespace") for a in args)
     activator_args = _activator(wide, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -211,6 +211,7 @@ def test_install_run_rbac_warm_uninstall(
             ("patch", "pods", models_namespace, None),
             ("create", "events", models_namespace, None),
             ("watch", "customresourcedefinitions.apiextensions.k8s.io", None, None),
+            ("watch", "nodes", None, None),  # node loss and drains (control/nodes.py)
         ]
         # ... and no more.
         refused = [
@@ -225,7 +226,7 @@ def test_install_run_rbac_warm_uninstall(
             ("list", "warmmodels.warmpool.dev", "default", None),  # not a watched namespace
             ("get", "secrets", "kube-system", None),
             ("create", "deployments.apps", "default", None),
-            ("list", "nodes", None, None),
+            ("patch", "nodes", None, None),  # read, never written
             ("create", "clusterroles.rbac.authorization.k8s.io", None, None),
             ("create", "rolebindings.rbac.authorization.k8s.io", models_namespace, None),
             ("delete", "customresourcedefinitions.apiextensions.k8s.io", None, None),

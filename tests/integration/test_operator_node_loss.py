@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from kubernetes_asyncio import config
 from warmpool_devcluster import build
+from warmpool_devcluster.chart_values import render_only_set_flags
 from warmpool_devcluster.testing import ClusterHandle
 from warmpool_operator.control.nodes import follow_nodes
 from warmpool_operator.control.reconciler import Reconciler
@@ -41,6 +43,7 @@ from tests.support.control_doubles import Clock, ControlCluster, FakeWorkers, Wo
 from tests.support.controller_manager import controllers
 from tests.support.e2e import Operator, delete_warmmodels, model_root, warmmodel
 from tests.support.procs import free_port
+from tests.support.service_accounts import token_kubeconfig
 from warmpool.contract.api import PLURAL
 from warmpool.contract.pods import LABEL_MODEL
 
@@ -49,6 +52,7 @@ T = TypeVar("T")
 NAME = "nodeloss"
 #: Bounds that only catch a hang (the figures themselves are seconds).
 WITHIN_S = 30.0
+CHART = Path(__file__).resolve().parents[2] / "helm" / "warmpool"
 #: How long the played kubelet takes to call a new pod Ready: its cold start.
 COLD_START_S = 1.5
 #: Node loss to the replacements asked for: far below the 300 s the taint-based eviction waits.
@@ -118,6 +122,18 @@ async def test_a_lost_nodes_pods_are_not_warm_at_once_and_replaced_and_a_cordone
 
 
 @contextlib.contextmanager
+def account(cluster: ClusterHandle) -> Iterator[str]:
+    """A namespace of its own holding a ServiceAccount "operator" (deleted afterwards)."""
+    namespace = f"nodes-rbac-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    try:
+        cluster.kubectl("-n", namespace, "create", "serviceaccount", "operator")
+        yield namespace
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
 def own_nodes(cluster: ClusterHandle, count: int) -> Iterator[list[str]]:
     """``count`` Node objects of this test's own (cluster-scoped: deleted afterwards), Ready and
     untainted, as a kubelet and the node lifecycle controller leave a healthy node."""
@@ -170,41 +186,74 @@ async def test_the_node_watch_sees_a_node_lost_cordoned_and_back(api_server: Clu
         await kube.close()
 
 
-def restricted_kubeconfig(cluster: ClusterHandle, tmp_path: Path) -> tuple[Path, str]:
-    """A kubeconfig of a fresh ServiceAccount's token (a namespace of its own, no role at all): an
-    operator installed for some namespaces whose role grants nothing on Nodes."""
-    namespace = f"nodes-denied-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", namespace)
-    cluster.kubectl("-n", namespace, "create", "serviceaccount", "operator")
-    token = cluster.kubectl("-n", namespace, "create", "token", "operator", "--duration=10m").stdout.strip()
-    admin = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
-    restricted = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "restricted",
-        "clusters": admin["clusters"],
-        "users": [{"name": "restricted", "user": {"token": token}}],
-        "contexts": [{"name": "restricted",
-                      "context": {"cluster": admin["clusters"][0]["name"], "user": "restricted"}}],
-    }
-    path = tmp_path / "restricted.kubeconfig"
-    path.write_text(json.dumps(restricted))
-    return path, namespace
-
-
 @pytest.mark.integration
 async def test_an_operator_that_may_not_read_nodes_says_so_once_and_treats_them_as_healthy(
         api_server: ClusterHandle, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path, namespace = await asyncio.to_thread(restricted_kubeconfig, api_server, tmp_path)
-    kube = Kube(await config.new_client_from_config(config_file=str(path)))
-    board = NodeBoard(lost={"seen-before"})
-    try:
-        with caplog.at_level(logging.WARNING, logger="warmpool.operator"):
-            await asyncio.wait_for(follow_nodes(kube, board, lambda names: None), WITHIN_S)
-    finally:
-        await kube.close()
-        api_server.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    """An operator installed for some namespaces whose role grants nothing on Nodes (a fresh
+    ServiceAccount of its own, no binding at all)."""
+    with account(api_server) as namespace:
+        path = token_kubeconfig(api_server, "operator", namespace, tmp_path / "restricted.kubeconfig")
+        kube = Kube(await config.new_client_from_config(config_file=str(path)))
+        board = NodeBoard(lost={"seen-before"})
+        try:
+            with caplog.at_level(logging.WARNING, logger="warmpool.operator"):
+                await asyncio.wait_for(follow_nodes(kube, board, lambda names: None), WITHIN_S)
+        finally:
+            await kube.close()
     said = [r.getMessage() for r in caplog.records if "cannot read Nodes" in r.getMessage()]
     assert len(said) == 1 and "HTTP 403" in said[0] and "treated as healthy" in said[0], said
     assert not board.readable and board.health().lost == frozenset()
+
+
+def chart_cluster_rbac(release: str, namespace: str) -> list[dict[str, Any]]:
+    """The chart's cluster-scoped RBAC of the operator (a namespaced install, the default), as
+    rendered for ``release`` in ``namespace``, bound to that namespace's "operator" account."""
+    helm = build.ensure_binaries(["helm"])["helm"]
+    rendered = subprocess.run([str(helm), "template", release, str(CHART), "--namespace", namespace,
+                               "--show-only", "templates/rbac.yaml", "--kube-version", build.KUBERNETES_VERSION,
+                               *render_only_set_flags()],
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    found = [o for o in yaml.safe_load_all(rendered) if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding")
+             and o["metadata"]["name"].endswith("-discovery")]
+    assert len(found) == 2, [o["metadata"]["name"] for o in found]
+    for obj in found:
+        if obj["kind"] == "ClusterRoleBinding":
+            obj["subjects"] = [{"kind": "ServiceAccount", "name": "operator", "namespace": namespace}]
+    return found
+
+
+@pytest.mark.integration
+async def test_the_charts_rbac_lets_a_namespaced_operator_watch_the_nodes(
+        api_server: ClusterHandle, tmp_path: Path) -> None:
+    """The chart's grant, on the real API server's RBAC: what the Node watch reads, and nothing to write."""
+    release = f"nodes-{uuid.uuid4().hex[:6]}"
+    with account(api_server) as namespace, own_nodes(api_server, 1) as (name,):
+        rbac = chart_cluster_rbac(release, namespace)
+        api_server.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+        try:
+            path = token_kubeconfig(api_server, "operator", namespace, tmp_path / "chart.kubeconfig")
+            sa = f"system:serviceaccount:{namespace}:operator"
+            for verb, allowed in (("watch", "yes"), ("patch", "no")):
+                said = api_server.kubectl("auth", "can-i", verb, "nodes", f"--as={sa}", check=False).stdout.strip()
+                assert said == allowed, (verb, said)
+            kube = Kube(await config.new_client_from_config(config_file=str(path)))
+            board = NodeBoard()
+            watch = asyncio.create_task(follow_nodes(kube, board, lambda names: None))
+            try:
+                await asyncio.to_thread(set_node_ready, api_server, name, "False")
+                deadline = time.monotonic() + WITHIN_S
+                while name not in board.health().lost:
+                    assert board.readable and time.monotonic() < deadline, "the lost node never seen"
+                    await asyncio.sleep(0.05)
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+                await kube.close()
+        finally:
+            for obj in rbac:
+                api_server.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found",
+                                   check=False)
 
 
 # --------------------------------------------------------------------------- the operator, node loss and a drain
