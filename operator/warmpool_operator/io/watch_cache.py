@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from warmpool.contract.api import KIND
+from warmpool.contract.api import API_GROUP, KIND
 from warmpool.contract.pods import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from warmpool_operator.model import Obj
 
@@ -23,11 +23,21 @@ from warmpool_operator.model import Obj
 MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
 
 
+#: Annotations that repeat an object's content and that no pass reads: kubectl's copy of what was
+#: applied, and the essence kopf kept on WarmModels before it was kept in memory (app/kopf_state.py).
+UNREAD_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",
+                      f"{API_GROUP}/last-handled-configuration")
+
+
 def slim(body: Mapping[str, Any]) -> Obj:
-    """A copy without ``managedFields`` (the largest part of an object, never read here)."""
+    """A copy without ``managedFields`` (the largest part of an object, never read here) and the
+    annotations that only repeat its content (UNREAD_ANNOTATIONS)."""
     out = dict(body)
     meta = dict(out.get("metadata") or {})
     meta.pop("managedFields", None)
+    annotations = meta.get("annotations")
+    if annotations and any(key in annotations for key in UNREAD_ANNOTATIONS):
+        meta["annotations"] = {k: v for k, v in annotations.items() if k not in UNREAD_ANNOTATIONS}
     out["metadata"] = meta
     return out
 
