@@ -34,6 +34,7 @@ import kopf
 from warmpool.contract.api import API_GROUP, API_VERSION, OPERATOR_FINALIZER, PLURAL
 from warmpool.contract.pods import MANAGED_BY
 from warmpool.contract.zero import HELD_ANNOTATION_PREFIX
+from warmpool_operator.app.kopf_state import MemoryDiffBaseStorage, QuietProgressStorage
 from warmpool_operator.control.reconciler import Permanent, Temporary
 from warmpool_operator.control.registry import Registry
 from warmpool_operator.io import control_key, metrics
@@ -52,7 +53,7 @@ from warmpool_operator.io.watch_cache import (
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.settings import OperatorConfig
 
-#: Prefix of kopf's own annotations on WarmModels (progress and diff-base storage).
+#: Prefix of kopf's own annotations on WarmModels (progress storage: a handler retried).
 KOPF_ANNOTATION_PREFIX = API_GROUP
 
 
@@ -73,10 +74,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     """kopf's settings, from the operator's (``memo.config``, put there by the command line)."""
     config: OperatorConfig = memo.config
     # A strict schema prunes kopf's status.kopf: progress and diff-base go to annotations.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=KOPF_ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    # A handler that succeeds at once writes nothing of kopf's onto the WarmModel (app/kopf_state.py):
+    # progress only while a handler is retried, the last-handled essence in memory.
+    settings.persistence.progress_storage = QuietProgressStorage(prefix=KOPF_ANNOTATION_PREFIX)
+    memo.diffbase = settings.persistence.diffbase_storage = MemoryDiffBaseStorage()
     settings.persistence.finalizer = OPERATOR_FINALIZER
     # Watches: the server closes a watch after server_timeout, the client gives up a little
     # later; a silent (stalled) one is dialled again after inactivity_timeout.
@@ -147,8 +148,8 @@ async def connect(memo: kopf.Memo, **_: Any) -> None:
     memo.registry.start_scheduler()
     memo.registry.start_resync()
     memo.registry.start_activator_watch()
-
     memo.registry.start_node_watch()
+
 
 @kopf.on.cleanup()
 async def disconnect(memo: kopf.Memo, **_: Any) -> None:
@@ -251,14 +252,22 @@ async def warmmodel_changed(type: str | None, body: kopf.Body, memo: kopf.Memo, 
     registry.saw(type, str(meta.get("uid")))
     if type == "DELETED":
         await registry.forget(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
+        diffbase: MemoryDiffBaseStorage | None = getattr(memo, "diffbase", None)
+        if diffbase is not None:
+            diffbase.forget(str(meta.get("uid")))
         return
     before = registry.get(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
     seen = (before.body.get("metadata", {}).get("generation"), before.body.get("status"),
             held_annotations(before.body)) if before else None
-    rec = registry.ensure(body, _cache(registry, kwargs))
+    # Listed (type None: the watch's initial list, or a list again after it broke): a backlog that
+    # news overtakes (control/pass_queue.py).
+    rec = registry.ensure(body, _cache(registry, kwargs), listed=type is None)
     # The activator's held-requests annotations are news too: a request waits for this pass.
     if seen != (meta.get("generation"), body.get("status"), held_annotations(body)):
-        rec.poke()
+        if type is None:
+            rec.poke_routine()
+        else:
+            rec.poke()
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)

@@ -44,6 +44,7 @@ from warmpool_operator.api.types import InvalidWarmModel, WarmModelSpec, parse_s
 from warmpool_operator.control import children, learning, observe, scale, sleep_actions, tiers
 from warmpool_operator.control import zero as zero_step
 from warmpool_operator.control.forecasting import PoolForecast, Predicted
+from warmpool_operator.control.pass_queue import PassQueue, Ticket
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.control.status_patch import write_status
 from warmpool_operator.io import metrics
@@ -132,10 +133,17 @@ class Outcome:
 class Reconciler:
     """The pass loop of one WarmModel (a task of its own, stopped when the WarmModel goes)."""
 
-    def __init__(self, body: Mapping[str, Any], shared: Shared, cache: Cache) -> None:
+    def __init__(self, body: Mapping[str, Any], shared: Shared, cache: Cache, queue: PassQueue | None = None) -> None:
         self.body: Obj = dict(body)
         self.shared = shared
         self.cache = cache
+        #: the operator's one pass queue (control/pass_queue.py); None: passes run as soon as asked
+        self.queue = queue
+        #: when the pending pass was first asked for (the queue's clock), and whether only routine
+        #: asks (the initial list, scrape rounds) wanted it: None when no pass is pending
+        self._asked_at: float | None = None
+        self._routine = True
+        self._ticket: Ticket | None = None
         self.memory = PoolMemory()
         self.forecast = PoolForecast(shared.kube, self.body, shared.config.predict_step_seconds, shared.forecasting,
                                      self.poke, shared.wall)
@@ -150,10 +158,15 @@ class Reconciler:
 
     # ------------------------------------------------------------------ waking
 
-    def start(self) -> None:
+    def start(self, *, listed: bool = False) -> None:
+        """Start the pass loop; ``listed``: the WarmModel came in a watch's initial list (a backlog
+        the operator works through after news, control/pass_queue.py)."""
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"reconcile {self.key}")
-            self.poke()
+            if listed:
+                self.poke_routine()
+            else:
+                self.poke()
 
     async def stop(self, *, save: bool = False) -> None:
         """Stop the pass loop; ``save``: the operator shuts down, so the request history is written
@@ -183,7 +196,21 @@ class Reconciler:
         return str(self.body["metadata"]["uid"])
 
     def poke(self) -> None:
-        """Ask for a pass soon (debounced)."""
+        """Ask for a pass soon (debounced): news, which goes before routine passes."""
+        self._ask(routine=False)
+
+    def poke_routine(self) -> None:
+        """Ask for a pass that news may overtake (the initial list, a scrape round)."""
+        self._ask(routine=True)
+
+    def _ask(self, routine: bool) -> None:
+        if self.queue is not None:
+            if self._asked_at is None:
+                self._asked_at, self._routine = self.queue.clock(), routine
+            elif not routine and self._routine:
+                self._routine = False
+                if self._ticket is not None:
+                    self.queue.hurry(self._ticket, self.queue.key(self._asked_at, routine=False))
         self._wake.set()
 
     def saw_pod(self, event_type: str | None, pod: Mapping[str, Any]) -> bool:
@@ -206,7 +233,9 @@ class Reconciler:
         """Ask for a pass and wait for it: returns, or raises :class:`Permanent` / :class:`Temporary`."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        self.poke()
+        # The pass keeps the class it was asked for with (kopf's resume of a listed WarmModel stays
+        # in the backlog); asked for by nothing else, it is news.
+        self._ask(routine=self._asked_at is not None and self._routine)
         await waiter
 
     async def scrape_round(self) -> None:
@@ -216,36 +245,53 @@ class Reconciler:
         if urls:
             self.memory.scrapes.feed(await self.shared.scheduler.scrape(urls))
             self._quiet_rounds = 0
-            self.poke()
+            self.poke_routine()
             return
         self._quiet_rounds += 1
         if self._quiet_rounds >= QUIET_ROUNDS_PER_PASS:
             self._quiet_rounds = 0
-            self.poke()
+            self.poke_routine()
 
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
             await asyncio.sleep(DEBOUNCE_SECONDS)
-            self._wake.clear()
-            waiters, self._waiters = self._waiters, []
             try:
-                await self.sync(prompted=bool(waiters))
-            except Exception as error:
-                if not isinstance(error, Permanent | Temporary):
-                    log.exception("%s/%s: pass failed", *self.key)
-                    error = Temporary(f"{type(error).__name__}: {error}")
-                if isinstance(error, Temporary):
-                    asyncio.get_running_loop().call_later(self.shared.config.retry_delay, self.poke)
-                    if not waiters:
-                        log.info("%s/%s: pass: %s", *self.key, error)
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_exception(error)
-            else:
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
+                await self._turn()
+                await self._one_pass()
+            finally:
+                if self.queue is not None and self._ticket is not None:
+                    self.queue.leave(self._ticket)
+                self._ticket = None
+
+    async def _turn(self) -> None:
+        """Wait for the pass queue to admit this pass (control/pass_queue.py)."""
+        if self.queue is None or self._asked_at is None:
+            return
+        self._ticket = self.queue.enter(self.queue.key(self._asked_at, self._routine))
+        await self._ticket.turn.wait()
+
+    async def _one_pass(self) -> None:
+        self._wake.clear()
+        self._asked_at, self._routine = None, True
+        waiters, self._waiters = self._waiters, []
+        try:
+            await self.sync(prompted=bool(waiters))
+        except Exception as error:
+            if not isinstance(error, Permanent | Temporary):
+                log.exception("%s/%s: pass failed", *self.key)
+                error = Temporary(f"{type(error).__name__}: {error}")
+            if isinstance(error, Temporary):
+                asyncio.get_running_loop().call_later(self.shared.config.retry_delay, self.poke)
+                if not waiters:
+                    log.info("%s/%s: pass: %s", *self.key, error)
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+        else:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     # ------------------------------------------------------------------ the pass
 

@@ -17,6 +17,7 @@ import aiohttp
 from warmpool.contract.zero import LABEL_SERVICE_NAME
 from warmpool.kube import KubeError
 from warmpool_operator.control import nodes, resync
+from warmpool_operator.control.pass_queue import PassQueue
 from warmpool_operator.control.reconciler import Reconciler
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.control.sleep_actions import PressureBoard
@@ -25,11 +26,11 @@ from warmpool_operator.io.kube import ENDPOINTSLICES, Kube
 from warmpool_operator.io.list_watch import list_watch
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing
-from warmpool_operator.io.watch_cache import Cache, model_key, uid_of, warmmodel_owner
+from warmpool_operator.io.watch_cache import Cache, model_key, slim, uid_of, warmmodel_owner
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.rules.control_token import KEY_BYTES
-from warmpool_operator.settings import OperatorConfig
 from warmpool_operator.rules.node_health import NodeBoard
+from warmpool_operator.settings import OperatorConfig
 
 log = logging.getLogger("warmpool.operator")
 
@@ -57,18 +58,20 @@ class Registry:
     #: uids of the objects the watches have shown (a listed one seen before: that watch listed again)
     known: set[str] = field(default_factory=set)
     resync_wanted: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the order passes run in when more are asked for than run at once (news before the backlog)
+    queue: PassQueue = field(default_factory=PassQueue)
     resyncing: asyncio.Task[None] | None = None
     #: the key of the workers' control tokens (io/control_key.py); random unless given
     control_key: bytes = field(default_factory=lambda: secrets.token_bytes(KEY_BYTES))
     #: the activator's addresses (scale to zero), from the watch of its Service's EndpointSlices
     activators: ActivatorBoard = field(default_factory=ActivatorBoard)
     activator_watch: asyncio.Task[None] | None = None
-    #: what every reconciler gets (made from the fields above)
-    shared: Shared = field(init=False)
-
     #: lost and cordoned nodes, from the Node watch (control/nodes.py)
     nodes: NodeBoard = field(default_factory=NodeBoard)
     node_watch: asyncio.Task[None] | None = None
+    #: what every reconciler gets (made from the fields above)
+    shared: Shared = field(init=False)
+
     def __post_init__(self) -> None:
         self.shared = Shared(kube=self.kube, workers=self.workers, scheduler=self.scheduler, config=self.config,
                              tracing=self.tracing, board=self.board, forecasting=self.forecasting,
@@ -98,9 +101,6 @@ class Registry:
             self.kube, ENDPOINTSLICES.path(namespace), f"{LABEL_SERVICE_NAME}={name}", changed, relisted,
             asyncio.Event()), name="activator addresses")
 
-    def start_resync(self) -> None:
-        if self.resyncing is None:
-            self.resyncing = asyncio.create_task(self._resync_loop(self.config.resync_interval), name="resync")
     def start_node_watch(self) -> None:
         """Follow the Nodes: a node lost or cordoned wakes the pools with pods on it."""
         if self.node_watch is None:
@@ -113,6 +113,9 @@ class Registry:
             if rec is not None:
                 rec.poke()
 
+    def start_resync(self) -> None:
+        if self.resyncing is None:
+            self.resyncing = asyncio.create_task(self._resync_loop(self.config.resync_interval), name="resync")
 
     def saw(self, event_type: str | None, uid: str) -> None:
         """Note a watch event.  A listed object (type None) seen before means its watch broke and
@@ -179,8 +182,12 @@ class Registry:
             return None
         return rec
 
-    def ensure(self, body: Mapping[str, Any], cache: Cache) -> Reconciler:
-        """The WarmModel's reconciler, made and started on first sight; ``body`` becomes its view."""
+    def ensure(self, body: Mapping[str, Any], cache: Cache, *, listed: bool = False) -> Reconciler:
+        """The WarmModel's reconciler, made and started on first sight; ``body`` becomes its view
+        (io/watch_cache.py's slim copy: no managed fields, no kubectl or kopf copy of its content).
+        ``listed``: first seen in a watch's initial list, so its first pass goes after news
+        (control/pass_queue.py)."""
+        body = slim(body)
         meta = body["metadata"]
         key = (str(meta["namespace"]), str(meta["name"]))
         rec = self.by_key.get(key)
@@ -192,11 +199,11 @@ class Registry:
             rec = None
         if rec is None:
             self.cache = cache
-            rec = Reconciler(body, self.shared, cache)
+            rec = Reconciler(body, self.shared, cache, self.queue)
             self.by_key[key] = rec
-            rec.start()
+            rec.start(listed=listed)
         else:
-            rec.body = dict(body)
+            rec.body = body
         return rec
 
     async def forget(self, namespace: str, name: str, uid: str) -> None:
