@@ -201,7 +201,9 @@ class Predictive:
     def forecast_floor(self, sim: Simulation, reactive: int) -> int:
         """Forecast the steps one lead time ahead; the pods the forecast asks for (a floor)."""
         wanted = horizons(self.lead_s_now if self.lead_s_now is not None else self.lead_s, self.step_s)
-        prediction = self.forecaster.update(self.history, wanted)
+        # The coarse tier for the daily and weekly features, as the operator passes it (an hour's replay
+        # holds too little of it to turn them on).
+        prediction = self.forecaster.update(self.history, wanted, self.forecaster.seasonal(self.history.coarse))
         self.predictions.append(prediction)
         decision = decide(DecisionInputs(
             forecast_p90=prediction.p90, step_s=self.step_s, capacity_rps=sim.measured_capacity_rps(),

@@ -15,11 +15,11 @@ from warmpool_operator.io.history_store import (
     bounded_dump,
     history_configmap_name,
     history_labels,
-    newest_steps,
 )
 from warmpool_operator.rules.forecast.history import History, HistoryLimits, StepObservation, dumps, loads
 from warmpool_operator.rules.forecast.lengths import histogram
 
+from tests.support.history_cuts import newest_steps
 from warmpool.contract.pods import LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_MODEL
 
 pytestmark = pytest.mark.unit

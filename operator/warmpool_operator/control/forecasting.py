@@ -2,12 +2,16 @@
 on the operator's one forecasting thread (:class:`ForecastRunner`); and the pass's forecast step
 (:class:`PoolForecast`): the pods the forecast asks for, and what status reports of it.
 
-* **History** (rules/forecast/history.py) gets one step per ``--predict-step-seconds`` (60 s) from
-  the pool's counters (rules/forecast/steps.py); it is loaded from ConfigMap ``<name>-history``
-  (io/history_store.py) when the reconciler starts, so a restarted operator goes on from
-  what it had, and saved through the store (at most one write per five steps, and once more,
-  forced, when the operator shuts down).  Steps that close before the load has finished wait
-  for it, so a slow API server loses none.
+* **History** (rules/forecast/history.py) gets one fine step per ``--predict-step-seconds`` (by
+  default the shortest the scrapes support: 30 s at the default 10 s scrape, 10 s at 3 s) from the
+  pool's counters (rules/forecast/steps.py), :data:`HISTORY_POINTS` of them, and rolls them up into a
+  coarse tier of :data:`COARSE_STEP_S` steps kept :data:`COARSE_RETENTION_S` (28 days: the weekly
+  shape, which the fine steps are too few to hold).  It is loaded from ConfigMap ``<name>-history``
+  (io/history_store.py) when the reconciler starts, so a restarted operator goes on from what it
+  had (an older operator's single-resolution history is re-held at these limits, its weeks in the
+  coarse tier), and saved through the store (at most one write per five minutes, or five steps when
+  they are shorter than the default's, and once more, forced, when the operator shuts down).
+  Steps that close before the load has finished wait for it, so a slow API server loses none.
 * **Forecasts** run on the thread the registry owns (one for the whole operator: LightGBM is
   single-threaded, so prediction costs at most one core however many WarmModels there are),
   never on the event loop.  Each closed step asks for one; one is in flight per WarmModel at
@@ -19,7 +23,9 @@ on the operator's one forecasting thread (:class:`ForecastRunner`); and the pass
   typically arrives in, re-chosen every :data:`CHOOSE_EVERY_S`.  The forecaster runs on the history
   resampled to that step (its whole steps only), once per forecast step, with horizons in that step
   covering the lead time; a history too short to read bursts from forecasts at its own step.  So a
-  history held at 5 s steps forecasts 20 s bursts at 10 s, and a 60 s one at 60 s.
+  history held at 5 s steps forecasts 20 s bursts at 10 s, and a 60 s one at 60 s.  The daily and
+  weekly features (time of day and week, the figure a day and a week before) are read off the
+  coarse tier (rules/forecast/features.py's ``Seasonal``).
 * **The fast loop** (rules/forecast/fast_loop.py) runs beside the forecast at every pass: pods for
   the last 10 s of arrivals at the measured capacity; the pool gets the larger ask, and a lower one
   only after the hold (a lead time, at least five forecast steps), so pods go between bursts.
@@ -53,6 +59,7 @@ from warmpool_operator.rules.forecast.fast_loop import fast_ask
 from warmpool_operator.rules.forecast.features import FeatureConfig
 from warmpool_operator.rules.forecast.forecaster import Forecaster, ForecasterConfig, Prediction
 from warmpool_operator.rules.forecast.history import MISSING, History, HistoryLimits, resampled
+from warmpool_operator.rules.forecast.history_reshape import oldest_step, since
 from warmpool_operator.rules.forecast.lengths import LENGTH_EDGES
 from warmpool_operator.rules.forecast.steps import CapacityMeter, ClosedStep, StepAccumulator
 from warmpool_operator.rules.forecast.timescale import StepChoice, choose_step_from_counts
@@ -60,13 +67,20 @@ from warmpool_operator.rules.observation import PodObservation, wake_figures
 
 log = logging.getLogger("warmpool.operator")
 
-#: Steps a history holds: seven days at the default 60 s step (a shorter step, for tests and
-#: demos, holds the same number of steps, so the ConfigMap stays the same size).
+#: Fine steps a history holds, whatever the step (so the ConfigMap stays the same size): 3.5 days
+#: at the default 30 s, 28 h at 10 s.
 HISTORY_POINTS = 7 * 1440
 #: A history's length histograms are kept per hour (a multiple of every allowed step).
 SLOT_SECONDS = 3600
-#: The store writes at most once per this many steps (5 min at 60 s), and when forced at shutdown.
+#: The coarse tier's step (the least, a whole multiple of the fine step dividing an hour) and how long
+#: it is kept: 8,064 steps of 5 min, four weeks (the day-of-week features need two).
+COARSE_STEP_S = 300
+COARSE_RETENTION_S = 28 * 86400
+#: The store writes at most once per this many seconds, and when forced at shutdown; a step shorter
+#: than the shortest default (tests and demos) writes every WRITE_EVERY_STEPS steps instead.
+WRITE_EVERY_S = 300
 WRITE_EVERY_STEPS = 5
+SHORTEST_DEFAULT_STEP_S = 10
 DAY = 86400
 #: The recent traffic the forecast's step is read from, the least of it that is enough, and how
 #: often the choice is made again.
@@ -89,12 +103,32 @@ def choose_forecast_step(history: History) -> StepChoice:
 
 
 def forecast_with(forecaster: Forecaster, history: History, step_s: int, horizons: tuple[int, ...]) -> Prediction:
-    """``forecaster``'s prediction for ``history`` resampled to ``step_s`` (run on the forecasting thread)."""
-    return forecaster.update(resampled(history, step_s), horizons)
+    """``forecaster``'s prediction for ``history`` resampled to ``step_s``, its coarse tier for the daily
+    and weekly features (run on the forecasting thread)."""
+    return forecaster.update(resampled(history, step_s), horizons, forecaster.seasonal(history.coarse))
+
+
+def coarse_step_for(step_s: int) -> int | None:
+    """The coarse tier's step over fine ``step_s`` steps: the least whole multiple of it, at least
+    :data:`COARSE_STEP_S`, that divides an hour slot; None when that is the fine step itself."""
+    coarse = next((m for m in range(step_s, SLOT_SECONDS + 1, step_s) if m >= COARSE_STEP_S and SLOT_SECONDS % m == 0),
+                  step_s)
+    return coarse if coarse > step_s else None
 
 
 def limits_for(step_s: int) -> HistoryLimits:
-    return HistoryLimits(step_s=step_s, retention_s=step_s * HISTORY_POINTS, slot_s=SLOT_SECONDS)
+    """A history's limits at fine ``step_s`` steps (one dividing an hour): :data:`HISTORY_POINTS` of them,
+    and the coarse tier beside them (none when the fine step is already as long)."""
+    coarse = coarse_step_for(step_s)
+    return HistoryLimits(step_s=step_s, retention_s=step_s * HISTORY_POINTS, slot_s=SLOT_SECONDS,
+                         coarse_step_s=coarse, coarse_retention_s=COARSE_RETENTION_S if coarse is not None else 0)
+
+
+def write_interval_s(step_s: int) -> float:
+    """Least seconds between two writes of the history: :data:`WRITE_EVERY_S` (a crash loses at most
+    that; the ConfigMap is up to ~250 kB), or :data:`WRITE_EVERY_STEPS` steps shorter than the shortest
+    default step (tests and demos see it stored within seconds)."""
+    return float(WRITE_EVERY_S if step_s >= SHORTEST_DEFAULT_STEP_S else WRITE_EVERY_STEPS * step_s)
 
 
 def forecaster_config(step_s: int) -> ForecasterConfig:
@@ -110,12 +144,8 @@ def forecaster_config(step_s: int) -> ForecasterConfig:
 
 
 def copy_history(history: History) -> History:
-    """A copy the forecasting thread may read while the event loop appends to the original."""
-    return History(limits=history.limits, start=history.start, requests=list(history.requests),
-                   prompt_tokens=list(history.prompt_tokens), generated_tokens=list(history.generated_tokens),
-                   prompt_hist={k: list(v) for k, v in history.prompt_hist.items()},
-                   generated_hist={k: list(v) for k, v in history.generated_hist.items()},
-                   peak_requests=list(history.peak_requests))
+    """A copy (its coarse tier too) the forecasting thread may read while the event loop appends to the original."""
+    return since(history, oldest_step(history))
 
 
 @dataclass(frozen=True)
@@ -134,8 +164,7 @@ class ForecastRunner:
                  poke: Callable[[], None], clock: Callable[[], float] = time.time) -> None:
         self.step_s = step_s
         self.limits = limits_for(step_s)
-        self.store = HistoryStore(kube, owner, self.limits,
-                                  StoreSettings(min_interval_s=float(WRITE_EVERY_STEPS * step_s)))
+        self.store = HistoryStore(kube, owner, self.limits, StoreSettings(min_interval_s=write_interval_s(step_s)))
         self.history = History(limits=self.limits)
         self.accumulator = StepAccumulator(step_s)
         self.capacity = CapacityMeter()

@@ -7,17 +7,22 @@
   ``app.kubernetes.io/managed-by``: the operator watches managed-by-labelled ConfigMaps as
   children it restores, and a history written every few minutes is not one of those.
 * **Bounded**: the value must fit :attr:`StoreSettings.max_bytes` (768 KiB by default; a ConfigMap
-  holds at most 1 MiB of data, and seven days at 60 s take about 100 kB).  A history that
-  serialises larger is cut to its newest steps, as many as fit (:func:`bounded_dump`): the oldest
-  are dropped, a warning says how many, and the in-memory history is left whole.
+  holds at most 1 MiB of data, and the operator's two tiers, 10,080 fine steps and four weeks of
+  5 min ones, take about 250 kB at thousands of requests per step).  A history that serialises
+  larger is cut to its newest steps, as many as fit (:func:`bounded_dump`): the oldest are dropped
+  (the coarse tier's first), a warning says how many, and the in-memory history is left whole.
 * **Written** with server-side apply as ``warmpool-operator`` (resourceVersion as a precondition,
   so an object replaced between the read and the write is not overwritten), at most once per
   :attr:`StoreSettings.min_interval_s` (5 min by default) unless forced (the last write before a
   shutdown), and never when nothing changed.  A ConfigMap of that name the WarmModel does not own
   (its owner references lack the WarmModel's uid: a name match is not ownership) is never
   written; it is left byte-for-byte as it is.
-* **Loaded** once at start: absent, garbage, other limits, or someone else's -> an empty history
-  and the reason, logged; the API server unreachable -> empty too, and no write happens until a
+* **Loaded** once at start: absent, garbage, or someone else's -> an empty history and the reason,
+  logged; at other limits (an older operator's single-resolution 60 s history, another
+  ``--predict-step-seconds``) -> re-held at ours, all that can be kept kept
+  (:func:`~warmpool_operator.rules.forecast.history_reshape.adapted`: a 60 s week becomes the
+  coarse tier's week), logged, and written at ours by the next save; the API server unreachable ->
+  empty too, and no write happens until a
   load succeeds (an empty history must never replace a stored one because of a failed read).
   Nothing here raises to the caller.
 """
@@ -36,6 +41,7 @@ from warmpool.contract.pods import APP_NAME, LABEL_COMPONENT, LABEL_INSTANCE, LA
 from warmpool.kube import KubeError
 from warmpool_operator.io.kube import CONFIGMAPS, Kube
 from warmpool_operator.rules.forecast.history import History, HistoryLimits, dumps, loads_or_empty
+from warmpool_operator.rules.forecast.history_reshape import adapted, held_steps, oldest_step, since
 from warmpool_operator.rules.ownership import owned_by
 
 #: Key of the history ConfigMap holding the serialised history (predict/history.py's format).
@@ -94,47 +100,27 @@ class SaveResult:
     dropped_steps: int = 0  # oldest steps left out to fit max_bytes
 
 
-def newest_steps(history: History, count: int) -> History:
-    """A copy holding only the newest ``count`` steps (and the length histograms of their slots).
-
-    The slot holding the first kept step keeps its whole counts: a slot is the histograms'
-    resolution (an hour), so up to one slot of older lengths stays with it.
-    """
-    if not 0 < count <= len(history):
-        raise ValueError(f"count must be within 1..{len(history)}, got {count}")
-    start = history.end - count
-    first_slot = start * history.limits.step_s // history.limits.slot_s
-    return History(
-        limits=history.limits,
-        start=start,
-        requests=history.requests[-count:],
-        prompt_tokens=history.prompt_tokens[-count:],
-        generated_tokens=history.generated_tokens[-count:],
-        prompt_hist={slot: list(c) for slot, c in history.prompt_hist.items() if slot >= first_slot},
-        generated_hist={slot: list(c) for slot, c in history.generated_hist.items() if slot >= first_slot},
-        peak_requests=history.peak_requests[-count:],
-    )
-
-
 def bounded_dump(history: History, max_bytes: int) -> tuple[str | None, int]:
-    """(text within ``max_bytes``, oldest steps dropped to get there); (None, all) if not even one step fits.
+    """(text within ``max_bytes``, oldest steps dropped to get there); (None, all) if not even one fine step fits.
 
-    The whole history when it fits; else the newest steps, as many as fit, found by bisection
-    (the compressed size grows with the steps held; zlib's small wobbles can cost a step or two).
+    The whole history when it fits; else only the steps from some time on, as many as fit, found by
+    bisection over that time (in fine steps; the coarse tier reaches further back, so its oldest
+    steps go first; the compressed size grows with the steps held; zlib's small wobbles can cost a
+    step or two).  The steps dropped are counted in both tiers.
     """
     text = dumps(history)
     if len(text) <= max_bytes:
         return text, 0
-    fits, too_many = 0, len(history)
+    too_old, fits = oldest_step(history), history.end  # since(too_old) is too large; since(end) holds nothing
     best: str | None = None
-    while too_many - fits > 1:
-        middle = (fits + too_many) // 2
-        candidate = dumps(newest_steps(history, middle))
+    while fits - too_old > 1:
+        middle = (too_old + fits) // 2
+        candidate = dumps(since(history, middle))
         if len(candidate) <= max_bytes:
             fits, best = middle, candidate
         else:
-            too_many = middle
-    return best, len(history) - fits
+            too_old = middle
+    return best, held_steps(history) - (held_steps(since(history, fits)) if best is not None else 0)
 
 
 class HistoryStore:
@@ -182,10 +168,15 @@ class HistoryStore:
             return self._empty(f"{self.where} is not owned by WarmModel {self.warmmodel} (uid {self.owner_uid}): "
                                "left alone, and the history is not persisted while it is there", logging.WARNING)
         text = (live.get("data") or {}).get(CONFIGMAP_KEY_HISTORY)
-        history, why = loads_or_empty(text if isinstance(text, str) else None, self.limits)
+        stored, why = loads_or_empty(text if isinstance(text, str) else None)
         if why is not None:
             return self._empty(f"{self.where}: {why}", logging.WARNING)
-        self._written = text
+        history, kept = adapted(stored, self.limits)
+        if history is stored:
+            self._written = text
+        else:  # an older operator's (or another step's) history: the next save writes it at ours
+            log.info("%s: stored history at other limits (%s) re-held at %s: %s", self.where, stored.limits,
+                     self.limits, kept)
         log.info("%s: history loaded (%d steps from step %d)", self.where, len(history), history.start)
         return LoadResult(history, None)
 
@@ -200,7 +191,7 @@ class HistoryStore:
         now = self.clock()
         if not force and self._last_write is not None and now - self._last_write < self.settings.min_interval_s:
             return SaveResult(False, "not due")
-        if not len(history):
+        if not held_steps(history):  # a history re-held with its coarse tier only is not empty
             return SaveResult(False, "empty history: nothing to store")
         text, dropped = bounded_dump(history, self.settings.max_bytes)
         if text is None:
@@ -209,7 +200,7 @@ class HistoryStore:
             return SaveResult(False, f"not even one step fits {self.settings.max_bytes} bytes", dropped)
         if dropped:
             log.warning("%s: history serialises above %d bytes: the oldest %d of %d steps are left out of it",
-                        self.where, self.settings.max_bytes, dropped, len(history))
+                        self.where, self.settings.max_bytes, dropped, held_steps(history))
         if text == self._written:
             return SaveResult(False, "unchanged", dropped)
         try:

@@ -5,10 +5,13 @@ out (control/forecasting.py); ``warmpool bench predict`` drives the very same co
 trace.  One module per job:
 
 - :mod:`.lengths`: the graph-friendly token lengths that bin prompt/generated lengths.
-- :mod:`.history`: per-WarmModel history at 60 s resolution, bounded, with a compact
-  versioned serialisation for a ConfigMap value and a parser that refuses garbage.
+- :mod:`.history`: per-WarmModel history at two resolutions (fine steps, and a coarse tier rolled
+  up from them and kept for weeks), bounded, with a compact versioned serialisation for a ConfigMap
+  value and a parser that refuses garbage.
+- :mod:`.history_reshape`: a history's newest part, or re-held at other limits (an upgrade's).
 - :mod:`.steps`: history steps from the workers' cumulative counters, and the measured capacity.
-- :mod:`.features`: lagged rates and rolling statistics over a 15-step window.
+- :mod:`.features`: lagged rates and rolling statistics over a 15-step window; the daily and weekly
+  parts from the coarse tier.
 - :mod:`.baselines`: last value, seasonal naive, EWMA (with empirical quantile bands).
 - :mod:`.quantile_model`: LightGBM quantile regression (p50, p90) on one thread, bounded.
 - :mod:`.evaluation`: pinball loss and the online scoreboard of recent forecasts.

@@ -37,7 +37,7 @@ import numpy as np
 from warmpool_operator.rules.forecast import baselines
 from warmpool_operator.rules.forecast.baselines import Baseline, BaselineConfig, QuantileForecast
 from warmpool_operator.rules.forecast.evaluation import Scoreboard
-from warmpool_operator.rules.forecast.features import FeatureConfig, FloatArray
+from warmpool_operator.rules.forecast.features import FeatureConfig, FloatArray, Seasonal
 from warmpool_operator.rules.forecast.history import MISSING, History
 from warmpool_operator.rules.forecast.quantile_model import QuantileModel, QuantileModelConfig, train
 
@@ -114,8 +114,9 @@ class Forecaster:
     def wants_model(self) -> bool:
         return self.config.use_model and self.config.only in (None, LIGHTGBM)
 
-    def maybe_train(self, history: History, horizons: Sequence[int]) -> bool:
-        """Retrain if due (every ``retrain_every_steps``, or the horizons changed); True if it trained."""
+    def maybe_train(self, history: History, horizons: Sequence[int], seasonal: Seasonal | None = None) -> bool:
+        """Retrain if due (every ``retrain_every_steps``, or the horizons changed); True if it trained.
+        ``seasonal``: the history's coarse tier (:meth:`seasonal`), for the daily and weekly features."""
         if not self.wants_model() or not len(history):
             return False
         wanted = frozenset(horizons)
@@ -129,7 +130,7 @@ class Forecaster:
         if not due:
             return False
         started = time.thread_time()
-        outcome = train(series, history.start, wanted, self.config.features, self.config.model, companion)
+        outcome = train(series, history.start, wanted, self.config.features, self.config.model, companion, seasonal)
         self.cpu_train_s += time.thread_time() - started
         self._last_train_attempt, self._attempted_horizons = history.end, wanted
         self.train_reason = outcome.reason
@@ -139,11 +140,11 @@ class Forecaster:
         self.trainings += 1
         return True
 
-    def predict(self, history: History, horizons: Sequence[int]) -> Prediction:
+    def predict(self, history: History, horizons: Sequence[int], seasonal: Seasonal | None = None) -> Prediction:
         """Score what is now observed, forecast each horizon, and pick the candidate to use."""
         started = time.thread_time()
         try:
-            return self._predict(history, tuple(sorted(set(horizons))))
+            return self._predict(history, tuple(sorted(set(horizons))), seasonal)
         finally:
             self.cpu_predict_s += time.thread_time() - started
 
@@ -161,12 +162,18 @@ class Forecaster:
         peak_rates = np.where(missing, np.nan, np.where(known, np.maximum(counts, peaks), counts))
         return peak_rates, rates if bool(known.any()) else None
 
-    def update(self, history: History, horizons: Sequence[int]) -> Prediction:
-        """:meth:`maybe_train` then :meth:`predict` on the calling thread (a benchmark's loop)."""
-        self.maybe_train(history, horizons)
-        return self.predict(history, horizons)
+    def seasonal(self, coarse: History | None) -> Seasonal | None:
+        """The forecast figure over ``coarse`` (a history's coarse tier), for the daily and weekly features."""
+        if coarse is None or not len(coarse):
+            return None
+        return Seasonal(self.series(coarse)[0], coarse.start, coarse.limits.step_s)
 
-    def _predict(self, history: History, horizons: tuple[int, ...]) -> Prediction:
+    def update(self, history: History, horizons: Sequence[int], seasonal: Seasonal | None = None) -> Prediction:
+        """:meth:`maybe_train` then :meth:`predict` on the calling thread (a benchmark's loop)."""
+        self.maybe_train(history, horizons, seasonal)
+        return self.predict(history, horizons, seasonal)
+
+    def _predict(self, history: History, horizons: tuple[int, ...], seasonal: Seasonal | None = None) -> Prediction:
         if not horizons or min(horizons) < 1:
             raise ValueError(f"horizons must be >= 1 step, got {horizons}")
         series, companion = self.series(history)
@@ -181,7 +188,7 @@ class Forecaster:
         if missing >= self.config.max_recent_missing_steps:
             return Prediction(last_step, None, f"request metrics missing or unusable for the last {missing} steps: "
                               "no forecast (reactive scaling only)", (), {}, None, target)
-        offered = self._candidates(series, history.start, horizons, companion)
+        offered = self._candidates(series, history.start, horizons, companion, seasonal)
         for name, forecasts in offered.items():
             for forecast in forecasts:
                 self.scoreboard.record(name, last_step + forecast.horizon, forecast)
@@ -215,11 +222,13 @@ class Forecaster:
         self.scoreboard.drop_before(history.start)
 
     def _candidates(self, series: FloatArray, first_step: int, horizons: tuple[int, ...],
-                    companion: FloatArray | None = None) -> dict[str, tuple[QuantileForecast, ...]]:
+                    companion: FloatArray | None = None,
+                    seasonal: Seasonal | None = None) -> dict[str, tuple[QuantileForecast, ...]]:
         offered: dict[str, tuple[QuantileForecast, ...]] = {}
         model = self.model  # one read: a background retrain may swap it
         if model is not None and self.wants_model():
-            made = [model.predict(series, first_step, h, self.config.features.step_s, companion) for h in horizons]
+            made = [model.predict(series, first_step, h, self.config.features.step_s, companion, seasonal)
+                    for h in horizons]
             if all(f is not None for f in made):
                 offered[LIGHTGBM] = tuple(f for f in made if f is not None)
         for kind in Baseline:

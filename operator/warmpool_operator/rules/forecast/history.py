@@ -1,7 +1,7 @@
-"""Per-WarmModel request history at 60 s resolution, bounded, and its ConfigMap serialisation.
+"""Per-WarmModel request history, bounded, at two resolutions, and its ConfigMap serialisation.
 
-Each step (60 s by default) holds the number of requests, and the prompt and generated tokens
-they carried; a step whose metrics were missing or garbage is held as *missing*, never as
+Each step (the operator's fine step; 60 s by default here) holds the number of requests, and the
+prompt and generated tokens they carried; a step whose metrics were missing or garbage is held as *missing*, never as
 zero (zero is a real observation: no traffic).  It may also hold the step's *peak*: the
 requests the step would have seen had it run throughout at the rate of its busiest sub-step
 (:data:`PEAK_SUBSTEP_S`, 10 s, by default): load that comes in bursts shorter than a step
@@ -9,6 +9,17 @@ queues at the burst's rate, which the step's count averages away.  Prompt and ge
 histograms over :data:`~.lengths.LENGTH_EDGES`, one per hour slot, so the learned warm-up
 buckets follow the same retention as the rates.  Everything older than the retention
 (7 days by default) is dropped as new steps arrive.
+
+**Two resolutions.**  Fine steps short enough for 10-30 s bursts cannot also be held for weeks in
+one ConfigMap (10,080 steps of 10 s are 28 h: daily seasonality, never weekly).  So a history whose
+limits name a *coarse* step (:attr:`HistoryLimits.coarse_step_s`, e.g. 5 min, a whole multiple of
+the fine step dividing the hour slot) holds a second, coarse :class:`History` beside its fine steps,
+with a retention of its own (weeks).  Each coarse step is *rolled up* from the fine ones as soon as
+the last of them closes: the sum of their counts and tokens, missing if any of them is, its peak the
+busiest fine step's peak (or count) at the coarse step's length (the same rule as :func:`resampled`);
+and when a coarse step closes an hour slot, that slot's length histograms are copied into the coarse
+tier, so the learned buckets keep the coarse tier's retention.  The forecaster reads the fine steps
+for the bursts and the coarse ones for the daily and weekly parts (:mod:`.features`).
 
 Serialised form (:func:`dumps`), for a ConfigMap value::
 
@@ -18,12 +29,17 @@ The JSON is ``{"format": "warmpool.history", "version": 1, "step_s", "retention_
 "slot_s", "edges", "start", "requests", "prompt_tokens", "generated_tokens",
 "prompt_hist", "generated_hist"}`` with ``-1`` for a missing step and the histograms as
 ``{slot: [counts...]}``, and optionally ``"peak_requests"`` (same length as ``"requests"``,
-``-1`` where unknown).  The peaks came later within version 1: a document without them loads
-with every peak unknown, and an older reader ignores them.  Seven full days (10,080 steps, 168
-hour slots) take about 45 kB with tens of requests per step and about 100 kB with thousands
-(random counts, which compress worst; measured in ``tests/unit/test_predict_history.py``),
-well under a ConfigMap's 1 MiB.  :func:`loads` refuses anything else with :class:`HistoryFormatError` naming what is
-wrong; :func:`loads_or_empty` is what a caller that must not fail uses.
+``-1`` where unknown) and ``"coarse"`` (the coarse tier: a document of the same form, without a
+``"coarse"`` of its own).  Both came later within version 1: a document without them loads with
+every peak unknown and no coarse tier, and an older reader ignores them.  Seven full days (10,080
+steps, 168 hour slots) take about 45 kB with tens of requests per step and about 100 kB with
+thousands (random counts, which compress worst; measured in ``tests/unit/test_predict_history.py``),
+well under a ConfigMap's 1 MiB; the operator's two tiers at thousands of requests per 10 s step
+(10,080 fine steps with their peaks, 8,064 coarse ones) take about 250 kB
+(``tests/unit/test_history_two_resolutions.py``).  :func:`loads` refuses
+anything else with :class:`HistoryFormatError` naming what is wrong; :func:`loads_or_empty` is what
+a caller that must not fail uses.  A history at other limits (an older operator's single 60 s
+resolution) is re-held at this operator's by :func:`~.history_reshape.adapted`, which keeps what it can.
 """
 
 from __future__ import annotations
@@ -65,16 +81,43 @@ class HistoryLimits:
     step_s: int = 60
     retention_s: int = 7 * 86400
     slot_s: int = 3600  # one length histogram per slot
+    #: The coarse tier's step (None: no coarse tier): a whole multiple of step_s that divides slot_s.
+    coarse_step_s: int | None = None
+    #: How long the coarse tier keeps its steps (with a coarse step only).
+    coarse_retention_s: int = 0
 
     def __post_init__(self) -> None:
         if self.step_s < 1 or self.slot_s < self.step_s or self.slot_s % self.step_s:
             raise ValueError(f"slot_s ({self.slot_s}) must be a multiple of step_s ({self.step_s}) >= 1")
         if self.retention_s < self.step_s:
             raise ValueError(f"retention_s ({self.retention_s}) must be at least one step ({self.step_s})")
+        coarse = self.coarse_step_s
+        if coarse is None:
+            if self.coarse_retention_s:
+                raise ValueError(f"coarse_retention_s ({self.coarse_retention_s}) needs a coarse_step_s")
+            return
+        if coarse <= self.step_s or coarse % self.step_s or self.slot_s % coarse:
+            raise ValueError(f"coarse_step_s ({coarse}) must be a multiple of step_s ({self.step_s}) above it "
+                             f"that divides slot_s ({self.slot_s})")
+        if self.coarse_retention_s < coarse:
+            raise ValueError(f"coarse_retention_s ({self.coarse_retention_s}) must be at least one coarse step "
+                             f"({coarse})")
 
     @property
     def points(self) -> int:
         return self.retention_s // self.step_s
+
+    @property
+    def coarse(self) -> HistoryLimits | None:
+        """The coarse tier's own limits (None: no coarse tier)."""
+        if self.coarse_step_s is None:
+            return None
+        return HistoryLimits(step_s=self.coarse_step_s, retention_s=self.coarse_retention_s, slot_s=self.slot_s)
+
+    @property
+    def fine(self) -> HistoryLimits:
+        """These limits without their coarse tier."""
+        return HistoryLimits(step_s=self.step_s, retention_s=self.retention_s, slot_s=self.slot_s)
 
 
 @dataclass(frozen=True)
@@ -120,6 +163,8 @@ class History:
 
     ``peak_requests`` runs beside ``requests`` (:data:`MISSING` where a step's peak is unknown);
     a history built without it (an older caller, an older document) gets every peak unknown.
+    ``coarse`` is the coarse tier (see the module docstring): there exactly when the limits name a
+    coarse step, an empty one when none is given.
     """
 
     limits: HistoryLimits = field(default_factory=HistoryLimits)
@@ -130,10 +175,16 @@ class History:
     prompt_hist: dict[int, list[int]] = field(default_factory=dict)  # slot -> counts per bin
     generated_hist: dict[int, list[int]] = field(default_factory=dict)
     peak_requests: list[int] = field(default_factory=list)
+    coarse: History | None = None
 
     def __post_init__(self) -> None:
         if len(self.peak_requests) > len(self.requests):
             raise ValueError(f"peak_requests holds {len(self.peak_requests)} steps, requests {len(self.requests)}")
+        wanted = self.limits.coarse
+        if wanted is not None and self.coarse is None:
+            self.coarse = History(limits=wanted)
+        if self.coarse is not None and self.coarse.limits != wanted:
+            raise ValueError(f"a coarse tier at {self.coarse.limits} does not match the limits' {wanted}")
         # Unknown peaks for the oldest steps (a history built before peaks were kept, or without them).
         self.peak_requests[:0] = [MISSING] * (len(self.requests) - len(self.peak_requests))
 
@@ -172,6 +223,34 @@ class History:
         for series, value in zip(self._series(), values, strict=True):
             series.append(value)
         self._trim()
+        if self.coarse is not None:
+            self._roll_up(self.coarse)
+
+    def _roll_up(self, coarse: History) -> None:
+        """Record in ``coarse`` every coarse step whose fine steps have all closed since the last one
+        (a coarse step that began before the fine steps held is left out: its count would be too low)."""
+        k = coarse.limits.step_s // self.limits.step_s
+        first_whole = -(-self.start // k)
+        for group in range(max(coarse.end if len(coarse) else first_whole, first_whole), self.end // k):
+            coarse.record(group, self._group(group, k))
+            if (group + 1) * coarse.limits.step_s % self.limits.slot_s == 0:  # it closes an hour slot
+                slot = group * coarse.limits.step_s // self.limits.slot_s
+                for mine, theirs in ((self.prompt_hist, coarse.prompt_hist),
+                                     (self.generated_hist, coarse.generated_hist)):
+                    if slot in mine:
+                        theirs[slot] = list(mine[slot])
+
+    def _group(self, group: int, k: int) -> StepObservation | None:
+        """Coarse step ``group`` from its ``k`` fine steps (all held); None when one of them is missing."""
+        lo = group * k - self.start
+        counts = self.requests[lo:lo + k]
+        if MISSING in counts:
+            return None
+        busiest = max(max(c, p) for c, p in zip(counts, self.peak_requests[lo:lo + k], strict=True))
+        return StepObservation(requests=min(sum(counts), MAX_STEP_COUNT),
+                               prompt_tokens=min(sum(self.prompt_tokens[lo:lo + k]), MAX_STEP_COUNT),
+                               generated_tokens=min(sum(self.generated_tokens[lo:lo + k]), MAX_STEP_COUNT),
+                               peak_requests=min(busiest * k, MAX_STEP_COUNT))
 
     def rates(self) -> list[float | None]:
         """Requests per step, None where missing."""
@@ -190,10 +269,19 @@ class History:
         return (self.requests, self.prompt_tokens, self.generated_tokens, self.peak_requests)
 
     def prompt_histogram(self) -> list[int]:
-        return _sum_slots(self.prompt_hist)
+        """Prompt lengths over every slot held, the coarse tier's included (its retention is longer)."""
+        return _sum_slots(self._slots("prompt_hist"))
 
     def generated_histogram(self) -> list[int]:
-        return _sum_slots(self.generated_hist)
+        return _sum_slots(self._slots("generated_hist"))
+
+    def _slots(self, name: str) -> dict[int, list[int]]:
+        """The slots of histogram ``name``: the coarse tier's (closed slots), then the fine steps' for
+        the slots it does not hold yet (the open one)."""
+        mine: dict[int, list[int]] = getattr(self, name)
+        if self.coarse is None:
+            return mine
+        return {**mine, **getattr(self.coarse, name)}
 
     def _clear(self, step: int) -> None:
         self.start = step
@@ -235,7 +323,7 @@ def resampled(history: History, step_s: int) -> History:
     groups of shorter ones it spans (a group not yet whole, at either end, is left out: the newest
     one has not closed).  A group with a missing step is missing (its count would be too low); its
     peak is the busiest shorter step's peak (or count, where unknown) at the longer step's length.
-    The length histograms are per hour slot, the same at either step."""
+    The length histograms are per hour slot, the same at either step.  The result has no coarse tier."""
     own = history.limits.step_s
     if step_s == own:
         return history
@@ -271,7 +359,15 @@ def resampled(history: History, step_s: int) -> History:
 
 def dumps(history: History) -> str:
     """The compact, versioned text form of ``history`` (for a ConfigMap value)."""
-    document = {
+    document = _document(history)
+    if history.coarse is not None:  # an older reader ignores it
+        document["coarse"] = _document(history.coarse)
+    raw = json.dumps(document, separators=(",", ":")).encode()
+    return PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+
+def _document(history: History) -> dict[str, Any]:
+    document: dict[str, Any] = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "step_s": history.limits.step_s,
@@ -287,8 +383,7 @@ def dumps(history: History) -> str:
     }
     if any(p != MISSING for p in history.peak_requests):  # an older reader ignores it; absent when all unknown
         document["peak_requests"] = history.peak_requests
-    raw = json.dumps(document, separators=(",", ":")).encode()
-    return PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+    return document
 
 
 def _trimmed(counts: Sequence[int]) -> list[int]:
@@ -337,9 +432,11 @@ def loads_or_empty(text: str | None, limits: HistoryLimits | None = None) -> tup
     return history, None
 
 
-def _from_document(document: Any) -> History:
+def _from_document(document: Any, nested: bool = False) -> History:
+    """The history in ``document`` (``nested``: a coarse tier, which may not hold one of its own)."""
     if not isinstance(document, dict):
-        raise HistoryFormatError(f"history must be a JSON object, got {type(document).__name__}")
+        what = "history's coarse tier" if nested else "history"
+        raise HistoryFormatError(f"{what} must be a JSON object, got {type(document).__name__}")
     if document.get("format") != FORMAT_NAME:
         raise HistoryFormatError(f"history format must be {FORMAT_NAME!r}, got {document.get('format')!r}")
     if document.get("version") != FORMAT_VERSION:
@@ -361,9 +458,19 @@ def _from_document(document: Any) -> History:
     peaks = _series(document, "peak_requests") if "peak_requests" in document else []
     if "peak_requests" in document and len(peaks) != len(series[0]):
         raise HistoryFormatError(f"history field 'peak_requests' holds {len(peaks)} steps, 'requests' {len(series[0])}")
+    coarse: History | None = None
+    if "coarse" in document:
+        if nested:
+            raise HistoryFormatError("history's coarse tier holds a coarse tier of its own")
+        coarse = _from_document(document["coarse"], nested=True)
+        try:
+            limits = HistoryLimits(step_s=limits.step_s, retention_s=limits.retention_s, slot_s=limits.slot_s,
+                                   coarse_step_s=coarse.limits.step_s, coarse_retention_s=coarse.limits.retention_s)
+        except ValueError as error:
+            raise HistoryFormatError(f"history's coarse tier does not fit its steps: {error}") from None
     history = History(limits=limits, start=start, requests=series[0], prompt_tokens=series[1],
                       generated_tokens=series[2], prompt_hist=_histograms(document, "prompt_hist"),
-                      generated_hist=_histograms(document, "generated_hist"), peak_requests=peaks)
+                      generated_hist=_histograms(document, "generated_hist"), peak_requests=peaks, coarse=coarse)
     first_slot = start * limits.step_s // limits.slot_s
     last_slot = (history.end - 1) * limits.step_s // limits.slot_s
     for name, hist in (("prompt_hist", history.prompt_hist), ("generated_hist", history.generated_hist)):

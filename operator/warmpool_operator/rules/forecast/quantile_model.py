@@ -21,6 +21,7 @@ from warmpool_operator.rules.forecast.features import (
     FeatureConfig,
     FeatureSet,
     FloatArray,
+    Seasonal,
     feature_set,
     latest_row,
     training_rows,
@@ -70,12 +71,16 @@ class QuantileModel:
         return frozenset(h for h, _ in self.boosters)
 
     def predict(self, series: FloatArray, first_step: int, horizon: int, step_s: int,
-                companion: FloatArray | None = None) -> QuantileForecast | None:
+                companion: FloatArray | None = None, seasonal: Seasonal | None = None) -> QuantileForecast | None:
         """The forecast now; None when the model has no such horizon, or was trained with(out) a
-        companion series and is now asked without (with) one."""
+        companion series and is now asked without (with) one, or with a seasonal one it is not given
+        (one it was trained without is left out)."""
         if (horizon, QUANTILES[0]) not in self.boosters or self.features.companion != (companion is not None):
             return None
-        row = latest_row(series, first_step, horizon, self.features, step_s, companion)
+        if self.features.needs_seasonal and seasonal is None:
+            return None
+        row = latest_row(series, first_step, horizon, self.features, step_s, companion,
+                         seasonal if self.features.needs_seasonal else None)
         if row is None:
             return None
         p50, p90 = (float(self.boosters[(horizon, q)].predict(row, num_threads=1)[0]) for q in QUANTILES)
@@ -92,11 +97,13 @@ class TrainOutcome:
 
 
 def train(series: FloatArray, first_step: int, horizons: Iterable[int], feature_config: FeatureConfig,
-          config: QuantileModelConfig, companion: FloatArray | None = None) -> TrainOutcome:
-    """Train p50 and p90 models for each horizon on ``series`` (with ``companion``'s count_* features when
-    given); no model (with the reason) when too short."""
-    features = feature_set(feature_config, int(np.count_nonzero(~np.isnan(series))), companion is not None)
-    data = {h: training_rows(series, first_step, h, features, feature_config.step_s, config.max_rows, companion)
+          config: QuantileModelConfig, companion: FloatArray | None = None,
+          seasonal: Seasonal | None = None) -> TrainOutcome:
+    """Train p50 and p90 models for each horizon on ``series`` (with ``companion``'s count_* features and
+    ``seasonal``'s day_ago / week_ago when given); no model (with the reason) when too short."""
+    features = feature_set(feature_config, int(np.count_nonzero(~np.isnan(series))), companion is not None, seasonal)
+    used = seasonal if features.needs_seasonal else None
+    data = {h: training_rows(series, first_step, h, features, feature_config.step_s, config.max_rows, companion, used)
             for h in sorted(set(horizons))}
     shortest = min((len(y) for _, y in data.values()), default=0)
     if shortest < config.min_rows:
