@@ -16,10 +16,24 @@ from warmpool.contract.api import DEFAULT_DIRECTIVE_TTL_SECONDS, MAX_DIRECTIVE_T
 from warmpool.contract.files import DEFAULT_BLOCK_CACHE_ROOT
 from warmpool.kube import DEFAULT_MAX_IN_FLIGHT
 from warmpool_operator.model import DEFAULT_WORKER_IMAGE
+from warmpool_operator.rules.forecast.timescale import ALLOWED_STEPS_S
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS
 
 #: Default seconds between scrapes of a WarmModel's worker pods.
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 10.0
+#: Scrapes a demand step should see: a step with none is stored as missing, not as zero demand.
+SCRAPES_PER_STEP = 3
+
+
+def default_predict_step(scrape_interval: float) -> int:
+    """Demand prediction's history step when none is given: the shortest the counters support, i.e.
+    the shortest forecast step (``timescale.ALLOWED_STEPS_S``, then the longer divisors of an hour)
+    that sees :data:`SCRAPES_PER_STEP` scrapes.  30 s at the default 10 s scrape; 10 s at 3 s or less
+    (a 10 s step over 10 s scrapes holds steps that saw no scrape: missing, not zero)."""
+    if scrape_interval <= 0:
+        raise ValueError(f"the scrape interval must be > 0 s, got {scrape_interval}")
+    longer = (d for d in range(ALLOWED_STEPS_S[-1] + 1, 3601) if 3600 % d == 0)
+    return next(s for s in (*ALLOWED_STEPS_S, *longer) if s >= SCRAPES_PER_STEP * scrape_interval or s == 3600)
 
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -44,9 +58,10 @@ class OperatorConfig:
     #: Seconds before a WarmModel that failed for good (a child refused with 400/422) is tried
     #: again without a spec change, so that an outside fix (a policy relaxed, a name freed) heals it.
     permanent_retry_interval: float = 300.0
-    #: Demand prediction's history step: 60 s; shorter only for tests and demos (it must divide an
-    #: hour: the length histograms are kept per hour).
-    predict_step_seconds: int = 60
+    #: Demand prediction's fine history step (it must divide an hour: the length histograms are kept
+    #: per hour): by default the shortest the scrapes support (:func:`default_predict_step`), 30 s at
+    #: the default scrape interval.  The coarse tier beside it (control/forecasting.py) keeps weeks.
+    predict_step_seconds: int = default_predict_step(DEFAULT_SCRAPE_INTERVAL_SECONDS)
     #: Node directories (normalised prefixes) a WarmModel's hostPath or nodeCache may lie under.
     allowed_host_paths: tuple[str, ...] = DEFAULT_ALLOWED_HOST_PATHS
     #: The API server ends each watch after this many seconds (kopf then starts the next one).

@@ -171,3 +171,46 @@ def test_the_model_is_retrained_once_an_hour_at_any_step() -> None:
 
     # At 5 s steps, every 60 steps was twelve trainings an hour: most of the forecaster's CPU.
     assert {step: forecaster_config(step).retrain_every_steps for step in (5, 10, 60)} == {5: 720, 10: 360, 60: 60}
+
+
+def test_a_default_operator_holds_its_history_at_the_shortest_step_its_scrapes_support() -> None:
+    from warmpool_operator.app.cli import build_parser, config_from_args, config_warnings
+    from warmpool_operator.settings import OperatorConfig, default_predict_step
+
+    def configured(*flags: str) -> int:
+        return config_from_args(build_parser().parse_args(["--namespace", "ns", *flags])).predict_step_seconds
+
+    # Three scrapes a step (a step no scrape saw is missing, not zero): 30 s at the default 10 s scrape.
+    assert OperatorConfig().predict_step_seconds == configured() == 30
+    assert config_warnings(OperatorConfig().scrape_interval, 30) == []
+    assert configured("--scrape-interval", "2") == 10 and configured("--scrape-interval", "3") == 10
+    assert configured("--predict-step-seconds", "60") == 60 and configured("--scrape-interval", "30") == 90
+    assert [default_predict_step(s) for s in (1, 5, 20)] == [5, 15, 60]
+    # The fine steps keep 3.5 days; the coarse tier beside them four weeks (weekly features need two).
+    limits = limits_for(30)
+    assert limits.retention_s == 3.5 * 86400 and limits.coarse_step_s == 300 and limits.coarse_retention_s == 28 * 86400
+
+
+async def test_a_default_operator_forecasts_30s_bursts_at_its_fine_step_not_a_minute() -> None:
+    from warmpool_operator.settings import OperatorConfig
+
+    step_s = OperatorConfig().predict_step_seconds
+    history = bursty_history(step_s, burst_steps=1, every_steps=24, hours=2)  # a 30 s burst every 12 minutes
+    spec: Any = parse_spec({"model": {"pvc": {"claimName": "m"}},
+                            "pool": {"replicas": 1, "minWarm": 0, "maxReplicas": 6,
+                                     "predictive": {"enabled": True, "horizonSeconds": 20}}})
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        runner = _runner(history, executor)
+        runner.capacity.add(served=40.0, busy_seconds=10.0)
+        pool = PoolForecast(cast(Kube, _NoKube()), {}, step_s, executor, lambda: None)
+        pool.runner = runner
+        runner._choose()
+        assert runner.forecast_step_s == 30 and "30 s steps" in runner.choice.reason
+        pool.step(spec, {}, [], cold_start_p95=None)
+        await _settled(runner)
+        made = runner.forecast
+        assert made is not None and made.step_s == 30 and made.prediction.last_step == history.end - 1
+        out = pool.step(spec, {}, [], cold_start_p95=None)
+        assert out.forecast is not None and out.forecast.step_seconds == 30
+        assert out.hold_s == 150.0  # five 30 s steps, where a default operator held pods for five minutes
+        await runner.stop(save=False)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
 from warmpool.logformat import add_log_level_flag, configure_logging
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix, normalise_prefixes
-from warmpool_operator.settings import OperatorConfig
+from warmpool_operator.settings import SCRAPES_PER_STEP, OperatorConfig, default_predict_step
 
 if TYPE_CHECKING:
     from warmpool_operator.app.leader import Renewal
@@ -39,8 +39,6 @@ DEFAULT_OPERATOR_METRICS_PORT = 9090
 
 #: The defaults every flag shows, from the settings type itself (one place owns each default).
 DEFAULTS = OperatorConfig()
-#: Scrapes a demand step should see: a step with none is stored as missing, not as zero demand.
-SCRAPES_PER_STEP = 3
 
 
 class BadFlags(ValueError):
@@ -129,9 +127,10 @@ def _pool_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--predict-step-seconds",
         type=int,
-        default=DEFAULTS.predict_step_seconds,
-        help="demand prediction's history step in seconds (default 60; shorter only for tests and demos: "
-        "it must divide 3600, and the history holds the same number of steps, 10080, whatever the step)",
+        default=None,
+        help="demand prediction's fine history step in seconds (it must divide 3600; default: the shortest "
+        f"that sees {SCRAPES_PER_STEP} scrapes, {DEFAULTS.predict_step_seconds} at the default --scrape-interval; "
+        "10080 steps are kept, and 5-minute steps for 28 days beside them)",
     )
 
 
@@ -222,8 +221,10 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         networks = tuple(ipaddress.ip_network(text, strict=False) for text in args.scrape_network)
     except ValueError as error:
         raise BadFlags(f"bad --scrape-network: {error}") from None
-    if not 1 <= args.predict_step_seconds <= 3600 or 3600 % args.predict_step_seconds:
-        raise BadFlags(f"--predict-step-seconds must divide 3600, got {args.predict_step_seconds}")
+    predict_step = (default_predict_step(args.scrape_interval) if args.predict_step_seconds is None
+                    else args.predict_step_seconds)
+    if not 1 <= predict_step <= 3600 or 3600 % predict_step:
+        raise BadFlags(f"--predict-step-seconds must divide 3600, got {predict_step}")
     try:
         host_paths = normalise_prefixes(
             DEFAULT_ALLOWED_HOST_PATHS if args.allowed_host_path is None else args.allowed_host_path
@@ -246,7 +247,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         scrape_networks=networks,
         heat_write_interval=args.heat_write_interval,
         permanent_retry_interval=args.permanent_retry_interval,
-        predict_step_seconds=args.predict_step_seconds,
+        predict_step_seconds=predict_step,
         allowed_host_paths=host_paths,
         watch_server_timeout=args.watch_server_timeout,
         watch_inactivity_timeout=args.watch_inactivity_timeout,
