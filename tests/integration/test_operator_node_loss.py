@@ -379,6 +379,7 @@ def test_the_operator_replaces_a_lost_nodes_pods_at_once_and_a_drain_never_takes
             lost_at = time.monotonic()
             _until(lambda: _replicas(api_server, namespace) == 4, REPLACED_WITHIN_S, "two replacements asked for")
             replaced_s = time.monotonic() - lost_at
+            assert "replacing 2 on lost nodes, 0 on cordoned nodes" in operator.log()  # why, in its log
             _until(lambda: sum(p["spec"].get("nodeName") == second for p in played.ready_pods()) == 2, WITHIN_S,
                    "two Ready pods on the second node")
             phases["replacements Ready"] = time.monotonic() - lost_at

@@ -59,8 +59,11 @@ def react(memory: ScaleMemory, spec: WarmModelSpec, observations: list[PodObserv
     extra = scaling.extra_pods(observations, spec.pool.min_warm)
     if extra != memory.extra:
         warm = sum(o.warm for o in observations if not o.terminating)
-        log.info("%s/%s: %d warm of minWarm %d; extra pods %s -> %d", *key, warm, spec.pool.min_warm,
-                 memory.extra, extra)
+        # Why the pool grows or shrinks: a node lost or cordoned is the news an SRE looks for.
+        lost = sum(o.node_lost for o in observations if o.replaced)
+        leaving = sum(o.leaving and not o.node_lost for o in observations if o.replaced)
+        log.info("%s/%s: %d warm of minWarm %d; extra pods %s -> %d (replacing %d on lost nodes, %d on cordoned "
+                 "nodes)", *key, warm, spec.pool.min_warm, memory.extra, extra, lost, leaving)
         memory.extra = extra
 
 
