@@ -17,10 +17,11 @@ run first come, first served, so the early ones of a burst end early.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 #: Passes at once: enough to keep the API client's requests in flight full (a first pass has
@@ -92,3 +93,48 @@ class PassQueue:
             ticket.admitted = True
             self.running += 1
             ticket.turn.set()
+
+
+class Asks:
+    """One reconciler's asks for its next pass: the event that wakes its loop, when the pass was
+    first asked for and whether only routine asks wanted it, and its place in the queue while it
+    waits (no queue: every pass runs as soon as asked)."""
+
+    def __init__(self, queue: PassQueue | None) -> None:
+        self.queue = queue
+        self.wake = asyncio.Event()
+        self._asked_at: float | None = None
+        self._routine = True
+        self._ticket: Ticket | None = None
+
+    def ask(self, routine: bool) -> None:
+        queue = self.queue
+        if queue is not None:
+            if self._asked_at is None:
+                self._asked_at, self._routine = queue.clock(), routine
+            elif not routine and self._routine:
+                self._routine = False
+                if self._ticket is not None:
+                    queue.hurry(self._ticket, queue.key(self._asked_at, routine=False))
+        self.wake.set()
+
+    @property
+    def routine_pending(self) -> bool:
+        """Whether a pass is pending and only routine asks wanted it."""
+        return self._asked_at is not None and self._routine
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Wait until the queue admits the pending pass, and hold its slot while the pass runs; the
+        asks start over when it is admitted (an ask from then on is for the pass after it)."""
+        try:
+            if self.queue is not None and self._asked_at is not None:
+                self._ticket = self.queue.enter(self.queue.key(self._asked_at, self._routine))
+                await self._ticket.turn.wait()
+            self.wake.clear()
+            self._asked_at, self._routine = None, True
+            yield
+        finally:
+            if self.queue is not None and self._ticket is not None:
+                self.queue.leave(self._ticket)
+            self._ticket = None

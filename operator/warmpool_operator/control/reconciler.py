@@ -44,7 +44,7 @@ from warmpool_operator.api.types import InvalidWarmModel, WarmModelSpec, parse_s
 from warmpool_operator.control import children, learning, observe, scale, sleep_actions, tiers
 from warmpool_operator.control import zero as zero_step
 from warmpool_operator.control.forecasting import PoolForecast, Predicted
-from warmpool_operator.control.pass_queue import PassQueue, Ticket
+from warmpool_operator.control.pass_queue import Asks, PassQueue
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.control.status_patch import write_status
 from warmpool_operator.io import metrics
@@ -137,19 +137,14 @@ class Reconciler:
         self.body: Obj = dict(body)
         self.shared = shared
         self.cache = cache
-        #: the operator's one pass queue (control/pass_queue.py); None: passes run as soon as asked
-        self.queue = queue
-        #: when the pending pass was first asked for (the queue's clock), and whether only routine
-        #: asks (the initial list, scrape rounds) wanted it: None when no pass is pending
-        self._asked_at: float | None = None
-        self._routine = True
-        self._ticket: Ticket | None = None
+        #: asks for the next pass, in the operator's one pass queue (control/pass_queue.py)
+        self._asks = Asks(queue)
         self.memory = PoolMemory()
         self.forecast = PoolForecast(shared.kube, self.body, shared.config.predict_step_seconds, shared.forecasting,
                                      self.poke, shared.wall)
         #: uid -> what the watch last showed of a worker pod that a pass reads (saw_pod compares)
         self._fingerprints: dict[str, tuple[object, ...]] = {}
-        self._wake = asyncio.Event()
+        self._wake = self._asks.wake
         # Scrape rounds since the last pass a quiet round asked for.  Started at an offset of the
         # pool's own, so that pools made together do not all pass in the same round.
         self._quiet_rounds = zlib.crc32(str(self.body["metadata"].get("uid", "")).encode()) % QUIET_ROUNDS_PER_PASS
@@ -159,14 +154,10 @@ class Reconciler:
     # ------------------------------------------------------------------ waking
 
     def start(self, *, listed: bool = False) -> None:
-        """Start the pass loop; ``listed``: the WarmModel came in a watch's initial list (a backlog
-        the operator works through after news, control/pass_queue.py)."""
+        """Start the pass loop; ``listed``: seen in a watch's initial list, a backlog news overtakes."""
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name=f"reconcile {self.key}")
-            if listed:
-                self.poke_routine()
-            else:
-                self.poke()
+            self._asks.ask(routine=listed)
 
     async def stop(self, *, save: bool = False) -> None:
         """Stop the pass loop; ``save``: the operator shuts down, so the request history is written
@@ -197,21 +188,11 @@ class Reconciler:
 
     def poke(self) -> None:
         """Ask for a pass soon (debounced): news, which goes before routine passes."""
-        self._ask(routine=False)
+        self._asks.ask(routine=False)
 
     def poke_routine(self) -> None:
         """Ask for a pass that news may overtake (the initial list, a scrape round)."""
-        self._ask(routine=True)
-
-    def _ask(self, routine: bool) -> None:
-        if self.queue is not None:
-            if self._asked_at is None:
-                self._asked_at, self._routine = self.queue.clock(), routine
-            elif not routine and self._routine:
-                self._routine = False
-                if self._ticket is not None:
-                    self.queue.hurry(self._ticket, self.queue.key(self._asked_at, routine=False))
-        self._wake.set()
+        self._asks.ask(routine=True)
 
     def saw_pod(self, event_type: str | None, pod: Mapping[str, Any]) -> bool:
         """Note a watch event of one of the pool's pods (or ReplicaSets); True when it changed
@@ -233,9 +214,8 @@ class Reconciler:
         """Ask for a pass and wait for it: returns, or raises :class:`Permanent` / :class:`Temporary`."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        # The pass keeps the class it was asked for with (kopf's resume of a listed WarmModel stays
-        # in the backlog); asked for by nothing else, it is news.
-        self._ask(routine=self._asked_at is not None and self._routine)
+        # The class it was asked for with stays (a listed WarmModel's resume); asked for by nothing else, news.
+        self._asks.ask(routine=self._asks.routine_pending)
         await waiter
 
     async def scrape_round(self) -> None:
@@ -256,42 +236,25 @@ class Reconciler:
         while True:
             await self._wake.wait()
             await asyncio.sleep(DEBOUNCE_SECONDS)
-            try:
-                await self._turn()
-                await self._one_pass()
-            finally:
-                if self.queue is not None and self._ticket is not None:
-                    self.queue.leave(self._ticket)
-                self._ticket = None
-
-    async def _turn(self) -> None:
-        """Wait for the pass queue to admit this pass (control/pass_queue.py)."""
-        if self.queue is None or self._asked_at is None:
-            return
-        self._ticket = self.queue.enter(self.queue.key(self._asked_at, self._routine))
-        await self._ticket.turn.wait()
-
-    async def _one_pass(self) -> None:
-        self._wake.clear()
-        self._asked_at, self._routine = None, True
-        waiters, self._waiters = self._waiters, []
-        try:
-            await self.sync(prompted=bool(waiters))
-        except Exception as error:
-            if not isinstance(error, Permanent | Temporary):
-                log.exception("%s/%s: pass failed", *self.key)
-                error = Temporary(f"{type(error).__name__}: {error}")
-            if isinstance(error, Temporary):
-                asyncio.get_running_loop().call_later(self.shared.config.retry_delay, self.poke)
-                if not waiters:
-                    log.info("%s/%s: pass: %s", *self.key, error)
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_exception(error)
-        else:
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+            async with self._asks.turn():  # the pass queue's order (control/pass_queue.py)
+                waiters, self._waiters = self._waiters, []
+                try:
+                    await self.sync(prompted=bool(waiters))
+                except Exception as error:
+                    if not isinstance(error, Permanent | Temporary):
+                        log.exception("%s/%s: pass failed", *self.key)
+                        error = Temporary(f"{type(error).__name__}: {error}")
+                    if isinstance(error, Temporary):
+                        asyncio.get_running_loop().call_later(self.shared.config.retry_delay, self.poke)
+                        if not waiters:
+                            log.info("%s/%s: pass: %s", *self.key, error)
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_exception(error)
+                else:
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_result(None)
 
     # ------------------------------------------------------------------ the pass
 
