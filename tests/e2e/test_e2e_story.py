@@ -13,6 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -39,6 +40,7 @@ def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_
     body["spec"]["pool"]["replicas"] = 1
     name = body["metadata"]["name"]
     served = body["spec"]["model"]["servedName"]
+    body["spec"].setdefault("pod", {}).update(_platform_fields(world))
 
     started = time.monotonic()
     world.apply(body)
@@ -55,6 +57,7 @@ def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_
     pods = world.pods(name)
     assert len(pods) == 1
     pod = pods[0]
+    _check_platform_fields(world, pod)
     assert world.verified_warm(pod), "the operator's warm pod must be warm by the worker's own account"
     _, readyz = world.readyz(pod)
     assert readyz["layers_resident"] == readyz["layers_total"] > 0, readyz
@@ -96,3 +99,46 @@ def test_real_model_goes_warm_serves_and_tells_its_cold_start(world: World, tmp_
     png = render_waterfall([line], out / "e2e-coldstart-timeline.png", f"warmpool e2e cold start: {name}")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     print(f"timeline chart: {png}")
+
+
+#: What a GPU platform sets in spec.pod (examples/everything.yaml), sized for the dev node.
+SHM_SIZE_KIB = 64 * 1024
+ENGINE_CONFIG = "threads: 2\n"
+
+
+def _platform_fields(world: World) -> dict[str, Any]:
+    """spec.pod's platform fields, the ServiceAccount and ConfigMap they name made first: the pool
+    must go warm on a real kubelet with every one of them."""
+    world.kubectl("create", "serviceaccount", "llm-workers")
+    world.kubectl("create", "configmap", "engine-config", f"--from-literal=engine.yaml={ENGINE_CONFIG}")
+    return {
+        "serviceAccountName": "llm-workers",
+        "labels": {"team": "llm"},
+        "annotations": {"example.com/owner": "llm-platform"},
+        "shmSize": f"{SHM_SIZE_KIB}Ki",
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 20, "preference": {"matchExpressions": [
+                {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "ScheduleAnyway"}],
+        "extraVolumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "16Mi"}},
+                         {"name": "engine-config", "configMap": {"name": "engine-config"}}],
+        "extraVolumeMounts": [{"name": "scratch", "mountPath": "/var/cache/compile"},
+                              {"name": "engine-config", "mountPath": "/etc/engine", "readOnly": True}],
+    }
+
+
+def _check_platform_fields(world: World, pod: dict[str, Any]) -> None:
+    """The running worker has them: its pod's spec and labels, and inside its container a /dev/shm
+    of the asked size and the ConfigMap's file (read through the container's own root)."""
+    spec, meta = pod["spec"], pod["metadata"]
+    assert spec["serviceAccountName"] == "llm-workers", spec["serviceAccountName"]
+    assert meta["labels"].get("team") == "llm" and meta["annotations"].get("example.com/owner") == "llm-platform"
+    assert spec["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    pid = world.worker_pid(pod)
+    mounts = {fields[4]: fields for fields in (line.split() for line in
+                                               Path(f"/proc/{pid}/mountinfo").read_text().splitlines())}
+    assert "/dev/shm" in mounts and "tmpfs" in mounts["/dev/shm"], mounts.get("/dev/shm")
+    assert f"size={SHM_SIZE_KIB}k" in mounts["/dev/shm"][-1], mounts["/dev/shm"]
+    assert "/var/cache/compile" in mounts, sorted(mounts)
+    assert Path(f"/proc/{pid}/root/etc/engine/engine.yaml").read_text() == ENGINE_CONFIG
