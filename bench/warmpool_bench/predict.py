@@ -21,8 +21,8 @@ Cold-start time is an input: by default the figure this project measured
 (GPU-sized pods take 10-60 s) to show how the comparison moves with it.
 
 Also measured here: the forecaster's CPU cost per WarmModel (on the trace, and projected for
-a full 7-day history), each candidate's quantile loss over the replay, and the learned
-warm-up buckets' coverage of the trace's prompt lengths against the defaults.
+a full history: its fine steps and four weeks of coarse ones), each candidate's quantile loss over
+the replay, and the learned warm-up buckets' coverage of the trace's prompt lengths against the defaults.
 
 The live half (a segment of the trace replayed against real pods on the local cluster, with this
 simulator run beside it on the same segment) is :mod:`.predict_live` (``--live``).
@@ -513,7 +513,7 @@ def bucket_figures(trace: Trace, max_context: int) -> dict[str, Any]:
 
 
 def forecaster_cost(trace: Trace, scenario: dict[str, Any], settings: PredictBenchSettings) -> dict[str, Any]:
-    """CPU seconds per WarmModel per hour: on the replay, and projected for a full 7-day history."""
+    """CPU seconds per WarmModel per hour: on the replay, and projected for a full history."""
     auto = scenario["policies"][PREDICTIVE]
     hours = trace.duration_s / 3600
     on_trace = (auto["cpu_train_s"] + auto["cpu_predict_s"]) / hours if hours else None
@@ -529,14 +529,31 @@ def forecaster_cost(trace: Trace, scenario: dict[str, Any], settings: PredictBen
     }
 
 
+def tiled_coarse(history: History, counts: np.ndarray[Any, Any], peaks: np.ndarray[Any, Any]) -> History | None:
+    """A full coarse tier for ``history`` (ending where its fine steps end): the trace's whole coarse steps,
+    rolled up from its per-step ``counts`` and ``peaks`` as the history rolls them up, tiled."""
+    limits = history.limits.coarse
+    k = limits.step_s // history.limits.step_s if limits is not None else 0
+    groups = len(counts) // k if k else 0
+    if limits is None or not groups:  # no coarse tier, or a trace shorter than one coarse step
+        return None
+    rolled = counts[:groups * k].reshape(groups, k).sum(axis=1)
+    busiest = np.maximum(counts, peaks)[:groups * k].reshape(groups, k).max(axis=1) * k
+    index = np.resize(np.arange(groups), limits.points)
+    zeros = [0] * limits.points
+    return History(limits=limits, start=history.end // k - limits.points, requests=rolled[index].tolist(),
+                   prompt_tokens=zeros, generated_tokens=list(zeros), peak_requests=busiest[index].tolist())
+
+
 def retrain_steps(settings: PredictBenchSettings, step_s: int) -> int:
     """The steps between trainings: the settings', else the operator's for ``step_s``."""
     return settings.retrain_every_steps or forecaster_config(step_s).retrain_every_steps
 
 
 def full_history_cost(trace: Trace, settings: PredictBenchSettings, predictions: int = 30) -> dict[str, Any]:
-    """Train once and predict ``predictions`` times on 7 days of history: the trace's per-minute
-    counts and peaks tiled (a cost figure only: the rows and features are what cost, not the values)."""
+    """Train once and predict ``predictions`` times on a full history (its fine steps and four weeks of
+    coarse ones, with the daily and weekly features they turn on): the trace's per-step counts and
+    peaks tiled (a cost figure only: the rows and features are what cost, not the values)."""
     step = settings.step_s or 60
     times = np.array([r.t for r in trace.requests])
     counts = np.bincount((times // step).astype(int))
@@ -549,15 +566,17 @@ def full_history_cost(trace: Trace, settings: PredictBenchSettings, predictions:
     index = np.resize(np.arange(len(counts)), history.limits.points)
     for offset, k in enumerate(index.tolist()):
         history.record(first + offset, StepObservation(requests=int(counts[k]), peak_requests=peaks[k]))
+    history.coarse = tiled_coarse(history, counts, np.asarray(peaks))
     wanted = horizons(settings.lead_s, step)
     retrain = retrain_steps(settings, step)
     forecaster = Forecaster(replace(forecaster_config(step), retrain_every_steps=retrain))
-    forecaster.maybe_train(history, wanted)
+    seasonal = forecaster.seasonal(history.coarse)
+    forecaster.maybe_train(history, wanted, seasonal)
     train_s = forecaster.cpu_train_s
-    forecaster.predict(history, wanted)  # the first scores the baselines on the history: once per start
+    forecaster.predict(history, wanted, seasonal)  # the first scores the baselines on the history: once per start
     forecaster.cpu_predict_s = 0.0
     for _ in range(predictions):
-        forecaster.predict(history, wanted)
+        forecaster.predict(history, wanted, seasonal)
     predict_s = forecaster.cpu_predict_s / predictions
     # One forecast per step, one training per `retrain` steps.
     per_hour = train_s * (3600 / step / retrain) + predict_s * (3600 / step)
@@ -569,7 +588,9 @@ def full_history_cost(trace: Trace, settings: PredictBenchSettings, predictions:
         "retrain_every_steps": retrain,
         "cpu_s_per_hour": per_hour,
         "train_reason": forecaster.train_reason,
-        "note": f"one thread; the trace's per-{step} s counts and peaks tiled to the 10,080 steps a history holds "
-                "for the row count; the model forecasts peaks with the count features beside them",
+        "coarse_steps": len(history.coarse) if history.coarse is not None else 0,
+        "note": f"one thread; the trace's per-{step} s counts and peaks tiled to the 10,080 fine steps a history "
+                "holds for the row count, and its 5 min ones to the coarse tier's four weeks; the model forecasts "
+                "peaks with the count features beside them",
     }
 

@@ -220,7 +220,8 @@ def cost_lines(c: Mapping[str, Any]) -> list[str]:
     return [
         f"- On the replay: {fmt(c['on_trace_cpu_s_per_model_hour'], digits=3)} CPU s per WarmModel-hour "
         f"({c['on_trace_note']}).",
-        f"- With a full 7-day history ({full['steps']} steps, {len(full['features'])} features): one training "
+        f"- With a full history ({full['steps']} fine steps, {full.get('coarse_steps', 0)} coarse ones, "
+        f"{len(full['features'])} features): one training "
         f"{fmt(full['train_cpu_s'], digits=3)} CPU s (every {full['retrain_every_steps']} steps), one forecast "
         f"{fmt(1000 * full['predict_cpu_s'], digits=1)} CPU ms (every step): "
         f"{fmt(full['cpu_s_per_hour'], digits=2)} CPU s per WarmModel-hour; {full['note']}.",

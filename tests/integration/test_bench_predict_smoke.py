@@ -81,6 +81,8 @@ def test_predict_replays_a_trace_and_writes_json_markdown_and_chart(tmp_path: Pa
     assert buckets["share_within_learned"] == 1.0 and buckets["share_within_defaults"] == pytest.approx(1 / 3, 0.01)
     cost = result["forecaster_cost"]
     assert cost["full_history"]["steps"] == 7 * 1440 and cost["full_history"]["train_cpu_s"] > 0  # steps held
+    # and the coarse tier's four weeks beside them, with the daily and weekly features they turn on
+    assert cost["full_history"]["coarse_steps"] == 28 * 288 and "week_ago" in cost["full_history"]["features"]
     assert cost["percent_of_one_core_per_100_models"] > 0
 
     (out / "smoke.md").unlink()
