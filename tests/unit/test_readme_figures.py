@@ -23,7 +23,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "12 GiB": ("Makefile", "VENV_FREE_GIB := 12"),
     "70 s": ("operator/warmpool_operator/settings.py", "watch_inactivity_timeout: float = 70.0"),
     "600 s": ("operator/warmpool_operator/settings.py", "resync_interval: float = 600.0"),
-    "60 s": ("operator/warmpool_operator/settings.py", "predict_step_seconds: int = 60"),
+    "30 s": ("operator/warmpool_operator/settings.py", "30 s at the default 10 s scrape"),
     "768 KiB": ("operator/warmpool_operator/io/history_store.py", "max_bytes: int = 768 * 1024"),
     "4 MiB": ("nodecache/warmpool_nodecache/manifest.py", "DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024"),
 }
