@@ -125,6 +125,8 @@ def render_serve(result: Mapping[str, Any]) -> str:
     ]
     for name, server in result["servers"].items():
         lines += [f"## {name}", "", server["what"], ""]
+        if server.get("gguf"):
+            lines += [gguf_line(server["gguf"]), ""]
         if "error" in server:
             lines += [f"Failed: {server['error']}", ""]
             continue
@@ -156,6 +158,13 @@ def render_serve(result: Mapping[str, Any]) -> str:
     lines += scaling_table(result["servers"])
     lines += [result.get("notes", ""), ""]
     return "\n".join(lines)
+
+
+def gguf_line(gguf: Mapping[str, Any]) -> str:
+    """The GGUF a llama.cpp server ran: its file, size and how many tensors of each ggml type."""
+    types = ", ".join(f"{count} {kind}" for kind, count in (gguf.get("tensor_types") or {}).items())
+    return (f"GGUF: `{Path(str(gguf['path'])).name}`, {gguf['bytes'] / 2**20:.1f} MiB"
+            + (f"; tensors: {types}." if types else "."))
 
 
 def scaling(server: Mapping[str, Any]) -> dict[int, float | None]:

@@ -96,3 +96,11 @@ def test_run_without_the_binary_reports_it_and_measures_the_rest(tmp_path: Path,
     assert result["settings"]["llama_server"] is None
     text = render_serve(result)
     assert "--parallel" in text and "Failed: FileNotFoundError: no llama-server binary" in text
+
+
+def test_the_report_names_each_ggufs_tensor_types() -> None:
+    from warmpool_bench.serve_report import gguf_line
+
+    line = gguf_line({"path": "/m/smollm2.Q4_K_M.gguf", "bytes": 100 * 2**20,
+                      "tensor_types": {"Q5_0": 166, "F32": 61, "Q4_K": 16}})
+    assert line == "GGUF: `smollm2.Q4_K_M.gguf`, 100.0 MiB; tensors: 166 Q5_0, 61 F32, 16 Q4_K."
