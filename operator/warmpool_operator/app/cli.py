@@ -129,8 +129,8 @@ def _pool_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="demand prediction's fine history step in seconds (it must divide 3600; default: the shortest "
-        f"that sees {SCRAPES_PER_STEP} scrapes, {DEFAULTS.predict_step_seconds} at the default --scrape-interval; "
-        "10080 steps are kept, and 5-minute steps for 28 days beside them)",
+        f"that sees {SCRAPES_PER_STEP} scrapes, {DEFAULTS.predict_step_seconds} at the default --scrape-interval); "
+        "a coarse tier beside the fine steps keeps weeks",
     )
 
 
