@@ -32,6 +32,7 @@ from warmpool_bench.serve_report import judge, level_figures, same_text
 from warmpool_bench.serve_servers import (
     LLAMA_CPP_SLOTS,
     Server,
+    cpu_seconds,
     describe_gguf,
     find_llama_quantize,
     find_llama_server,
@@ -145,9 +146,11 @@ def _levels(servers: _Servers, prompts: Sequence[str], settings: ServeSettings,
                       stagger_base / concurrency if concurrency > 1 else 0.0,
                       settings.level_timeout_s, settings.request_timeout_s)
         before = worker_figures(server) if server.name == "warmpool" else {}
+        cpu_before = cpu_seconds(server.proc.pid)
         timings, wall = run_level(server.base_url, server.model, prompts, level)
+        cpu_s = cpu_seconds(server.proc.pid) - cpu_before
         after = worker_figures(server) if server.name == "warmpool" else {}
-        figures[str(concurrency)] = level_figures(timings, wall, concurrency)
+        figures[str(concurrency)] = level_figures(timings, wall, concurrency, cpu_s)
         figures[str(concurrency)]["stagger_s"] = level.stagger_s
         figures[str(concurrency)]["requests_detail"] = [t.record(min(x.sent for x in timings)) for t in timings]
         timings_by_level[concurrency] = timings

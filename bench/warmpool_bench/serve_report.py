@@ -8,7 +8,9 @@ Per server and concurrency level, from the requests' token timestamps:
 * TTFT (send -> first token) and TPOT (mean gap between the following tokens), p50 and p95;
 * TBT, time between tokens: every gap between two consecutive tokens of one request, pooled over
   the level's requests, p50 and p95 (a decode stalled behind someone's prefill shows here, where a
-  request's mean, TPOT, averages it away).
+  request's mean, TPOT, averages it away);
+* ``tok_per_cpu_s``: output tokens / the server process's CPU seconds (user + system, all threads)
+  during the level: what the work cost, whatever share of a shared machine the server was given.
 
 Targets (never asserted anywhere; met or missed is reported): at 12 concurrent, steady decode
 throughput >= 4x a single request's (the level-1 figure), TTFT p95 <= 2.5x the level-1 TTFT
@@ -30,7 +32,8 @@ TARGET_TTFT_RATIO = 2.5
 TARGET_TBT_RATIO = 1.5
 
 
-def level_figures(timings: Sequence[RequestTiming], wall_s: float, concurrency: int) -> dict[str, Any]:
+def level_figures(timings: Sequence[RequestTiming], wall_s: float, concurrency: int,
+                  cpu_s: float | None = None) -> dict[str, Any]:
     done = [t for t in timings if t.error is None and t.token_times]
     tokens = sum(t.tokens for t in done)
     firsts: dict[int, float] = {}
@@ -62,6 +65,8 @@ def level_figures(timings: Sequence[RequestTiming], wall_s: float, concurrency: 
         "tpot_p95_s": percentile(tpot, 95),
         "tbt_p50_s": median(tbt),
         "tbt_p95_s": percentile(tbt, 95),
+        "cpu_s": cpu_s,
+        "tok_per_cpu_s": ratio(float(tokens), cpu_s),
     }
 
 
@@ -131,8 +136,8 @@ def render_serve(result: Mapping[str, Any]) -> str:
             lines += [f"Failed: {server['error']}", ""]
             continue
         lines += ["| concurrency | requests | tokens | throughput tok/s | steady tok/s | x single | "
-                  "TTFT p50 s | TTFT p95 s | TPOT p50 s | TPOT p95 s | TBT p95 s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "TTFT p50 s | TTFT p95 s | TPOT p50 s | TPOT p95 s | TBT p95 s | tok/CPU-s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         single = server["levels"].get("1", {})
         base = single.get("steady_tok_s") or single.get("throughput_tok_s")
         for level in server["levels"].values():
@@ -141,7 +146,8 @@ def render_serve(result: Mapping[str, Any]) -> str:
                 f"{_f(level['throughput_tok_s'], 1)} | {_f(level['steady_tok_s'], 1)} | "
                 f"{_f(ratio(level['steady_tok_s'] or level['throughput_tok_s'], base))} | "
                 f"{_f(level['ttft_p50_s'], 3)} | {_f(level['ttft_p95_s'], 3)} | {_f(level['tpot_p50_s'], 3)} | "
-                f"{_f(level['tpot_p95_s'], 3)} | {_f(level.get('tbt_p95_s'), 3)} |")
+                f"{_f(level['tpot_p95_s'], 3)} | {_f(level.get('tbt_p95_s'), 3)} | "
+                f"{_f(level.get('tok_per_cpu_s'), 1)} |")
         verdict = server["targets"]
         lines += ["", f"At {TARGET_CONCURRENCY} concurrent: steady throughput {_f(verdict.get('throughput_ratio'))}x "
                   f"a single request's (target >= {TARGET_THROUGHPUT_RATIO:g}x: "
@@ -210,14 +216,17 @@ def _at_target_table(servers: Mapping[str, Mapping[str, Any]]) -> list[str]:
             f"{_f(wide.get('steady_tok_s') or wide.get('throughput_tok_s'), 1)} | "
             f"{_f(verdict.get('throughput_ratio'))} | {_f(alone.get('ttft_p50_s'), 3)} | "
             f"{_f(wide.get('ttft_p95_s'), 3)} | {_f(verdict.get('ttft_p95_ratio'))} | "
-            f"{_f(alone.get('tbt_p95_s'), 3)} | {_f(wide.get('tbt_p95_s'), 3)} | {_f(verdict.get('tbt_p95_ratio'))} |")
+            f"{_f(alone.get('tbt_p95_s'), 3)} | {_f(wide.get('tbt_p95_s'), 3)} | {_f(verdict.get('tbt_p95_ratio'))} | "
+            f"{_f(alone.get('tok_per_cpu_s'), 1)} | {_f(wide.get('tok_per_cpu_s'), 1)} | "
+            f"{_f(ratio(wide.get('tok_per_cpu_s'), alone.get('tok_per_cpu_s')))} |")
     if not rows:
         return []
     c = TARGET_CONCURRENCY
     return ["", f"At 1 and {c} concurrent, side by side (each server against its own one request):", "",
             f"| server | tok/s at 1 | tok/s at {c} | scaling 1 -> {c} | TTFT p50 alone s | TTFT p95 at {c} s | "
-            f"÷ alone | TBT p95 alone s | TBT p95 at {c} s | ÷ alone |",
-            "|---|---|---|---|---|---|---|---|---|---|", *rows]
+            f"÷ alone | TBT p95 alone s | TBT p95 at {c} s | ÷ alone | tok/CPU-s at 1 | tok/CPU-s at {c} | "
+            f"CPU scaling 1 -> {c} |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def plot_serve(result: Mapping[str, Any], path: Path) -> None:

@@ -182,6 +182,16 @@ def start_llama_server(binary: Path, gguf: Path, work: Path, threads: int, paral
     return server
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used so far, all its threads (Linux /proc).
+
+    What a server's work cost in CPU, whatever share of the machine it was given: on a shared box
+    its wall-clock figures move with the load, its tokens per CPU-second much less."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # after "pid (comm)": state is field 3, utime 14 and stime 15 (proc(5)), here 0, 11 and 12
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def worker_figures(server: Server) -> dict[str, float]:
     """The warmpool worker's own counters (generated tokens, busy seconds), for utilisation."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -104,3 +104,22 @@ def test_the_report_names_each_ggufs_tensor_types() -> None:
     line = gguf_line({"path": "/m/smollm2.Q4_K_M.gguf", "bytes": 100 * 2**20,
                       "tensor_types": {"Q5_0": 166, "F32": 61, "Q4_K": 16}})
     assert line == "GGUF: `smollm2.Q4_K_M.gguf`, 100.0 MiB; tensors: 166 Q5_0, 61 F32, 16 Q4_K."
+
+
+def test_cpu_seconds_of_a_process_and_tokens_per_cpu_second() -> None:
+    import os
+    import time
+
+    from warmpool_bench.serve_load import RequestTiming
+    from warmpool_bench.serve_report import level_figures
+    from warmpool_bench.serve_servers import cpu_seconds
+
+    before, spent_from = cpu_seconds(os.getpid()), time.process_time()
+    for _ in range(100_000_000):  # bounded: about 0.2 s of this process's CPU
+        if time.process_time() - spent_from >= 0.2:
+            break
+    used = cpu_seconds(os.getpid()) - before
+    assert used == pytest.approx(time.process_time() - spent_from, abs=0.05)
+    timing = RequestTiming(0, 0, 0, 0.0, [0.1 * i for i in range(1, 9)])
+    assert level_figures([timing], 1.0, 1, cpu_s=0.5)["tok_per_cpu_s"] == pytest.approx(16.0)
+    assert level_figures([timing], 1.0, 1)["tok_per_cpu_s"] is None
