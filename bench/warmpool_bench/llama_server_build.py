@@ -8,7 +8,7 @@ targets, and keep them in ``~/.cache/warmpool/bin/llama-server-<version>/``.  Ca
 finds both there and does nothing.
 
 Bench-only (``make llama-server``): neither ``make test`` nor ``make demo`` builds it; the smoke test
-skips when it is absent.  The compile is long (about 200 compile steps, minutes on 2 cores): progress
+skips when it is absent.  The compile is long (210 steps, about 10 minutes on 2 cores): progress
 is shown from the build tool's ``[n/total]`` lines, with rich when a person watches, as plain log
 lines when not.
 """
@@ -56,8 +56,8 @@ CMAKE_OPTIONS = (
     "-DGGML_CCACHE=OFF",
 )
 #: A build tool's progress: ninja's ``[12/210]``, or make's ``[ 45%]``.
-#: Bounds: pip download and cmake configure each; the whole compile (measured: about 25 min on 2
-#: shared cores under load).
+#: Bounds: pip download and cmake configure each; the whole compile (measured: 210 steps in about
+#: 10 min on 2 shared cores at load 5-10).
 STEP_TIMEOUT_S = 600.0
 COMPILE_TIMEOUT_S = 3 * 3600.0
 _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")
