@@ -202,7 +202,7 @@ def _start(name: str, model_dir: Path, gguf: Path | None, work: Path, settings: 
 def _what(name: str, gguf: Path | None, settings: ServeSettings) -> str:
     quant = gguf.stem.rsplit(".", 1)[-1] if gguf is not None else "?"
     f32 = " Weights: a float32 copy of the GGUF (`serve_gguf.py`), the worker's compute precision."
-    packed = f" Weights: the model's packaged GGUF ({quant}: about an eighth of float32's bytes per step)."
+    packed = f" Weights: the model's packaged GGUF ({quant}: under a fifth of the float32 copy's bytes)."
     q4km = (f" Weights: a {Q4_K_M} that llama.cpp's `llama-quantize` made from the float32 copy (a second "
             "quantisation of weights that were Q4_1 already; tensors whose rows are not a multiple of 256 "
             "get llama-quantize's fallback type: the GGUF's tensor types are recorded with the results).")

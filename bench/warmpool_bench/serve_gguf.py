@@ -3,7 +3,7 @@ uses the `gguf` package of the dev extra): a float32 copy, so llama.cpp can also
 the precision the built-in engine computes in, and a Q4_K_M made from that copy by llama.cpp's own
 ``llama-quantize`` (its usual 4-bit deployment format, `make llama-server` builds the tool).
 
-The packaged GGUF is Q4_1 (embeddings Q8_0): about an eighth of the float32 bytes a decode
+The packaged GGUF is Q4_1 (embeddings Q8_0): under a fifth of the float32 bytes a decode
 step streams from memory, which on a CPU is most of a step's cost.  This copy keeps every
 metadata field and dequantises every tensor to float32, so the two servers differ in their
 engines, not in the bytes of their weights.  The safetensors the worker reads were converted
