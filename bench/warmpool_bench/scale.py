@@ -15,6 +15,14 @@ client, then poll until all are Ready (bounded in time, progress every 10 s).  M
 Ready, reconcile latency p50/p95 and the timer pass (scrape cycle) p50/p95 from the
 operator's own histogram, operator CPU seconds (utime+stime from /proc) and RSS.
 
+Memory per WarmModel: the operator's RSS idle at N above its RSS before the first WarmModel.
+
+A restart over the N (the backlog): the operator is stopped and a fresh one started; it lists all
+N and passes over each (kopf's resume).  Once its first pass is counted, LATE_COUNT WarmModels are
+created one by one, and each one's first pass is timed (create -> status Ready, through a watch):
+what a user creating a WarmModel meets while the operator works through a backlog.  The backlog's
+own time is start -> every listed WarmModel's pass counted (the operator's histogram).
+
 Status lag after a pod's Ready event: nothing runs on the bench nodes, so the bench plays the
 kubelet for a sample of pods.  It patches each pod's status to Ready (one every
 ``LAG_SPACING_S``, so each is a lone event, not a burst) and times, through a watch on the
@@ -46,13 +54,19 @@ LAG_SPACING_S = 0.5
 LAG_WAIT_S = 30.0
 #: The N the scale targets are set at (1,000 WarmModels).
 TARGET_N = 1000
+#: WarmModels created while a restarted operator works through the N it listed (the backlog), one
+#: every LATE_SPACING_S: each one's first pass is timed, create -> its status Ready.
+LATE_COUNT = 10
+LATE_SPACING_S = 0.3
+LATE_LABEL = "warmpool.dev/bench-late"
+LATE_WAIT_S = 120.0
 
 
-def warmmodel_manifest(name: str, namespace: str) -> dict[str, Any]:
+def warmmodel_manifest(name: str, namespace: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "warmpool.dev/v1alpha1",
         "kind": "WarmModel",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, **({"labels": labels} if labels else {})},
         "spec": {
             "model": {"nodeCache": {"key": "smollm2-135m-instruct"}, "servedName": name},
             "pool": {"replicas": 1, "minWarm": 0, "maxReplicas": 1},
@@ -304,30 +318,133 @@ def _delete_all(cluster: Any, namespace: str, timeout_s: float) -> float | None:
     return None
 
 
+def _start_operator(cluster: Any, namespace: str, scrape_interval: float,
+                    log: Any) -> tuple[subprocess.Popen[bytes], int]:
+    """A fresh `warmpool operator -n NS` process and its metrics port; up when its /metrics answers
+    (bounded: 120 s; check ``poll()`` afterwards)."""
+    port = _free_port()
+    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "warmpool", "operator", "-n", namespace, "--scrape-interval", str(scrape_interval),
+         "--scrape-network", "127.0.0.0/8", "--metrics-port", str(port), "--health-port", "0",
+         "--bind", HOST, "--log-level", "WARNING"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and operator.poll() is None:  # up when its /metrics answers
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=2).read()
+            break
+        time.sleep(0.5)
+    return operator, port
+
+
+def _stop_operator(operator: subprocess.Popen[bytes]) -> None:
+    if operator.poll() is None:
+        operator.terminate()
+        try:
+            operator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait(timeout=30)
+
+
+def _handler_passes(port: int) -> float:
+    """Prompted passes (a create / resume handler waited for each) the operator has counted so far."""
+    with contextlib.suppress(OSError):
+        text = urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10).read().decode()
+        buckets = reconcile_histograms(text).get("handler") or []
+        return buckets[-1][1] if buckets else 0.0
+    return 0.0
+
+
+def _time_late_warmmodels(kubeconfig: Path, namespace: str) -> dict[str, float]:
+    """Create LATE_COUNT WarmModels, LATE_SPACING_S apart; seconds from each create until a watch
+    sees its status Ready (bounded: LATE_WAIT_S after the last create)."""
+    import threading
+
+    from kubernetes import client, config, watch
+
+    from warmpool.contract.api import API_GROUP, API_VERSION, CONDITION_READY, PLURAL
+
+    api: Any = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    custom: Any = client.CustomObjectsApi(api)
+    listed = custom.list_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
+                                                  label_selector=LATE_LABEL)
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch_ready() -> None:
+        stream: Any = watch.Watch()  # type: ignore[no-untyped-call]
+        for event in stream.stream(custom.list_namespaced_custom_object, API_GROUP, API_VERSION, namespace, PLURAL,
+                                   label_selector=LATE_LABEL, resource_version=listed["metadata"]["resourceVersion"],
+                                   timeout_seconds=int(LATE_COUNT * LATE_SPACING_S + LATE_WAIT_S + 30)):
+            obj = event["object"]
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == CONDITION_READY and c.get("status") == "True" for c in conditions):
+                seen.setdefault(obj["metadata"]["name"], time.monotonic())
+            if stop.is_set():
+                stream.stop()
+
+    watcher = threading.Thread(target=watch_ready, daemon=True)
+    watcher.start()
+    time.sleep(0.5)  # the watch is open before the first event it must see
+    created: dict[str, float] = {}
+    for i in range(LATE_COUNT):
+        name = f"late-{i:02d}"
+        created[name] = time.monotonic()
+        custom.create_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL,
+                                               warmmodel_manifest(name, namespace, {LATE_LABEL: "yes"}))
+        time.sleep(LATE_SPACING_S)
+    deadline = time.monotonic() + LATE_WAIT_S
+    while time.monotonic() < deadline and not set(created) <= set(seen):
+        time.sleep(0.1)
+    stop.set()
+    return {name: seen[name] - created[name] for name in created if name in seen}
+
+
+def measure_backlog(cluster: Any, namespace: str, count: int, scrape_interval: float, log: Any,
+                    deadline: float) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """A restart over the N WarmModels: a fresh operator lists them all (the backlog: a resume pass
+    each) and, once its first pass is counted, LATE_COUNT WarmModels are created one by one; their
+    first passes are timed (create -> Ready), and the backlog's (start -> every listed WarmModel's
+    pass counted).  Returns the operator, still running (the deletion is measured with it)."""
+    started = time.monotonic()
+    operator, port = _start_operator(cluster, namespace, scrape_interval, log)
+    out: dict[str, Any] = {}
+    if operator.poll() is not None:
+        out["error"] = f"the restarted operator exited {operator.returncode}"
+        return operator, out
+    while time.monotonic() < deadline and _handler_passes(port) < 1:
+        time.sleep(0.1)
+    out["first_pass_s"] = time.monotonic() - started
+    from warmpool_bench.stats import percentile
+
+    lags = list(_time_late_warmmodels(cluster.kubeconfig, namespace).values())
+    out |= {"late_created": LATE_COUNT, "late_ready": len(lags), "late_p50_s": percentile(lags, 50),
+            "late_p95_s": percentile(lags, 95), "late_max_s": max(lags, default=None)}
+    passes = _handler_passes(port)
+    out["backlog_left_when_late_ready"] = max(0.0, count + LATE_COUNT - passes)
+    while time.monotonic() < deadline and passes < count + LATE_COUNT:
+        time.sleep(0.5)
+        passes = _handler_passes(port)
+    out["backlog_s"] = time.monotonic() - started if passes >= count + LATE_COUNT else None
+    return operator, out
+
+
 def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, work: Path,
             concurrency: int) -> dict[str, Any]:
     from warmpool_bench.scale_floor import timed_apply
 
     namespace = f"bench-scale-{count}-{os.getpid()}"
     cluster.kubectl("create", "namespace", namespace)
-    port = _free_port()
-    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
     log_path = work / f"operator-{count}.log"
     point: dict[str, Any] = {"count": count, "namespace": namespace}
+    operators: list[subprocess.Popen[bytes]] = []
     with log_path.open("wb") as log:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "warmpool", "operator", "-n", namespace, "--scrape-interval", str(scrape_interval),
-             "--scrape-network", "127.0.0.0/8", "--metrics-port", str(port), "--health-port", "0",
-             "--bind", HOST, "--log-level", "WARNING"],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )
         try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and operator.poll() is None:  # up when its /metrics answers
-                with contextlib.suppress(OSError):
-                    urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=2).read()
-                    break
-                time.sleep(0.5)
+            operator, port = _start_operator(cluster, namespace, scrape_interval, log)
+            operators.append(operator)
             if operator.poll() is not None:
                 point["error"] = f"operator exited {operator.returncode}"
                 return point
@@ -357,22 +474,26 @@ def measure(cluster: Any, count: int, timeout_s: float, scrape_interval: float, 
                 point["operator_cpu_percent"] = 100 * (end[0] - base[0]) / elapsed
                 point["operator_rss_bytes"] = end[1]
                 point["operator_rss_peak_bytes"] = max(end[2], peak_rss)
+                # Memory per WarmModel: idle at N above the same process before the first WarmModel.
+                point["operator_rss_base_bytes"] = base[1]
+                point["rss_per_warmmodel_bytes"] = (end[1] - base[1]) / count
             with contextlib.suppress(OSError):
                 text = urllib.request.urlopen(f"http://{HOST}:{port}/metrics", timeout=10).read().decode()
                 point |= reconcile_figures(text)
-            # Teardown while the operator runs: it owns a finalizer on each WarmModel.
+            # A restart over the N: the backlog, and WarmModels created during it.
+            if ready >= count:
+                _stop_operator(operator)
+                restarted, point["restart"] = measure_backlog(cluster, namespace, count, scrape_interval, log,
+                                                              time.monotonic() + timeout_s)
+                operators.append(restarted)
+            # Teardown while an operator runs (as a user's would).
             point["all_deleted_s"] = _delete_all(cluster, namespace, timeout_s)
         finally:
-            if operator.poll() is None:
-                operator.terminate()
-                try:
-                    operator.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    operator.kill()
-                    operator.wait(timeout=30)
-            # Left behind only if the operator died: drop its finalizer, or the namespace never goes.
+            for running in operators:
+                _stop_operator(running)
+            # Left behind only if an older operator set finalizers: dropped, or the namespace never goes.
             left = cluster.kubectl("get", "warmmodels", "-n", namespace, "-o", "name", check=False)
-            for ref in left.stdout.split()[: count + 1] if left.returncode == 0 else []:
+            for ref in left.stdout.split()[: count + LATE_COUNT + 1] if left.returncode == 0 else []:
                 cluster.kubectl("patch", ref, "-n", namespace, "--type=merge", "-p",
                                 '{"metadata":{"finalizers":null}}', check=False)
             drain_namespace(cluster, namespace)
@@ -440,6 +561,7 @@ def _target(value: float | None, limit: float, unit: str = "") -> dict[str, Any]
 def targets(point: dict[str, Any], growth_table: dict[str, dict[str, float | None]]) -> dict[str, dict[str, Any]]:
     """The scale targets at the largest N, each with its figure and met / missed (None: not measured)."""
     rss = point.get("operator_rss_peak_bytes")
+    per_warmmodel = point.get("rss_per_warmmodel_bytes")
     doublings = [v for key in ("all_ready_s", "operator_cpu_s", "operator_rss_peak_bytes", "all_deleted_s")
                  for v in growth_table.get(key, {}).values() if v is not None]
     n = point["count"]
@@ -447,6 +569,12 @@ def targets(point: dict[str, Any], growth_table: dict[str, dict[str, float | Non
         f"all reconciled vs floor (N={n})": _target(point.get("ratio_to_floor"), 1.5, "x"),
         "reconcile p95 (all passes)": _target(point.get("reconcile_p95_s"), 1.0, " s"),
         "reconcile p95 (first pass of each object)": _target(point.get("reconcile_handler_p95_s"), 1.0, " s"),
+        "first pass of a WarmModel created during a restart's backlog, p95":
+            _target((point.get("restart") or {}).get("late_p95_s"), 2.0, " s"),
+        "operator RSS above its empty start, per WarmModel": _target(
+            None if per_warmmodel is None else per_warmmodel / 1024, 10, " KiB"),
+        f"growth of all reconciled, {n} -> {2 * n}": _target(
+            growth_table.get("all_ready_s", {}).get(f"{n}->{2 * n}"), 2.2, "x"),
         "status lag after a pod Ready event, p95": _target(point.get("status_lag_p95_s"), 1.0, " s"),
         "operator RSS, peak": _target(None if rss is None else rss / 1e6, 200, " MB"),
         "operator idle CPU (% of one core)": _target(point.get("idle_cpu_percent"), 10, " %"),
@@ -502,10 +630,13 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     for point in points:  # flattened for the growth table
         point["floor_all_done_s"] = (point.get("floor") or {}).get("all_done_s")
         point["status_lag_p95_s"] = (point.get("status_lag") or {}).get("p95_s")
+        point["late_p95_s"] = (point.get("restart") or {}).get("late_p95_s")
+        point["restart_backlog_s"] = (point.get("restart") or {}).get("backlog_s")
     result["growth"] = {
         key: growth({p["count"]: p.get(key) for p in points})
         for key in ("floor_all_done_s", "all_ready_s", "reconcile_p95_s", "status_lag_p95_s", "operator_cpu_s",
-                    "idle_cpu_percent", "operator_rss_peak_bytes", "all_deleted_s")
+                    "idle_cpu_percent", "operator_rss_peak_bytes", "rss_per_warmmodel_bytes", "late_p95_s",
+                    "restart_backlog_s", "all_deleted_s")
     }
     failed = [f"N={p['count']}: {p['error']}" for p in points if "error" in p]
     failed += [f"N={p['count']} floor: {p['floor']['error']}" for p in points if "error" in (p.get("floor") or {})]

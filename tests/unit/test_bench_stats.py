@@ -135,7 +135,7 @@ def test_render_scale_table_and_missing_note() -> None:
 def test_scale_targets_judge_the_largest_n_against_the_issue() -> None:
     point = {"count": 1000, "ratio_to_floor": 1.2, "reconcile_p95_s": 1.6, "reconcile_handler_p95_s": None,
              "status_lag_p95_s": 0.4, "operator_rss_peak_bytes": 190e6, "idle_cpu_percent": 12.0,
-             "all_deleted_s": 30.0}
+             "all_deleted_s": 30.0, "restart": {"late_p95_s": 2.5}, "rss_per_warmmodel_bytes": 9 * 1024}
     got = targets(point, {"all_ready_s": {"250->500": 1.9, "500->1000": 2.4}, "operator_cpu_s": {"250->500": 1.5}})
     verdicts = {name: t["met"] for name, t in got.items()}
     assert verdicts == {
@@ -147,6 +147,9 @@ def test_scale_targets_judge_the_largest_n_against_the_issue() -> None:
         "operator idle CPU (% of one core)": False,
         "delete all 1000": True,
         "growth per doubling of N (worst of time, CPU, RSS, delete)": False,  # 2.4 > linear
+        "first pass of a WarmModel created during a restart's backlog, p95": False,  # 2.5 s > 2 s
+        "operator RSS above its empty start, per WarmModel": True,  # 9 KiB <= 10 KiB
+        "growth of all reconciled, 1000 -> 2000": None,  # 2,000 not measured
     }
     assert got["operator RSS, peak"]["value"] == 190.0
     text = render_scale({"started_at": "x", "machine": {"cpus": 2, "loadavg": [1.0]}, "points": [point],
