@@ -7,7 +7,8 @@ The packaged GGUF is Q4_1 (embeddings Q8_0): under a fifth of the float32 bytes 
 step streams from memory, which on a CPU is most of a step's cost.  This copy keeps every
 metadata field and dequantises every tensor to float32, so the two servers differ in their
 engines, not in the bytes of their weights.  The safetensors the worker reads were converted
-from the same GGUF (`warmpool model fetch`), so both hold the same dequantised values.
+from the same GGUF (`warmpool model fetch`), so both hold the same dequantised values (the
+worker's rounded to bfloat16, its file's dtype).
 """
 
 from __future__ import annotations
