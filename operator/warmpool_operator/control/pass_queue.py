@@ -3,15 +3,16 @@
 At start-up over 1,000 WarmModels (the initial list), every reconciler asks for a pass at once.
 Run all together they share the API client's few requests in flight and advance in lock-step,
 so each first pass ends near the end of the burst, and a WarmModel created meanwhile waits
-behind all of them.  Here at most ``slots`` passes run at once, admitted by a key:
+behind all of them.  Here at most ``slots`` passes run at once, taken from two lines, each first
+come, first served (so the early ones of a burst end early):
 
-* a pass asked for by news (a WarmModel created or changed, a child or pod event, a handler
-  waiting) is keyed by when it was first asked for;
-* a *routine* pass (the initial list, a scrape round) by that time plus ``aging_s``.
+* news: a pass asked for by a WarmModel created or changed, a child or pod event, a handler waiting;
+* routine: a pass only the initial list or a scrape round asked for.
 
-So news overtakes the backlog, and the backlog still finishes: a routine pass waits at most
-``aging_s`` behind news that came after it (its key is then the older).  Passes of one key class
-run first come, first served, so the early ones of a burst end early.
+News goes first, and the backlog still finishes: while both lines wait, every
+``news_per_routine``-th free slot goes to the routine line (its aging is counted in passes, not
+seconds, so a long initial list never turns the backlog's age against a WarmModel created after it).
+A routine pass that news arrives for moves to the news line.
 """
 
 from __future__ import annotations
@@ -27,53 +28,61 @@ from dataclasses import dataclass, field
 #: Passes at once: enough to keep the API client's requests in flight full (a first pass has
 #: about two writes in flight at a time), few enough that the order above holds.
 DEFAULT_SLOTS = 32
-#: How long a routine pass (the initial list, a scrape round) lets newer news go first.
-DEFAULT_AGING_S = 30.0
+#: While both lines wait: news passes admitted for each routine one (the backlog's share: 1 in 5).
+DEFAULT_NEWS_PER_ROUTINE = 4
 
 
 @dataclass(eq=False)
 class Ticket:
     """One reconciler's place in the queue, for one pass."""
 
-    key: float
+    asked_at: float
+    routine: bool
     admitted: bool = False
     left: bool = False
     turn: asyncio.Event = field(default_factory=asyncio.Event)
 
+    @property
+    def waiting(self) -> bool:
+        return not (self.admitted or self.left)
+
+
+Line = list[tuple[float, int, Ticket]]
+
 
 class PassQueue:
-    def __init__(self, slots: int = DEFAULT_SLOTS, aging_s: float = DEFAULT_AGING_S,
+    def __init__(self, slots: int = DEFAULT_SLOTS, news_per_routine: int = DEFAULT_NEWS_PER_ROUTINE,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if slots < 1:
             raise ValueError(f"a pass queue needs at least one slot, got {slots}")
-        if aging_s < 0:
-            raise ValueError(f"aging must be >= 0 s, got {aging_s:g}")
-        self.slots, self.aging_s, self.clock = slots, aging_s, clock
+        if news_per_routine < 1:
+            raise ValueError(f"news_per_routine must be >= 1, got {news_per_routine}")
+        self.slots, self.news_per_routine, self.clock = slots, news_per_routine, clock
         self.running = 0
-        self._heap: list[tuple[float, int, Ticket]] = []
+        self._news: Line = []
+        self._routine: Line = []
         self._order = itertools.count()
-
-    def key(self, asked_at: float, routine: bool) -> float:
-        """The admission key of a pass first asked for at ``asked_at`` (this queue's clock)."""
-        return asked_at + (self.aging_s if routine else 0.0)
+        #: news passes admitted since the last routine one, while routine ones waited
+        self._streak = 0
 
     @property
     def waiting(self) -> int:
-        return sum(1 for _, _, ticket in self._heap if not (ticket.admitted or ticket.left))
+        return sum(1 for line in (self._news, self._routine) for _, _, t in line if t.waiting)
 
-    def enter(self, key: float) -> Ticket:
-        """A place for a pass keyed ``key``: admitted at once while a slot is free and no one waits."""
-        ticket = Ticket(key)
-        heapq.heappush(self._heap, (key, next(self._order), ticket))
+    def enter(self, asked_at: float, routine: bool) -> Ticket:
+        """A place for a pass first asked for at ``asked_at`` (this queue's clock): admitted at once
+        while a slot is free and no one waits."""
+        ticket = Ticket(asked_at, routine)
+        heapq.heappush(self._routine if routine else self._news, (asked_at, next(self._order), ticket))
         self._admit()
         return ticket
 
-    def hurry(self, ticket: Ticket, key: float) -> None:
-        """News for a waiting pass: it moves up to ``key`` (never down)."""
-        if ticket.admitted or ticket.left or key >= ticket.key:
+    def hurry(self, ticket: Ticket) -> None:
+        """News for a waiting routine pass: it moves to the news line, keeping its place in time."""
+        if not ticket.waiting or not ticket.routine:
             return
-        ticket.key = key  # its older heap entry no longer matches its key: skipped when reached
-        heapq.heappush(self._heap, (key, next(self._order), ticket))
+        ticket.routine = False  # its routine entry is skipped when reached
+        heapq.heappush(self._news, (ticket.asked_at, next(self._order), ticket))
         self._admit()
 
     def leave(self, ticket: Ticket) -> None:
@@ -85,14 +94,25 @@ class PassQueue:
             self.running -= 1
         self._admit()
 
+    def _head(self, line: Line, routine: bool) -> Ticket | None:
+        while line and not (line[0][2].waiting and line[0][2].routine == routine):
+            heapq.heappop(line)  # admitted, given up, or moved to the news line
+        return line[0][2] if line else None
+
     def _admit(self) -> None:
-        while self.running < self.slots and self._heap:
-            key, _, ticket = heapq.heappop(self._heap)
-            if ticket.admitted or ticket.left or key != ticket.key:
-                continue
-            ticket.admitted = True
+        while self.running < self.slots:
+            news, routine = self._head(self._news, False), self._head(self._routine, True)
+            if routine is not None and (news is None or self._streak >= self.news_per_routine):
+                heapq.heappop(self._routine)
+                self._streak, chosen = 0, routine
+            elif news is not None:
+                heapq.heappop(self._news)
+                self._streak, chosen = (self._streak + 1 if routine is not None else 0), news
+            else:
+                return
+            chosen.admitted = True
             self.running += 1
-            ticket.turn.set()
+            chosen.turn.set()
 
 
 class Asks:
@@ -115,7 +135,7 @@ class Asks:
             elif not routine and self._routine:
                 self._routine = False
                 if self._ticket is not None:
-                    queue.hurry(self._ticket, queue.key(self._asked_at, routine=False))
+                    queue.hurry(self._ticket)
         self.wake.set()
 
     @property
@@ -129,7 +149,7 @@ class Asks:
         asks start over when it is admitted (an ask from then on is for the pass after it)."""
         try:
             if self.queue is not None and self._asked_at is not None:
-                self._ticket = self.queue.enter(self.queue.key(self._asked_at, self._routine))
+                self._ticket = self.queue.enter(self._asked_at, self._routine)
                 await self._ticket.turn.wait()
             self.wake.clear()
             self._asked_at, self._routine = None, True
