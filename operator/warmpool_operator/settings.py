@@ -18,6 +18,7 @@ from warmpool.kube import DEFAULT_MAX_IN_FLIGHT
 from warmpool_operator.model import DEFAULT_WORKER_IMAGE
 from warmpool_operator.rules.forecast.timescale import ALLOWED_STEPS_S
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS
+from warmpool_operator.rules.node_leases import DEFAULT_GRACE_S as DEFAULT_NODE_LEASE_GRACE_S
 
 #: Default seconds between scrapes of a WarmModel's worker pods.
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 10.0
@@ -75,6 +76,9 @@ class OperatorConfig:
     #: Seconds between resyncs (control/resync.py), the backstop for deletions no watch reported;
     #: a watch seen listing again asks for one at once.
     resync_interval: float = 600.0
+    #: A node whose kubelet renewed no Lease for this long, while another node's did, is lost
+    #: (rules/node_leases.py); 0 leaves node loss to the Ready condition alone.
+    node_lease_grace_seconds: float = DEFAULT_NODE_LEASE_GRACE_S
     #: Cluster-wide mode: the ingress rules of a NetworkPolicy the operator makes over each pool's
     #: worker pods, in the pool's namespace (the chart renders them as it does its own namespaced
     #: worker policies, and passes them as --worker-policy-ingress).  None: no such policy.

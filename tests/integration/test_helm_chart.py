@@ -408,7 +408,24 @@ def _leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def _not_leader(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in _not_activator(by_kind(objs, kind)) if not o["metadata"]["name"].endswith("-leader")]
+    return [o for o in _not_activator(by_kind(objs, kind)) if not o["metadata"]["name"].endswith(
+        ("-leader", "-node-leases"))]
+
+
+def _node_leases(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in by_kind(objs, kind) if o["metadata"]["name"].endswith("-node-leases")]
+
+
+def assert_node_leases_read_only_in_kube_node_lease(objs: list[dict[str, Any]], account: str,
+                                                    namespace: str) -> None:
+    """The kubelets' Leases (control/nodes.py): read, in kube-node-lease only, by the operator's account."""
+    (role,) = _node_leases(objs, "Role")
+    (binding,) = _node_leases(objs, "RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "kube-node-lease"
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "list", "watch"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
 
 
 def test_rbac_by_scope(tmp_path: Path) -> None:
@@ -426,6 +443,7 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
     args = _not_activator(by_kind(namespaced, "Deployment"))[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert {"--control-key-secret=wp-warmpool-control-key", "--control-key-namespace=warmpool-system"} <= set(args)
     assert [b["metadata"]["namespace"] for b in _leader(namespaced, "RoleBinding")] == ["warmpool-system"]
+    assert_node_leases_read_only_in_kube_node_lease(namespaced, "preexisting", "warmpool-system")
     watched = ["team-a", "team-b", "team-c"]
     roles = _not_leader(namespaced, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == watched
@@ -454,6 +472,7 @@ def test_rbac_by_scope(tmp_path: Path) -> None:
 
     wide = objects(render(tmp_path, VALUE_SETS["cluster-wide, everything on"]))
     assert not _not_leader(wide, "Role") and not _not_leader(wide, "RoleBinding")
+    assert_node_leases_read_only_in_kube_node_lease(wide, "wp-warmpool", "warmpool-system")
     assert len(_leader(wide, "Role")) == 1 and len(_leader(wide, "RoleBinding")) == 1
     cluster_roles = {r["metadata"]["name"]: r for r in by_kind(wide, "ClusterRole") if not _aggregated(r)}
     assert set(cluster_roles) == {"wp-warmpool", "wp-warmpool-discovery", "wp-warmpool-activator",

@@ -31,7 +31,7 @@ from kubernetes_asyncio import config
 from warmpool_devcluster import build
 from warmpool_devcluster.chart_values import render_only_set_flags
 from warmpool_devcluster.testing import ClusterHandle
-from warmpool_operator.control.nodes import follow_nodes
+from warmpool_operator.control.nodes import follow_node_leases, follow_nodes
 from warmpool_operator.control.reconciler import Reconciler
 from warmpool_operator.control.shared import Shared
 from warmpool_operator.io.kube import Kube
@@ -176,21 +176,46 @@ async def test_an_operator_that_may_not_read_nodes_says_so_once_and_treats_them_
     assert not board.readable and board.health().lost == frozenset()
 
 
-def chart_cluster_rbac(release: str, namespace: str) -> list[dict[str, Any]]:
-    """The chart's cluster-scoped RBAC of the operator (a namespaced install, the default), as
-    rendered for ``release`` in ``namespace``, bound to that namespace's "operator" account."""
+@pytest.mark.integration
+async def test_an_operator_that_may_not_read_the_node_leases_says_so_once_and_waits_for_ready(
+        api_server: ClusterHandle, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with account(api_server) as namespace:
+        path = token_kubeconfig(api_server, "operator", namespace, tmp_path / "restricted.kubeconfig")
+        kube = Kube(await config.new_client_from_config(config_file=str(path)))
+        board = NodeBoard()
+        try:
+            with caplog.at_level(logging.WARNING, logger="warmpool.operator"):
+                await asyncio.wait_for(follow_node_leases(kube, board, lambda names: None, 25.0), WITHIN_S)
+        finally:
+            await kube.close()
+    said = [r.getMessage() for r in caplog.records if "kube-node-lease" in r.getMessage()]
+    assert len(said) == 1 and "HTTP 403" in said[0] and "50 s and more" in said[0], said
+    assert board.readable and not board.silent
+
+
+def chart_cluster_rbac(release: str, namespace: str, suffix: str = "-discovery") -> list[dict[str, Any]]:
+    """The chart's RBAC of the operator named ``<release>...<suffix>`` (a namespaced install, the
+    default): by default its cluster-scoped grant (Nodes), or "-node-leases" for its Role in
+    kube-node-lease; rendered for ``release`` in ``namespace``, bound to that namespace's "operator"
+    account."""
     helm = build.ensure_binaries(["helm"])["helm"]
     rendered = subprocess.run([str(helm), "template", release, str(CHART), "--namespace", namespace,
                                "--show-only", "templates/rbac.yaml", "--kube-version", build.KUBERNETES_VERSION,
                                *render_only_set_flags()],
                               capture_output=True, text=True, check=True, timeout=60).stdout
-    found = [o for o in yaml.safe_load_all(rendered) if o and o["kind"] in ("ClusterRole", "ClusterRoleBinding")
-             and o["metadata"]["name"].endswith("-discovery")]
+    found = [o for o in yaml.safe_load_all(rendered) if o and o["metadata"]["name"].endswith(suffix)]
     assert len(found) == 2, [o["metadata"]["name"] for o in found]
     for obj in found:
-        if obj["kind"] == "ClusterRoleBinding":
+        if obj["kind"].endswith("Binding"):
             obj["subjects"] = [{"kind": "ServiceAccount", "name": "operator", "namespace": namespace}]
     return found
+
+
+def delete_objects(cluster: ClusterHandle, objs: list[dict[str, Any]]) -> None:
+    for obj in objs:
+        where = ["-n", obj["metadata"]["namespace"]] if obj["metadata"].get("namespace") else []
+        cluster.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], *where, "--ignore-not-found",
+                        check=False)
 
 
 @pytest.mark.integration
@@ -211,9 +236,7 @@ async def test_the_node_watch_under_the_charts_rbac_sees_a_node_lost_back_cordon
             await _watch_a_node_change_state(api_server, Kube(await config.new_client_from_config(
                 config_file=str(path))), name)
         finally:
-            for obj in rbac:
-                api_server.kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "--ignore-not-found",
-                                   check=False)
+            delete_objects(api_server, rbac)
 
 
 async def _watch_a_node_change_state(cluster: ClusterHandle, kube: Kube, name: str) -> None:
@@ -238,6 +261,83 @@ async def _watch_a_node_change_state(cluster: ClusterHandle, kube: Kube, name: s
         await until(lambda: name in board.health().cordoned, "the node seen cordoned")
         await asyncio.to_thread(cluster.kubectl, "uncordon", name)
         await until(lambda: not board.health().cordoned, "the node seen uncordoned")
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await kube.close()
+
+
+#: A grace short enough for a test: the leases are renewed every RENEW_EVERY_S here, not every 10 s.
+TEST_GRACE_S = 3.0
+RENEW_EVERY_S = 0.5
+
+
+@pytest.mark.integration
+async def test_the_lease_watch_under_the_charts_rbac_finds_the_node_whose_kubelet_went_quiet(
+        api_server: ClusterHandle, tmp_path: Path) -> None:
+    """control/nodes.py's Lease watch, as a namespaced operator with the chart's Role in
+    kube-node-lease on the real API server: two nodes' Leases renewed as their kubelets would, then
+    one left unrenewed (silent, and lost on the board), then renewed again."""
+    release, tag = f"leases-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:6]
+    quiet, talking = f"wp-quiet-{tag}", f"wp-talking-{tag}"
+    with account(api_server) as namespace:
+        rbac = chart_cluster_rbac(release, namespace, "-node-leases")
+        api_server.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+        leases = [{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                   "metadata": {"name": name, "namespace": "kube-node-lease"},
+                   "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro_time()}}
+                  for name in (quiet, talking)]
+        api_server.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": leases}))
+        try:
+            sa = f"system:serviceaccount:{namespace}:operator"
+            for verb, where, allowed in (("watch", "kube-node-lease", "yes"), ("update", "kube-node-lease", "no"),
+                                         ("list", namespace, "no")):
+                said = api_server.kubectl("auth", "can-i", verb, "leases", "-n", where, f"--as={sa}",
+                                          check=False).stdout.strip()
+                assert said == allowed, (verb, where, said)
+            path = token_kubeconfig(api_server, "operator", namespace, tmp_path / "chart.kubeconfig")
+            kube = Kube(await config.new_client_from_config(config_file=str(path)))
+            await _watch_a_node_go_quiet(api_server, kube, quiet, talking)
+        finally:
+            delete_objects(api_server, rbac + leases)
+
+
+def micro_time() -> str:
+    """Now as a Lease's renewTime (a MicroTime), as a kubelet writes it."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+
+
+async def _watch_a_node_go_quiet(cluster: ClusterHandle, kube: Kube, quiet: str, talking: str) -> None:
+    board, changed = NodeBoard(), set[str]()
+    watch = asyncio.create_task(follow_node_leases(kube, board, changed.update, TEST_GRACE_S))
+    renewing = {quiet, talking}
+
+    async def renew_until(check: Callable[[], bool], what: str) -> None:
+        """Renew the Leases in ``renewing``, as their kubelets would, until ``check`` holds (bounded)."""
+        deadline = time.monotonic() + WITHIN_S
+        while not check():
+            assert not watch.done() and time.monotonic() < deadline, f"not within {WITHIN_S:g}s: {what}"
+            for name in sorted(renewing):
+                await asyncio.to_thread(cluster.kubectl, "-n", "kube-node-lease", "patch", "lease", name,
+                                        "--type=merge", "-p", json.dumps({"spec": {"renewTime": micro_time()}}))
+            await asyncio.sleep(RENEW_EVERY_S)
+
+    try:
+        began = time.monotonic()
+        # Both renewing for longer than the grace: neither is silent.
+        await renew_until(lambda: time.monotonic() - began > 2 * TEST_GRACE_S, "two graces of renewals")
+        assert quiet not in board.silent and talking not in board.silent, board.silent
+        renewing.discard(quiet)  # its kubelet died; the other node's goes on
+        stopped = time.monotonic()
+        await renew_until(lambda: quiet in board.silent, "the unrenewed node seen silent")
+        print(f"silent {time.monotonic() - stopped:.1f} s after its last renewal (grace {TEST_GRACE_S:g} s)")
+        assert time.monotonic() - stopped > TEST_GRACE_S  # never before its grace ran out
+        assert quiet in changed and talking not in board.silent and board.health().pod_lost(quiet)
+        renewing.add(quiet)
+        await renew_until(lambda: quiet not in board.silent, "the node renewing again")
+        assert not board.health().pod_lost(quiet)
     finally:
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):

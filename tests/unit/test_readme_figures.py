@@ -25,6 +25,8 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "600 s": ("operator/warmpool_operator/settings.py", "resync_interval: float = 600.0"),
     "30 s": ("operator/warmpool_operator/settings.py", "30 s at the default 10 s scrape"),
     "768 KiB": ("operator/warmpool_operator/io/history_store.py", "max_bytes: int = 768 * 1024"),
+    "25 s": ("operator/warmpool_operator/rules/node_leases.py", "DEFAULT_GRACE_S = 25.0"),
+    "35 s": ("operator/warmpool_operator/rules/node_leases.py", "15-35 s after its kubelet died"),
     "4 MiB": ("nodecache/warmpool_nodecache/manifest.py", "DEFAULT_BLOCK_SIZE = 4 * 1024 * 1024"),
 }
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from warmpool.contract.telemetry import LOG_FORMAT_TEXT, LOG_FORMATS
 from warmpool.logformat import add_log_level_flag, configure_logging
 from warmpool_operator.rules.host_paths import DEFAULT_ALLOWED_HOST_PATHS, BadHostPathPrefix, normalise_prefixes
+from warmpool_operator.rules.node_leases import KUBELET_RENEW_INTERVAL_S, MIN_GRACE_S
 from warmpool_operator.settings import SCRAPES_PER_STEP, OperatorConfig, default_predict_step
 
 if TYPE_CHECKING:
@@ -155,6 +156,13 @@ def _watch_flags(parser: argparse.ArgumentParser) -> None:
         help="seconds between checks that every object the operator holds still exists (deletions "
         "made while a watch was down get no event); a watch seen listing again checks at once",
     )
+    parser.add_argument(
+        "--node-lease-grace-seconds",
+        type=float,
+        default=DEFAULTS.node_lease_grace_seconds,
+        help="seconds after which a node whose kubelet renewed no Lease, while another node's did, is "
+        f"taken for lost and its pods replaced (0: wait for its Ready condition; else at least {MIN_GRACE_S:g})",
+    )
 
 
 def _process_flags(parser: argparse.ArgumentParser) -> None:
@@ -217,6 +225,9 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         raise BadFlags("intervals, timeouts and concurrency must be positive")
     if min(args.watch_server_timeout, args.watch_inactivity_timeout, args.resync_interval) <= 0:
         raise BadFlags("--watch-server-timeout, --watch-inactivity-timeout and --resync-interval must be positive")
+    if args.node_lease_grace_seconds != 0 and not args.node_lease_grace_seconds >= MIN_GRACE_S:
+        raise BadFlags(f"--node-lease-grace-seconds must be 0 (off) or at least {MIN_GRACE_S:g}: a kubelet renews "
+                       f"its Lease every {KUBELET_RENEW_INTERVAL_S:g} s, got {args.node_lease_grace_seconds:g}")
     try:
         networks = tuple(ipaddress.ip_network(text, strict=False) for text in args.scrape_network)
     except ValueError as error:
@@ -252,6 +263,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         watch_server_timeout=args.watch_server_timeout,
         watch_inactivity_timeout=args.watch_inactivity_timeout,
         resync_interval=args.resync_interval,
+        node_lease_grace_seconds=args.node_lease_grace_seconds,
         block_cache_root=args.block_cache_root,
         worker_image=args.worker_image,
         control_key_namespace=_control_key_namespace(args),

@@ -69,6 +69,7 @@ class Registry:
     #: lost and cordoned nodes, from the Node watch (control/nodes.py)
     nodes: NodeBoard = field(default_factory=NodeBoard)
     node_watch: asyncio.Task[None] | None = None
+    node_lease_watch: asyncio.Task[None] | None = None
     #: what every reconciler gets (made from the fields above)
     shared: Shared = field(init=False)
 
@@ -102,10 +103,15 @@ class Registry:
             asyncio.Event()), name="activator addresses")
 
     def start_node_watch(self) -> None:
-        """Follow the Nodes: a node lost or cordoned wakes the pools with pods on it."""
+        """Follow the Nodes and their Leases: a node lost, silent or cordoned wakes the pools with
+        pods on it."""
         if self.node_watch is None:
             self.node_watch = asyncio.create_task(nodes.follow_nodes(self.kube, self.nodes, self.poke_pools_on),
                                                   name="nodes")
+        grace = self.config.node_lease_grace_seconds
+        if self.node_lease_watch is None and grace > 0:
+            self.node_lease_watch = asyncio.create_task(
+                nodes.follow_node_leases(self.kube, self.nodes, self.poke_pools_on, grace), name="node leases")
 
     def poke_pools_on(self, names: set[str]) -> None:
         for key in nodes.pools_on(self.cache, names):
@@ -213,7 +219,8 @@ class Registry:
             await rec.stop()
 
     async def close(self) -> None:
-        for task in (self.scheduling, self.resyncing, self.activator_watch, self.node_watch):
+        for task in (self.scheduling, self.resyncing, self.activator_watch, self.node_watch,
+                     self.node_lease_watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -6,6 +6,9 @@ evicted only when the taint's ``tolerationSeconds`` (300 s by default) run out. 
 Deployment counts those pods as its replicas and starts none in their place.  The operator does
 not wait: a pod on a **lost** node counts as not warm at once and is replaced (rules/scaling.py).
 
+A node whose kubelet stopped renewing its Lease is **silent** (rules/node_leases.py) and counts as
+lost too, well before the controller marks it: a SIGKILLed kubelet is noticed in 15-25 s, not 50 s.
+
 A **cordoned** node (``spec.unschedulable``: ``kubectl cordon``, the first step of ``kubectl
 drain``) still runs its pods, and they still serve; they are about to be evicted, so each one's
 replacement starts elsewhere first, and the pool's PDB (minAvailable = minWarm, over Ready pods,
@@ -72,6 +75,8 @@ class NodeBoard:
 
     lost: set[str] = field(default_factory=set)
     cordoned: set[str] = field(default_factory=set)
+    #: nodes whose Lease renewals stopped (control/nodes.py's Lease watch sets it): lost as well
+    silent: set[str] = field(default_factory=set)
     #: False when Nodes may not be read (forbidden): every node is then treated as healthy
     readable: bool = True
 
@@ -101,4 +106,5 @@ class NodeBoard:
     def health(self) -> NodeHealth:
         if not self.readable:
             return ALL_HEALTHY
-        return NodeHealth(lost=frozenset(self.lost), cordoned=frozenset(self.cordoned))
+        lost = self.lost | self.silent
+        return NodeHealth(lost=frozenset(lost), cordoned=frozenset(self.cordoned - lost))
