@@ -39,7 +39,7 @@ FORBIDDEN_MESSAGE = (
 LEASES_FORBIDDEN_MESSAGE = (
     "cannot read the nodes' Leases in kube-node-lease (%s): a node whose kubelet stops is noticed only "
     "once Kubernetes marks it NotReady (50 s and more); grant get/list/watch on leases there (the "
-    "chart's Role in kube-node-lease does) to notice it in 15-25 s"
+    "chart's Role in kube-node-lease does) to notice it in 15-35 s"
 )
 
 
