@@ -78,10 +78,14 @@ def test_a_relist_keeps_when_each_lease_was_last_renewed_and_forgets_the_deleted
 
 
 def test_a_silent_node_is_lost_on_the_board_and_not_counted_as_cordoned() -> None:
-    board = NodeBoard(cordoned={"a", "c"}, silent={"a", "b"})
+    board = NodeBoard(lost={"a"}, cordoned={"a", "c"}, silent={"a", "b"})
     health = board.health()
     assert health.lost == {"a", "b"} and health.cordoned == {"c"}
     assert health.pod_lost("b") and not health.pod_leaving("a")
+    # What status.pods says: a node lost by its Lease alone is named as such.
+    assert health.silent == {"b"}  # a is NotReady too: its Ready condition says more
+    assert health.failure("b") == "node b renews no Lease while other nodes do: replaced on another node"
+    assert health.failure("a") == "node a is not Ready or unreachable: replaced on another node"
     board.readable = False  # Nodes unreadable: every node healthy, as before
     assert board.health().lost == frozenset()
 

@@ -22,7 +22,7 @@ from warmpool_operator.io.watch_cache import Cache
 from warmpool_operator.io.worker_client import worker_url
 from warmpool_operator.model import Obj, Sample, Target
 from warmpool_operator.rules import gating
-from warmpool_operator.rules.node_health import ALL_HEALTHY, NodeHealth, lost_node_failure
+from warmpool_operator.rules.node_health import ALL_HEALTHY, NodeHealth
 from warmpool_operator.rules.observation import PodObservation, pod_failure, pod_ready, pod_state
 from warmpool_operator.rules.ownership import deployment_pods
 from warmpool_operator.settings import OperatorConfig
@@ -161,7 +161,7 @@ def observations(pool: PoolPods, decisions: Mapping[str, gating.Decision],
             terminating=bool(meta.get("deletionTimestamp")),
             sample=pool.samples.get(uid),
             decision=decisions.get(uid),
-            failure=lost_node_failure(node) if lost else pod_failure(pod),
+            failure=nodes.failure(node) if lost else pod_failure(pod),
             state=pod_state(pod),
             node_lost=lost,
             leaving=nodes.pod_leaving(node),

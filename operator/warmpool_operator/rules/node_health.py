@@ -43,8 +43,11 @@ def node_cordoned(node: Mapping[str, Any]) -> bool:
     return (node.get("spec") or {}).get("unschedulable") is True
 
 
-def lost_node_failure(node: str) -> str:
-    """What a pod on a lost node shows as its failure (status.pods, the Progressing condition)."""
+def lost_node_failure(node: str, silent: bool = False) -> str:
+    """What a pod on a lost node shows as its failure (status.pods, the Progressing condition);
+    ``silent``: lost by its Lease alone (rules/node_leases.py), its Ready condition not changed yet."""
+    if silent:
+        return f"node {node} renews no Lease while other nodes do: replaced on another node"
     return f"node {node} is not Ready or unreachable: replaced on another node"
 
 
@@ -54,9 +57,15 @@ class NodeHealth:
 
     lost: frozenset[str] = frozenset()
     cordoned: frozenset[str] = frozenset()
+    #: the lost nodes lost by their Lease alone (their Ready condition not changed yet)
+    silent: frozenset[str] = frozenset()
 
     def pod_lost(self, node: str) -> bool:
         return bool(node) and node in self.lost
+
+    def failure(self, node: str) -> str:
+        """Why a pod on lost node ``node`` counts as not warm."""
+        return lost_node_failure(node, node in self.silent)
 
     def pod_leaving(self, node: str) -> bool:
         return bool(node) and node in self.cordoned
@@ -107,4 +116,5 @@ class NodeBoard:
         if not self.readable:
             return ALL_HEALTHY
         lost = self.lost | self.silent
-        return NodeHealth(lost=frozenset(lost), cordoned=frozenset(self.cordoned - lost))
+        return NodeHealth(lost=frozenset(lost), cordoned=frozenset(self.cordoned - lost),
+                          silent=frozenset(self.silent - self.lost))
