@@ -154,13 +154,20 @@ def issue_node_pki(pki_dir: Path, node_name: str, node_ip: str) -> None:
     * the API server's client certificate towards kubelets (logs, exec, port-forward), which the
       kubelet authenticates by the CA and authorizes through a SubjectAccessReview.
     """
-    _issue(pki_dir, KUBELET_CLIENT, _name(f"system:node:{node_name}", ("system:nodes",)),
-           ExtendedKeyUsageOID.CLIENT_AUTH)
-    _issue(pki_dir, KUBELET_SERVING, _name(f"system:node:{node_name}", ("system:nodes",)),
-           ExtendedKeyUsageOID.SERVER_AUTH, [*_ips((node_ip,)), x509.DNSName(node_name)])
+    issue_kubelet_pki(pki_dir, node_name, node_ip)
     _issue(pki_dir, KUBE_PROXY_CLIENT, _name("system:kube-proxy"), ExtendedKeyUsageOID.CLIENT_AUTH)
     _issue(pki_dir, APISERVER_KUBELET_CLIENT, _name("kube-apiserver-kubelet-client", ("system:masters",)),
            ExtendedKeyUsageOID.CLIENT_AUTH)
+
+
+def issue_kubelet_pki(pki_dir: Path, node_name: str, node_ip: str, suffix: str = "") -> tuple[str, str]:
+    """One node's kubelet client and serving certificates (``suffix`` tells a further node's files
+    apart); their file stems, client first."""
+    client, serving = f"{KUBELET_CLIENT}{suffix}", f"{KUBELET_SERVING}{suffix}"
+    _issue(pki_dir, client, _name(f"system:node:{node_name}", ("system:nodes",)), ExtendedKeyUsageOID.CLIENT_AUTH)
+    _issue(pki_dir, serving, _name(f"system:node:{node_name}", ("system:nodes",)),
+           ExtendedKeyUsageOID.SERVER_AUTH, [*_ips((node_ip,)), x509.DNSName(node_name)])
+    return client, serving
 
 
 def _generate_ca_and_clients(pki_dir: Path) -> None:

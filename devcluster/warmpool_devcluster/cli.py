@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--fake-nodes", type=int, default=None,
                     help=f"kwok fake nodes to register (default: {cluster.DEFAULT_FAKE_NODES} on a kwok cluster, "
                          "none beside a real node)")
+    up.add_argument("--nodes", type=int, default=1,
+                    help="real nodes with --node-runtime containerd (default 1): node 0 in this machine's "
+                         "namespaces, each further one in network and mount namespaces of its own, with its own "
+                         "containerd, kubelet, kube-proxy, cgroup parent and /var/lib/warmpool")
     up.add_argument("--port", type=int, default=None, help="kube-apiserver port (default: a free one)")
     up.add_argument("--with-observability", action="store_true",
                     help="also start Prometheus on 127.0.0.1, scraping the operator and worker pods the way "
@@ -114,7 +118,7 @@ def main(argv: list[str]) -> int:
                 print(f"{name}\t{path}")
         elif args.action == "up":
             kubeconfig = cluster.up(args.name, node_runtime=args.node_runtime, fake_nodes=args.fake_nodes,
-                                    apiserver_port=args.port)
+                                    apiserver_port=args.port, nodes=args.nodes)
             print(kubeconfig)
             if args.with_observability:
                 _start_observability(args.name, kubeconfig)

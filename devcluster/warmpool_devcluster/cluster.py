@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from warmpool_devcluster import build, certs, kwok, node, node_containerd, node_holder
+from warmpool_devcluster import build, certs, kwok, node, node_containerd, node_holder, node_namespaced
 from warmpool_devcluster.node_kubelet import NODE_NAME
 from warmpool_devcluster.node_network import KUBERNETES_SERVICE_IP, SERVICE_CIDR
 from warmpool_devcluster.processes import alive, free_port, stop_pid
@@ -287,14 +287,16 @@ def pod_gateway(name: str) -> str | None:
 
 
 def up(name: str = "default", *, node_runtime: str = "kwok", fake_nodes: int | None = None,
-       apiserver_port: int | None = None) -> Path:
+       apiserver_port: int | None = None, nodes: int = 1) -> Path:
     """Start the cluster (or find it already running) and return its admin kubeconfig path.
 
-    ``node_runtime`` "containerd" adds the real node; ``fake_nodes`` kwok nodes (default: two on a
-    kwok cluster, none beside a real node).
+    ``node_runtime`` "containerd" adds ``nodes`` real nodes (node.py, node_namespaced.py);
+    ``fake_nodes`` kwok nodes (default: two on a kwok cluster, none beside a real node).
     """
     if node_runtime not in NODE_RUNTIMES:
         raise ClusterError(f"--node-runtime must be one of {', '.join(NODE_RUNTIMES)}, not {node_runtime!r}")
+    if nodes != 1 and node_runtime != "containerd":
+        raise ClusterError(f"--nodes {nodes} needs real nodes: add --node-runtime containerd")
     fakes = fake_nodes if fake_nodes is not None else (DEFAULT_FAKE_NODES if node_runtime == "kwok" else 0)
     if fakes < 0 or (node_runtime == "kwok" and fakes < 1):
         raise ClusterError("a kwok cluster needs at least one fake node (--fake-nodes)")
@@ -305,11 +307,15 @@ def up(name: str = "default", *, node_runtime: str = "kwok", fake_nodes: int | N
         if running.runtime != node_runtime:
             raise ClusterError(f"cluster {name!r} is up with node runtime {running.runtime}, "
                                f"not {node_runtime}: `warmpool cluster down --name {name}` first")
+        running_nodes = 1 + len(running.node.extra) if running.node is not None else 1
+        if running_nodes != nodes:
+            raise ClusterError(f"cluster {name!r} is up with {running_nodes} real node(s), not {nodes}: "
+                               f"`warmpool cluster down --name {name}` first")
         _log(f"cluster {name!r} is already up")
         return kubeconfig_path(name)
     down(name, quiet=True)  # a half-started cluster: clear it before starting afresh
     try:
-        return _start(name, node_runtime, fakes, apiserver_port)
+        return _start(name, node_runtime, fakes, apiserver_port, nodes)
     except BaseException:
         # Never leave half a cluster running after a failed (or interrupted) start.
         down(name, quiet=True)
@@ -383,7 +389,7 @@ def restart_apiserver(name: str = "default") -> None:
     _wait("kube-apiserver /readyz", lambda: _https_ok(f"{state.apiserver_url}/readyz", root), state, "kube-apiserver")
 
 
-def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | None) -> Path:
+def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | None, nodes: int = 1) -> Path:
     started = time.monotonic()
     wanted = [*(CONTROL_PLANE if node_runtime != "none" else CONTROL_PLANE[:2]), "kubectl"]
     if fake_nodes:
@@ -399,8 +405,9 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
         state.pod_cidr = _choose_pod_cidr(name)
     serving_ips: tuple[str, ...] = ()
     if node_runtime == "containerd":
-        taken = {s.node.octet for s in _live_states(name) if s.node is not None}
+        taken = {octet for s in _live_states(name) if s.node is not None for octet in s.node.octets}
         state.node = node.NodeState(octet=node.choose_octet(taken))
+        node.plan_further_nodes(state.node, nodes, taken)
         state.apiserver_host = state.node.network.gateway
         serving_ips = (state.apiserver_host, KUBERNETES_SERVICE_IP)
     certs.generate_pki(root / "pki", serving_ips)
@@ -413,6 +420,8 @@ def _start(name: str, node_runtime: str, fake_nodes: int, apiserver_port: int | 
         state.ports = _choose_ports(apiserver_port, state.apiserver_host)
         node.publish_apiserver(state.node, state.ports["apiserver"])
         certs.issue_node_pki(pki, NODE_NAME, state.apiserver_host)
+        node.issue_further_node_pki(state.node, pki, root, state.apiserver_url,
+                                    lambda path, server, stem: _write_kubeconfig(path, server, pki, stem))
     _write_kubeconfigs(root, state.apiserver_url)
     ports = state.ports
 
@@ -471,6 +480,11 @@ def _start_real_node(state: ClusterState, real_node: node.NodeState, root: Path,
     _log("NetworkPolicy enforcer starting")
     node.start_policy_enforcer(real_node, root, kubeconfig_path(state.name), spawn)
     _save_state(state)
+    if real_node.extra:
+        _log(f"further real nodes starting: {', '.join(n.name for n in real_node.extra)}")
+        node.start_further_nodes(real_node, root, binaries, spawn, kubeconfig_path(state.name),
+                                 lambda node_name: _ready_nodes(state.name, node_name) >= 1,
+                                 lambda: _save_state(state))
 
 
 def _real_node(name: str) -> tuple[ClusterState, node.NodeState]:
@@ -613,6 +627,8 @@ def status(name: str = "default") -> dict[str, Any]:
     if state.node is not None:
         components |= {p: {"pid": state.node.pids.get(p), "alive": alive(state.node.pids.get(p))}
                        for p in node.PROCESSES}
+        components |= {f"node-{n.index}-{p}": {"pid": n.pids.get(p), "alive": alive(n.pids.get(p))}
+                       for n in state.node.extra for p in (node_namespaced.HOLDER, *node_namespaced.PROCESSES)}
     ready = _https_ok(f"{state.apiserver_url}/readyz", state_dir(name))
     report: dict[str, Any] = {
         "name": name, "running": ready, "apiserver": state.apiserver_url,
@@ -627,4 +643,9 @@ def status(name: str = "default") -> dict[str, Any]:
         report["node"] = {"name": NODE_NAME, "ip": net.gateway, "bridge": net.bridge,
                           "podCIDR": net.pod_cidr, "serviceCIDR": SERVICE_CIDR,
                           "containerdSocket": str(node_containerd.socket_path(node.node_dir(state_dir(name))))}
+        report["nodes"] = [{"name": NODE_NAME, "ip": net.gateway, "podCIDR": net.pod_cidr,
+                            "state": str(node.node_dir(state_dir(name)))}] + [
+            {"name": n.name, "ip": n.address, "podCIDR": n.network.pod_cidr, "networkNamespace": n.netns,
+             "state": str(n.base(state_dir(name))), "cache": str(n.cache_dir(state_dir(name)))}
+            for n in state.node.extra]
     return report

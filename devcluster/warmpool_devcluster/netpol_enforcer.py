@@ -265,9 +265,10 @@ def plan(net: NodeNetwork, destinations: Destinations, callers: Callers) -> list
     rules: list[Rule] = [("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN")]
     hosts = {net.gateway} | {a for a in callers.node_addresses if _ipv4(a)}
     rules += [("-s", f"{host}/32", "-j", "RETURN") for host in sorted(hosts, key=ipaddress.IPv4Address)]
-    # Sources: the pods on the node's bridge (nothing else reaches the chain: the guard drops what
+    # Sources: every pod of the cluster (on a cluster of several real nodes, another node's pods
+    # reach this node's through the bridges; nothing else reaches the chain: the guard drops what
     # comes in from elsewhere).
-    pods = {ip: callers.caller(ip) for ip in callers.pods if destinations.on_node(ip) and ip not in hosts}
+    pods = {ip: callers.caller(ip) for ip in callers.pods if ip not in hosts}
     for ip in sorted(destinations.by_ip, key=ipaddress.IPv4Address):
         dest = destinations.by_ip[ip]
         selecting = selecting_policies(callers.policies.get(dest.namespace, {}).values(), dest.labels)

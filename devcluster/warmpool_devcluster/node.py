@@ -6,13 +6,15 @@ bridge's address), then once the control plane serves :func:`start_runtime`,
 :func:`start_agents` and :func:`start_policy_enforcer`; ``cluster down`` calls :func:`stop`, which
 removes everything they made.
 
-One real node runs per machine: kube-proxy's iptables chains and the kubelet's ``kubepods``
-cgroups are global to the host, so a second node's would fight the first's.
+One real-node cluster runs per machine: kube-proxy's iptables chains and the kubelet's
+``kubepods`` cgroups of node 0 are the host's.  A cluster's further nodes (``--nodes N``) run in
+namespaces of their own beside node 0 (node_namespaced.py), started by :func:`start_further_nodes`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -31,6 +33,7 @@ from warmpool_devcluster import (
     node_cleanup,
     node_containerd,
     node_kubelet,
+    node_namespaced,
     node_network,
 )
 from warmpool_devcluster.processes import alive, free_port, stop_pid
@@ -55,6 +58,8 @@ class NodeState:
     octet: int
     pids: dict[str, int] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    #: Nodes 1 .. N-1, in namespaces of their own.
+    extra: list[node_namespaced.NamespacedNode] = field(default_factory=list)
 
     @property
     def network(self) -> node_network.NodeNetwork:
@@ -67,7 +72,13 @@ class NodeState:
     def from_json(cls, data: dict[str, Any]) -> NodeState:
         return cls(octet=int(data["octet"]),
                    pids={str(k): int(v) for k, v in (data.get("pids") or {}).items()},
-                   ports={str(k): int(v) for k, v in (data.get("ports") or {}).items()})
+                   ports={str(k): int(v) for k, v in (data.get("ports") or {}).items()},
+                   extra=[node_namespaced.NamespacedNode.from_json(n) for n in data.get("extra") or []])
+
+    @property
+    def octets(self) -> set[int]:
+        """The pod-subnet octets of every node of the cluster."""
+        return {self.octet, *(n.octet for n in self.extra)}
 
 
 def node_dir(cluster_root: Path) -> Path:
@@ -99,9 +110,11 @@ def preflight(other_real_nodes: list[str]) -> None:
 
 
 def choose_octet(taken: set[int]) -> int:
-    """The first 10.244.N.0/24 no other cluster records and no bridge on the machine uses."""
+    """The first 10.244.N.0/24 no other cluster records and no bridge or node namespace on the
+    machine uses."""
     for octet in node_network.POD_SUBNET_OCTETS:
-        if octet not in taken and not node_network.bridge_exists(node_network.NodeNetwork(octet).bridge):
+        if (octet not in taken and not node_network.bridge_exists(node_network.NodeNetwork(octet).bridge)
+                and not node_namespaced.netns_exists(f"wpn{octet}")):
             return octet
     raise NodeError("every pod subnet 10.244.10-249.0/24 is in use")
 
@@ -118,6 +131,19 @@ def start_network(state: NodeState, cluster_root: Path) -> None:
     node_cleanup.set_sysctl("net.bridge.bridge-nf-call-iptables", "1")
     base = node_dir(cluster_root)
     node_network.write_cni_config(net, base / "cni" / "net.d", base / "cni" / "ipam")
+    for further in state.extra:
+        node_namespaced.create_network(further, state.extra)
+        node_namespaced.make_cgroups(further)
+
+
+def plan_further_nodes(state: NodeState, nodes: int, taken: set[int]) -> None:
+    """Nodes 1 .. ``nodes``-1, each with a pod subnet of its own (before :func:`start_network`)."""
+    max_nodes = 255 - node_network.NODE_ADDRESS_BASE
+    if not 1 <= nodes < max_nodes:
+        raise NodeError(f"--nodes must be 1 to {max_nodes - 1}, not {nodes}")
+    for index in range(1, nodes):
+        octet = choose_octet(taken | state.octets)
+        state.extra.append(node_namespaced.NamespacedNode(index=index, octet=octet, host_octet=state.octet))
 
 
 Spawn = Callable[[str, list[str]], int]
@@ -142,6 +168,15 @@ def write_node_kubeconfigs(cluster_root: Path, server: str, write: Callable[[Pat
     """The kubelet's (system:node:<name>) and kube-proxy's kubeconfigs, from ``write(path, server, stem)``."""
     write(node_dir(cluster_root) / "kubelet.kubeconfig", server, certs.KUBELET_CLIENT)
     write(node_dir(cluster_root) / "kube-proxy.kubeconfig", server, certs.KUBE_PROXY_CLIENT)
+
+
+def issue_further_node_pki(state: NodeState, pki: Path, cluster_root: Path, server: str,
+                           write: Callable[[Path, str, str], None]) -> None:
+    """Each further node's kubelet identity (``system:node:<its name>``) and kubeconfig."""
+    for further in state.extra:
+        client, _ = certs.issue_kubelet_pki(pki, further.name, further.address, f"-{further.index}")
+        further.base(cluster_root).mkdir(parents=True, exist_ok=True)
+        write(further.base(cluster_root) / "kubelet.kubeconfig", server, client)
 
 
 def start_agents(state: NodeState, cluster_root: Path, binaries: dict[str, Path], spawn: Spawn) -> None:
@@ -183,14 +218,47 @@ def wait_ready(state: NodeState, cluster_root: Path, node_ready: Callable[[], bo
     _wait(f"node {node_kubelet.NODE_NAME} Ready", node_ready, state, cluster_root, NODE_READY_TIMEOUT_S)
 
 
-def _wait(what: str, check: Callable[[], bool], state: NodeState, cluster_root: Path, timeout: float) -> None:
+def start_further_nodes(state: NodeState, cluster_root: Path, binaries: dict[str, Path], spawn: Spawn,
+                        admin_kubeconfig: Path, node_ready: Callable[[str], bool],
+                        save: Callable[[], None]) -> None:
+    """Nodes 1 .. N-1 (their network made by :func:`start_network`, their certificates and
+    kubeconfigs by :func:`write_node_kubeconfigs`): each started, then all waited for Ready."""
+    for further in state.extra:
+        prefix = f"node-{further.index}-"
+
+        def wait(what: str, check: Callable[[], bool], timeout: float = 60, further: Any = further,
+                 prefix: str = prefix) -> None:
+            _wait(what, check, further, cluster_root, timeout, prefix)
+
+        node_namespaced.start_holder(further, cluster_root, spawn, wait)
+        save()
+        base = node_namespaced.start_runtime(further, cluster_root, images.pause_tag(), spawn)
+        save()
+        wait(f"node {further.index}'s containerd", functools.partial(node_containerd.answers, base))
+        images.load_pause(base)
+        node_namespaced.start_agents(further, cluster_root, binaries, spawn, {
+            "kubelet": base / "kubelet.kubeconfig", "kube-proxy": node_dir(cluster_root) / "kube-proxy.kubeconfig"},
+            f"{certs.KUBELET_SERVING}-{further.index}")
+        save()
+    for further in state.extra:
+        _wait(f"node {further.name} Ready", functools.partial(node_ready, further.name), further, cluster_root,
+              NODE_READY_TIMEOUT_S, f"node-{further.index}-")
+        node_namespaced.start_policy_enforcer(further, admin_kubeconfig, spawn)
+        save()
+        _wait(f"node {further.index}'s NetworkPolicy enforcer",
+              functools.partial(node_namespaced.policy_enforcer_ready, further), further, cluster_root,
+              POLICY_ENFORCER_READY_TIMEOUT_S, f"node-{further.index}-")
+
+
+def _wait(what: str, check: Callable[[], bool], state: NodeState | node_namespaced.NamespacedNode,
+          cluster_root: Path, timeout: float, log_prefix: str = "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         for name, pid in state.pids.items():
             if not alive(pid):
-                log = cluster_root / "logs" / f"{name}.log"
+                log = cluster_root / "logs" / f"{log_prefix}{name}.log"
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log.exists() else ""
                 raise NodeError(f"{name} exited while waiting for {what}; log {log}:\n{tail}")
         time.sleep(0.25)
@@ -198,7 +266,9 @@ def _wait(what: str, check: Callable[[], bool], state: NodeState, cluster_root: 
 
 
 def stop(state: NodeState, cluster_root: Path, kube_proxy: Path | None, log: Callable[[str], None]) -> list[str]:
-    """Stop the node and remove what it made; what could not be removed is returned (and logged)."""
+    """Stop the node (its further nodes first) and remove what it made; what could not be removed
+    is returned (and logged)."""
+    problems = [p for further in reversed(state.extra) for p in node_namespaced.stop(further, cluster_root, log)]
     base = node_dir(cluster_root)
     stop_policy_enforcer(state, log)
     for name in ("kube-proxy", "kubelet"):
@@ -217,7 +287,7 @@ def stop(state: NodeState, cluster_root: Path, kube_proxy: Path | None, log: Cal
         log(f"stopping containerd (pid {pid})")
         stop_pid(pid)
     node_cleanup.kill_shims(node_containerd.socket_path(base))
-    problems = [f"still mounted: {point}" for point in node_cleanup.unmount_under([base])]
+    problems += [f"still mounted: {point}" for point in node_cleanup.unmount_under([base])]
     problems += [f"cgroup still there: {group}" for group in node_cleanup.remove_cgroups()]
     node_cleanup.remove_kubelet_chains()
     net = state.network
@@ -241,10 +311,13 @@ def leftovers(state: NodeState, cluster_root: Path) -> dict[str, list[str]]:
     base = node_dir(cluster_root)
     shims = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()
              and str(node_containerd.socket_path(base)).encode() in _cmdline_bytes(int(p.name))]
+    further = [node_namespaced.leftovers(n, cluster_root) for n in state.extra]
     return {
-        "processes": [str(pid) for pid in state.pids.values() if alive(pid)] + shims,
+        "processes": [str(pid) for pid in state.pids.values() if alive(pid)] + shims
+        + [p for left in further for p in left["processes"]],
+        "network": [p for left in further for p in left["network"]],
         "mounts": node_cleanup.mounts_under([base]),
-        "cgroups": [str(g) for g in node_cleanup.kubepods_cgroups()],
+        "cgroups": [str(g) for g in node_cleanup.kubepods_cgroups()] + [p for left in further for p in left["cgroups"]],
         "bridge": [state.network.bridge] if node_network.bridge_exists(state.network.bridge) else [],
         "iptables": (node_cleanup.leftover_kube_chains() + node_network.guard_present(state.network)
                      + netpol_enforcer.present(state.network)),

@@ -106,14 +106,20 @@ def set_sysctl(name: str, value: str) -> None:
     _sysctl_path(name).write_text(value)
 
 
-def kubepods_cgroups() -> list[Path]:
-    """Every kubepods cgroup directory, deepest first (the order rmdir needs)."""
-    found: list[Path] = []
+def cgroup_hierarchies() -> list[Path]:
+    """Each mounted cgroup v1 hierarchy (its aliases, symlinks such as ``cpu``, left out)."""
     if not CGROUP_ROOT.is_dir():
-        return found
-    for hierarchy in CGROUP_ROOT.iterdir():
-        top = hierarchy / KUBEPODS
-        if top.is_dir() and not hierarchy.is_symlink():
+        return []
+    return sorted(h for h in CGROUP_ROOT.iterdir() if h.is_dir() and not h.is_symlink())
+
+
+def kubepods_cgroups(parent: str = "") -> list[Path]:
+    """Every kubepods cgroup directory below ``parent`` (a further node's cgroupRoot; "" for node
+    0's, at the top), deepest first (the order rmdir needs)."""
+    found: list[Path] = []
+    for hierarchy in cgroup_hierarchies():
+        top = hierarchy / parent / KUBEPODS if parent else hierarchy / KUBEPODS
+        if top.is_dir():
             found.extend(Path(p) for p, _, _ in os.walk(top))
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
@@ -126,12 +132,13 @@ def _pids_in(cgroups: list[Path]) -> set[int]:
     return pids
 
 
-def kill_pod_processes(timeout: float = 10.0) -> int:
-    """SIGKILL every process in a kubepods cgroup (the pods' containers and pause processes)."""
+def kill_pod_processes(timeout: float = 10.0, parent: str = "") -> int:
+    """SIGKILL every process in a kubepods cgroup below ``parent`` (the pods' containers and pause
+    processes)."""
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = _pids_in(kubepods_cgroups())
+        pids = _pids_in(kubepods_cgroups(parent))
         if not pids:
             break
         for pid in pids:
@@ -163,15 +170,21 @@ def kill_shims(containerd_socket: Path) -> int:
     return count
 
 
-def remove_cgroups(timeout: float = 10.0) -> list[Path]:
-    """rmdir every kubepods cgroup; the ones still there after ``timeout`` (busy) are returned."""
+def remove_cgroups(timeout: float = 10.0, parent: str = "") -> list[Path]:
+    """rmdir every kubepods cgroup below ``parent``, then ``parent`` itself; the ones still there
+    after ``timeout`` (busy) are returned."""
     deadline = time.monotonic() + timeout
-    left = kubepods_cgroups()
+
+    def left_now() -> list[Path]:
+        tops = [h / parent for h in cgroup_hierarchies() if parent and (h / parent).is_dir()]
+        return kubepods_cgroups(parent) + tops
+
+    left = left_now()
     while left and time.monotonic() < deadline:
         for group in left:
             with contextlib.suppress(OSError):
                 group.rmdir()
-        left = kubepods_cgroups()
+        left = left_now()
         if left:
             time.sleep(0.2)
     return left

@@ -88,12 +88,14 @@ oom_score = 0
 """
 
 
-def write_config(state: Path, sandbox_image: str, cni_conf_dir: Path) -> Path:
+def write_config(state: Path, sandbox_image: str, cni_conf_dir: Path, root: Path | None = None) -> Path:
+    """The config, with ``root`` (default: the machine-wide one of containerd_root) made."""
     path = state / "containerd" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     (state / "run").mkdir(parents=True, exist_ok=True)
-    containerd_root().mkdir(parents=True, exist_ok=True)
-    path.write_text(config_text(state, sandbox_image, cni_conf_dir))
+    root = root or containerd_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(config_text(state, sandbox_image, cni_conf_dir, root))
     return path
 
 

@@ -21,14 +21,17 @@ NODE_NAME = "warmpool-node-0"
 KUBELET_PORT = 10250
 
 
-def kubelet_config(state: Path, pki: Path, node_ip: str, healthz_port: int, socket: Path) -> dict[str, Any]:
-    """A KubeletConfiguration for one node on this machine (cgroup v1, cgroupfs, containerd 1.6)."""
+def kubelet_config(state: Path, pki: Path, node_ip: str, healthz_port: int, socket: Path,
+                   serving_cert: str = certs.KUBELET_SERVING, cgroup_root: str = "/") -> dict[str, Any]:
+    """A KubeletConfiguration for one node on this machine (cgroup v1, cgroupfs, containerd 1.6);
+    a further node has its own serving certificate and cgroup parent (node_namespaced.py)."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "containerRuntimeEndpoint": f"unix://{socket}",
         "imageServiceEndpoint": f"unix://{socket}",
         "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cgroup_root,
         # This machine has cgroup v1 only; the kubelet warns that v1 is in maintenance mode.
         "failCgroupV1": False,
         "failSwapOn": False,
@@ -43,8 +46,8 @@ def kubelet_config(state: Path, pki: Path, node_ip: str, healthz_port: int, sock
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": healthz_port,
-        "tlsCertFile": str(pki / f"{certs.KUBELET_SERVING}.crt"),
-        "tlsPrivateKeyFile": str(pki / f"{certs.KUBELET_SERVING}.key"),
+        "tlsCertFile": str(pki / f"{serving_cert}.crt"),
+        "tlsPrivateKeyFile": str(pki / f"{serving_cert}.key"),
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": True},
@@ -76,29 +79,33 @@ def kubelet_config(state: Path, pki: Path, node_ip: str, healthz_port: int, sock
     }
 
 
-def write_kubelet_files(state: Path, pki: Path, node_ip: str, healthz_port: int, socket: Path) -> Path:
+def write_kubelet_files(state: Path, pki: Path, node_ip: str, healthz_port: int, socket: Path,
+                        serving_cert: str = certs.KUBELET_SERVING, cgroup_root: str = "/") -> Path:
     directory = state / "kubelet"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "resolv.conf").write_text("")
     path = directory / "config.yaml"
-    path.write_text(yaml.safe_dump(kubelet_config(state, pki, node_ip, healthz_port, socket)))
+    path.write_text(yaml.safe_dump(kubelet_config(state, pki, node_ip, healthz_port, socket, serving_cert,
+                                                  cgroup_root)))
     return path
 
 
-def kubelet_argv(binary: Path, config: Path, kubeconfig: Path, root_dir: Path, node_ip: str) -> list[str]:
+def kubelet_argv(binary: Path, config: Path, kubeconfig: Path, root_dir: Path, node_ip: str,
+                 node_name: str = NODE_NAME) -> list[str]:
     return [
         str(binary),
         "--config", str(config),
         "--kubeconfig", str(kubeconfig),
         "--root-dir", str(root_dir),
         "--node-ip", node_ip,
-        "--hostname-override", NODE_NAME,
+        "--hostname-override", node_name,
         "--node-labels", "warmpool.dev/node=real",
         "--v", "1",
     ]
 
 
-def kube_proxy_argv(binary: Path, kubeconfig: Path, pod_cidr: str, metrics_port: int, healthz_port: int) -> list[str]:
+def kube_proxy_argv(binary: Path, kubeconfig: Path, pod_cidr: str, metrics_port: int, healthz_port: int,
+                    node_name: str = NODE_NAME) -> list[str]:
     """kube-proxy in iptables mode: the Service ClusterIPs, DNATed to pod IPs on the bridge.
 
     The conntrack sysctls are left as they are (zeros say "do not set"), and NodePorts are not
@@ -107,7 +114,7 @@ def kube_proxy_argv(binary: Path, kubeconfig: Path, pod_cidr: str, metrics_port:
     return [
         str(binary),
         "--kubeconfig", str(kubeconfig),
-        "--hostname-override", NODE_NAME,
+        "--hostname-override", node_name,
         "--proxy-mode", "iptables",
         "--cluster-cidr", pod_cidr,
         "--conntrack-max-per-core", "0",

@@ -29,6 +29,9 @@ POD_SUBNET_OCTETS = range(10, 250)
 SERVICE_CIDR = "10.96.0.0/16"
 #: The first address of the service range: the ``kubernetes`` Service's ClusterIP.
 KUBERNETES_SERVICE_IP = "10.96.0.1"
+#: A further node's address on the first node's bridge is .<NODE_ADDRESS_BASE + its index> of the
+#: first node's subnet (node_namespaced.py); the CNI hands out pod addresses only below it.
+NODE_ADDRESS_BASE = 240
 CNI_PLUGIN_DIR = Path("/usr/lib/cni")
 CNI_CONFIG_NAME = "10-warmpool.conflist"
 
@@ -55,6 +58,16 @@ class NodeNetwork:
     def gateway(self) -> str:
         """The host's address on the bridge: the node IP, the API server's and kubelet's address."""
         return str(next(ipaddress.ip_network(self.pod_cidr).hosts()))
+
+    def node_address(self, index: int) -> str:
+        """The address on this bridge of the cluster's further node ``index`` (1, 2, ...)."""
+        if not 0 < index < 255 - NODE_ADDRESS_BASE:
+            raise NetworkError(f"node index {index} is out of range 1-{254 - NODE_ADDRESS_BASE}")
+        return f"10.244.{self.octet}.{NODE_ADDRESS_BASE + index}"
+
+    @property
+    def last_pod_address(self) -> str:
+        return f"10.244.{self.octet}.{NODE_ADDRESS_BASE - 1}"
 
     @property
     def network_name(self) -> str:
@@ -154,7 +167,8 @@ def write_cni_config(net: NodeNetwork, conf_dir: Path, ipam_dir: Path) -> Path:
                 "hairpinMode": True,  # a pod reaching its own Service's ClusterIP
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": net.pod_cidr, "gateway": net.gateway}]],
+                    "ranges": [[{"subnet": net.pod_cidr, "gateway": net.gateway,
+                                 "rangeEnd": net.last_pod_address}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                     "dataDir": str(ipam_dir),
                 },

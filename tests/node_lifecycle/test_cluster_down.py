@@ -1,6 +1,8 @@
-"""`warmpool cluster down` leaves nothing of the real node behind: no process or shim, no mount,
-no bridge, no iptables or ip6tables chain, no kubepods cgroup, every kernel setting as it was,
-also when the `up` that made the node was killed half way.
+"""`warmpool cluster down` leaves nothing of the real nodes behind: no process or shim, no mount,
+no bridge, network namespace or veth, no iptables or ip6tables chain, no kubepods cgroup, every
+kernel setting as it was, also when the `up` that made the node was killed half way.  On the way,
+two real nodes (`up --nodes 2`) serve pods that reach each other across them, each with its own
+/var/lib/warmpool.
 
 It needs a real-node cluster of its own from start to end, and only one real node runs on a
 machine at a time, so it is not part of the main session (which shares one cluster across the
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from warmpool_devcluster import cluster, images, netpol_enforcer, node, node_cleanup, node_network
+from warmpool_devcluster import cluster, images, netpol_enforcer, node, node_cleanup, node_namespaced, node_network
 
 pytestmark = pytest.mark.node_lifecycle
 
@@ -104,27 +106,73 @@ def _guard_rules_left(octet: int) -> str:
     return "\n".join(line for line in rules.splitlines() if re.search(rf"WARMPOOL-[A-Z]+-{octet}\b", line))
 
 
-def test_down_leaves_nothing_of_the_real_node_behind(host_unlike_a_node: dict[str, str]) -> None:
+def _server_pod(name: str, node_name: str, image: str) -> dict[str, object]:
+    """A pod on ``node_name`` serving its own name over HTTP, and writing it to the node's
+    /var/lib/warmpool (hostPath, as the node agent's cache)."""
+    script = (f"mkdir -p /tmp/srv && echo {name} > /tmp/srv/index.html && echo {name} > /node-cache/{name} "
+              "&& cd /tmp/srv && exec python -m http.server 8080")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node_name,
+                     "containers": [{"name": "serve", "image": image, "imagePullPolicy": "IfNotPresent",
+                                     "command": ["sh", "-c", script],
+                                     # root: the hostPath folder the kubelet makes is root's
+                                     "securityContext": {"runAsUser": 0},
+                                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"},
+                                                      {"name": "cache", "mountPath": "/node-cache"}]}],
+                     "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory"}},
+                                 {"name": "cache", "hostPath": {"path": "/var/lib/warmpool",
+                                                                "type": "DirectoryOrCreate"}}]}}
+
+
+def _wait_running(name: str, pods: list[str]) -> dict[str, str]:
+    """pod -> its IP once every pod in ``pods`` runs."""
+    deadline = time.monotonic() + 120
+    while True:
+        items = json.loads(cluster.kubectl(name, "get", "pods", "-n", "default", "-o", "json").stdout)["items"]
+        ips = {p["metadata"]["name"]: p["status"].get("podIP", "") for p in items
+               if p["status"].get("phase") == "Running"}
+        if all(ips.get(pod) for pod in pods):
+            return ips
+        assert time.monotonic() < deadline, f"pods never ran: {ips}"
+        time.sleep(0.5)
+
+
+def _fetch_in(name: str, pod: str, url: str) -> str:
+    fetch = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode().strip())"
+    return cluster.kubectl(name, "exec", pod, "--", "python", "-c", fetch).stdout.strip()
+
+
+def _check_two_nodes_serve_apart(name: str, root: Path, loaded: dict[str, str]) -> node.NodeState:
+    """Pods on node 0 and node 1 reach each other, and each wrote into its own node's cache."""
+    state = node.NodeState.from_json(json.loads((root / "cluster.json").read_text())["node"])
+    further = state.extra[0]
+    images.load(REPO, further.base(root), ["operator"])
+    pods = [_server_pod("serve-0", "warmpool-node-0", loaded["operator"]),
+            _server_pod("serve-1", further.name, loaded["operator"])]
+    cluster.kubectl(name, "apply", "-f", "-", input_text=yaml.safe_dump_all(pods))
+    ips = _wait_running(name, ["serve-0", "serve-1"])
+    assert ips["serve-0"].startswith(f"10.244.{state.octet}.") and ips["serve-1"].startswith(f"10.244.{further.octet}.")
+    assert _fetch_in(name, "serve-0", f"http://{ips['serve-1']}:8080/") == "serve-1"
+    assert _fetch_in(name, "serve-1", f"http://{ips['serve-0']}:8080/") == "serve-0"
+    # Node 1's /var/lib/warmpool is its own directory; node 0's is the host's.
+    assert (further.cache_dir(root) / "serve-1").read_text().strip() == "serve-1"
+    assert not (further.cache_dir(root) / "serve-0").exists()
+    assert not (node_namespaced.NODE_CACHE_MOUNTPOINT / "serve-1").exists()
+    (node_namespaced.NODE_CACHE_MOUNTPOINT / "serve-0").unlink()
+    assert node_cleanup.kubepods_cgroups(parent=further.cgroup_parent)
+    assert node_namespaced.netns_exists(further.netns)
+    return state
+
+
+def test_two_real_nodes_serve_apart_and_down_leaves_nothing_of_either(host_unlike_a_node: dict[str, str]) -> None:
     name = f"lifecycle-{os.getpid()}"
     settings_before = _settings()
-    kubeconfig = cluster.up(name, node_runtime="containerd")
+    kubeconfig = cluster.up(name, node_runtime="containerd", nodes=2)
     root = cluster.state_dir(name)
     try:
         loaded = images.load(REPO, node.node_dir(root))
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper", "namespace": "default"},
-               "spec": {"containers": [{"name": "sleep", "image": loaded["operator"], "imagePullPolicy": "IfNotPresent",
-                                        "command": ["python", "-c", "import time; time.sleep(3600)"],
-                                        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}],
-                        "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory"}}]}}
-        service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "sleeper", "namespace": "default"},
-                   "spec": {"selector": {"app": "none"}, "ports": [{"port": 80}]}}
-        cluster.kubectl(name, "apply", "-f", "-", input_text=yaml.safe_dump_all([pod, service]))
-        deadline = time.monotonic() + 120
-        while cluster.kubectl(name, "get", "pod", "sleeper", "-o", "jsonpath={.status.phase}").stdout != "Running":
-            assert time.monotonic() < deadline, "the pod never ran"
-            time.sleep(0.5)
-        state = json.loads((root / "cluster.json").read_text())
-        net = node.NodeState.from_json(state["node"]).network
+        state = _check_two_nodes_serve_apart(name, root, loaded)
+        net = state.network
         # What the node made is there before `down` (so the checks below are not vacuous).
         assert node_cleanup.kubepods_cgroups() and node_cleanup.mounts_under([node.node_dir(root)])
         assert node_cleanup.leftover_kube_chains() and _processes_mentioning(str(root))
@@ -134,7 +182,7 @@ def test_down_leaves_nothing_of_the_real_node_behind(host_unlike_a_node: dict[st
         assert all(now[name] != value for name, value in host_unlike_a_node.items()), now
         # The NetworkPolicy enforcer runs, killed the hard way: it cannot remove its own chain, so
         # `down` must.
-        enforcer = state["node"]["pids"][node.POLICY_ENFORCER]
+        enforcer = state.pids[node.POLICY_ENFORCER]
         os.killpg(enforcer, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while Path(f"/proc/{enforcer}").exists() and b"Z" not in _state_of(enforcer):
@@ -144,6 +192,14 @@ def test_down_leaves_nothing_of_the_real_node_behind(host_unlike_a_node: dict[st
     finally:
         problems = cluster.down(name, purge=True)
     assert problems == [], problems
+    _assert_nothing_left(root, state)
+    assert _changed(settings_before, _settings()) == {}
+    assert not root.exists()
+    assert not Path(kubeconfig).exists()
+
+
+def _assert_nothing_left(root: Path, state: node.NodeState) -> None:
+    net = state.network
     assert _processes_mentioning(str(root)) == []
     assert node_cleanup.mounts_under([root]) == []
     assert node_cleanup.kubepods_cgroups() == []
@@ -155,9 +211,9 @@ def test_down_leaves_nothing_of_the_real_node_behind(host_unlike_a_node: dict[st
     assert netpol_enforcer.present(net) == []
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f" {net.bridge}:" not in links and "veth" not in links, links
-    assert _changed(settings_before, _settings()) == {}
-    assert not root.exists()
-    assert not Path(kubeconfig).exists()
+    for further in state.extra:
+        assert f" {further.host_link}@" not in links and not node_namespaced.netns_exists(further.netns), links
+        assert node_namespaced.leftovers(further, root) == {"processes": [], "cgroups": [], "network": []}
 
 
 def test_down_after_a_killed_up_restores_the_host(host_unlike_a_node: dict[str, str]) -> None:

@@ -17,3 +17,8 @@ def test_an_unknown_runtime_is_refused_naming_the_ones_there_are() -> None:
 def test_an_api_server_alone_runs_no_fake_nodes() -> None:
     with pytest.raises(cluster.ClusterError, match="runs no nodes: drop --fake-nodes"):
         cluster.up("t-api-alone", node_runtime="none", fake_nodes=1)
+
+
+def test_several_nodes_need_real_ones() -> None:
+    with pytest.raises(cluster.ClusterError, match="--nodes 2 needs real nodes: add --node-runtime containerd"):
+        cluster.up("t-nodes-kwok", node_runtime="kwok", nodes=2)
