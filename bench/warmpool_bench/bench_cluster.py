@@ -2,7 +2,7 @@
 variant, `bench predict --live`): the local real-node cluster (one of this run's own, or a running
 one named by ``--cluster``) with the checkout's images, the WarmModel CRD, a namespace of the run's
 own, the models published where the pods' UID can read them, and the operator of this checkout as
-a local subprocess scraping only the node's pod subnet.
+a local subprocess scraping only the real nodes' pod subnets.
 
 ``stop`` always deletes what the run made (WarmModels while the operator still holds their
 finalizers, then the namespace) and stops the cluster if the run started it.
@@ -28,8 +28,10 @@ CRD = REPO / "crds" / "warmmodels.warmpool.dev.yaml"
 class BenchCluster:
     """Start with :meth:`start`, always :meth:`stop`."""
 
-    def __init__(self, cluster_name: str | None, work: Path, namespace: str, operator_args: Sequence[str] = ()) -> None:
+    def __init__(self, cluster_name: str | None, work: Path, namespace: str, operator_args: Sequence[str] = (),
+                 nodes: int = 1) -> None:
         self.cluster_name = cluster_name
+        self.nodes = nodes
         self.work = work
         self.namespace = namespace
         self.operator_args = list(operator_args)
@@ -52,7 +54,7 @@ class BenchCluster:
             os.environ["WARMPOOL_KEEP_CLUSTER"] = "1"  # someone else's: never stopped here
         else:
             os.environ.setdefault("WARMPOOL_TEST_CLUSTER", f"bench-{os.getpid()}")
-        self.cluster = start_or_attach(None, REPO)
+        self.cluster = start_or_attach(None, REPO, self.nodes)
         published = {model: publish(model, f"bench-{model.name}") for model in model_dirs}
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=warmpool-bench",
                              "-f", str(CRD))
@@ -64,7 +66,8 @@ class BenchCluster:
         log = (self.work / "operator.log").open("ab")
         self.operator = subprocess.Popen(
             [sys.executable, "-m", "warmpool", "operator", "--namespace", self.namespace,
-             "--scrape-network", self.cluster.node.pod_cidr, "--metrics-port", "0", "--health-port", "0",
+             *(f"--scrape-network={cidr}" for cidr in self.cluster.pod_cidrs), "--metrics-port", "0",
+             "--health-port", "0",
              "--bind", "127.0.0.1", f"--worker-image={self.cluster.images['worker']}",
              *(f"--allowed-host-path={path}" for path in published.values()), *self.operator_args],
             env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "PYTHONUNBUFFERED": "1"},

@@ -1,5 +1,5 @@
-"""`warmpool bench coldstart | scale | predict | wake | podstart | cache | tracing-imports | serve | zero`: run a
-benchmark.
+"""`warmpool bench coldstart | scale | predict | wake | podstart | cache | tracing-imports | serve | zero |
+nodes`: run a benchmark.
 
 Each writes JSON + Markdown under bench/results/.
 """
@@ -43,7 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(commands)
     _add_tracing_imports_parser(commands)
     _add_zero_parser(commands)
+    _add_nodes_parser(commands)
     return parser
+
+
+def _add_nodes_parser(commands: Any) -> None:
+    nodes = commands.add_parser("nodes", help="two real nodes: `cluster up` against one, a drain and a node's death "
+                                              "with the pool warm on it")
+    nodes.add_argument("--up-rounds", type=int, default=2, help="`cluster up --nodes 1` and `--nodes 2` each (0: skip)")
+    nodes.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
+                       help="the pool's model: SmolLM2-135M, or a tiny random Llama")
+    nodes.add_argument("--cluster", default=None,
+                       help="a running local two-node cluster to use, by name (left with a dead node 1)")
+    nodes.add_argument("--work-dir", type=Path, default=None, help="bench artefacts (the operator's log)")
+    nodes.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results folder")
+    nodes.add_argument("--name", default="nodes", help="results file stem")
 
 
 def _add_zero_parser(commands: Any) -> None:
@@ -204,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "zero":
         return _zero(args)
+    if args.command == "nodes":
+        return _nodes(args)
     return _scale(args)
 
 
@@ -211,6 +227,7 @@ def _render(path: Path) -> int:
     """The results file at ``path`` as Markdown again (written beside it, and printed); a file that
     is missing, not JSON or not a results file is one line naming what is wrong, exit 1."""
     from warmpool_bench.cache import render_cache
+    from warmpool_bench.nodes_report import render_nodes
     from warmpool_bench.podstart_report import render_podstart
     from warmpool_bench.predict_live_report import render_live
     from warmpool_bench.predict_report import render_predict
@@ -223,7 +240,7 @@ def _render(path: Path) -> int:
     renderers = {"coldstart": render_coldstart, "serve": render_serve, "predict": render_predict,
                  "predict-live": render_live, "wake": render_wake, "podstart": render_podstart,
                  "cache": render_cache, "tracing-imports": render_tracing_imports, "scale": render_scale,
-                 "zero": render_zero}
+                 "zero": render_zero, "nodes": render_nodes}
     try:
         result = json.loads(path.read_text())
         if not isinstance(result, dict):
@@ -376,6 +393,22 @@ def _zero(args: argparse.Namespace) -> int:
     if "error" in result:
         print(f"warmpool bench zero: stopped early: {result['error']}", file=sys.stderr)
     return 1 if failed or "error" in result or (result.get("burst") or {}).get("lost") else 0
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    from warmpool_bench.nodes import NodesSettings, run_nodes
+    from warmpool_bench.nodes_report import render_nodes
+
+    settings = NodesSettings(up_rounds=max(0, args.up_rounds), model=args.model, cluster=args.cluster)
+    if args.work_dir is not None:
+        settings.work_dir = args.work_dir
+    result = run_nodes(settings)
+    json_path, md_path = write_results(result, args.out, args.name, render_nodes(result), args.run)
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    if "error" in result:
+        print(f"warmpool bench nodes: stopped early: {result['error']}", file=sys.stderr)
+    return 1 if "error" in result else 0
 
 
 def _cache(args: argparse.Namespace) -> int:

@@ -54,7 +54,9 @@ def main(argv: list[str]) -> int:
         elif args.action == "build":
             found = images.build(args.repo, names)
         else:
-            found = images.load(args.repo, node.node_dir(cluster.state_dir(args.cluster)), names)
+            found = {}
+            for state in node.runtime_dirs(cluster.state_dir(args.cluster)):
+                found = images.load(args.repo, state, names)
     except (images.ImageError, docker_engine.DockerError, RuntimeError) as error:
         print(f"warmpool images {args.action}: {error}", file=sys.stderr)
         return 1

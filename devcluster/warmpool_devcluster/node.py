@@ -86,6 +86,13 @@ def node_dir(cluster_root: Path) -> Path:
     return cluster_root / "node"
 
 
+def runtime_dirs(cluster_root: Path) -> list[Path]:
+    """Each real node's state directory (its containerd's socket), node 0's first: what ``ctr``
+    and images.load are pointed at."""
+    further = sorted(cluster_root.glob("node-[0-9]*"), key=lambda p: int(p.name.split("-", 1)[1]))
+    return [node_dir(cluster_root), *further]
+
+
 def kubelet_root(cluster_root: Path) -> Path:
     return node_dir(cluster_root) / "kubelet" / "root"
 
@@ -134,6 +141,9 @@ def start_network(state: NodeState, cluster_root: Path) -> None:
     for further in state.extra:
         node_namespaced.create_network(further, state.extra)
         node_namespaced.make_cgroups(further)
+        # The images node 0 holds, before its containerd starts (a clone of a root in use could
+        # catch its databases half written).
+        node_containerd.clone_root(node_containerd.containerd_root(), further.containerd_root(cluster_root))
 
 
 def plan_further_nodes(state: NodeState, nodes: int, taken: set[int]) -> None:

@@ -88,6 +88,35 @@ oom_score = 0
 """
 
 
+#: The parts of a containerd root that never change once written (content by digest, committed
+#: layers unpacked): shared as hard links by a clone.  All else, its databases first, is copied.
+_IMMUTABLE = {"io.containerd.content.v1.content": "blobs", "io.containerd.snapshotter.v1.overlayfs": "snapshots"}
+
+
+def clone_root(source: Path, dest: Path) -> None:
+    """``dest`` as a copy of the (stopped) containerd root ``source``, its images included, in
+    seconds and almost no space: content blobs and unpacked layers are hard links (neither
+    containerd ever writes into one: a container writes into a new snapshot of its own, and a
+    removal unlinks only the remover's link), the databases real copies."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if not source.is_dir():
+        return
+    for entry in source.iterdir():
+        shared = _IMMUTABLE.get(entry.name)
+        if shared is None:
+            _cp("-a", entry, dest / entry.name)
+            continue
+        (dest / entry.name).mkdir(exist_ok=True)
+        for part in entry.iterdir():
+            _cp("-al" if part.name == shared else "-a", part, dest / entry.name / part.name)
+
+
+def _cp(mode: str, source: Path, dest: Path) -> None:
+    proc = subprocess.run(["cp", mode, "--", str(source), str(dest)], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"could not copy containerd's {source} to {dest}: {proc.stderr.strip()}")
+
+
 def write_config(state: Path, sandbox_image: str, cni_conf_dir: Path, root: Path | None = None) -> Path:
     """The config, with ``root`` (default: the machine-wide one of containerd_root) made."""
     path = state / "containerd" / "config.toml"

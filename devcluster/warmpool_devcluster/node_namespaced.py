@@ -18,7 +18,8 @@ a node, without kind's images:
   (so the dev data directory of node_files.py is shared, like an NFS export).
 * **cgroups**: the kubelet's ``cgroupRoot`` is ``/warmpool-node-<k>``, so its pods' cgroups never
   mix with node 0's ``/kubepods``.
-* **processes**: its own containerd (its own root: images are loaded into each node), kubelet,
+* **processes**: its own containerd (its own root, a clone of node 0's at ``up``: images already
+  there cost neither time nor space; later ones are loaded into each node), kubelet,
   kube-proxy (its iptables rules live in the node's namespace) and NetworkPolicy enforcer.
 
 What differs from separate machines: one kernel (its settings, memory and CPUs are shared; each
@@ -97,6 +98,10 @@ class NamespacedNode:
     def base(self, cluster_root: Path) -> Path:
         """Its state: containerd's socket, state and root, the kubelet's root, CNI config and leases."""
         return cluster_root / f"node-{self.index}"
+
+    def containerd_root(self, cluster_root: Path) -> Path:
+        """Its own containerd root, a clone of node 0's made at ``up`` (node_containerd.clone_root)."""
+        return self.base(cluster_root) / "containerd" / "root"
 
     def cache_dir(self, cluster_root: Path) -> Path:
         """What the node sees as /var/lib/warmpool."""
@@ -222,7 +227,7 @@ def start_runtime(node: NamespacedNode, cluster_root: Path, sandbox_image: str, 
     base = node.base(cluster_root)
     conf_dir = base / "cni" / "net.d"
     node_network.write_cni_config(node.network, conf_dir, base / "cni" / "ipam")
-    config = node_containerd.write_config(base, sandbox_image, conf_dir, root=base / "containerd" / "root")
+    config = node_containerd.write_config(base, sandbox_image, conf_dir, root=node.containerd_root(cluster_root))
     node.pids["containerd"] = spawn(f"node-{node.index}-containerd", in_node(node, node_containerd.argv(config)))
     return base
 

@@ -107,6 +107,20 @@ def on_a_node_bridge(ip: str) -> bool:
     return device.startswith(BRIDGE_PREFIX) and bridge_exists(device)
 
 
+def guarded_service_address(ip: str) -> bool:
+    """``ip`` is in the service range and a node bridge of this machine has its guard whole, which
+    drops service-range traffic that would leave by any other way (so dialling it stays here)."""
+    try:
+        if ipaddress.ip_address(ip) not in ipaddress.ip_network(SERVICE_CIDR):
+            return False
+    except ValueError:
+        return False
+    links = json.loads(run(["ip", "-j", "link", "show", "type", "bridge"], check=False).stdout or "[]")
+    octets = [name[len(BRIDGE_PREFIX):] for name in (str(link.get("ifname", "")) for link in links)
+              if name.startswith(BRIDGE_PREFIX)]
+    return any(octet.isdigit() and not guard_missing(NodeNetwork(int(octet))) for octet in octets)
+
+
 def host_address_on_a_node_bridge(ip: str) -> bool:
     """``ip`` is this machine's own address on a bridge `cluster up` made (where a real-node
     cluster's API server and kubelet listen)."""

@@ -53,6 +53,8 @@ class ClusterHandle:
     node: RealNode | None = None
     #: the project's images on the node: name -> tag ({} for an external cluster)
     images: dict[str, str] = field(default_factory=dict)
+    #: every real node's pod subnet, node 0's first (() for an external cluster)
+    pod_cidrs: tuple[str, ...] = ()
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -94,21 +96,23 @@ def start_api_server() -> ClusterHandle:
     return ClusterHandle(kubeconfig=cluster.up(name, node_runtime="none"), name=name)
 
 
-def start_or_attach(external_kubeconfig: str | None, repo: Path) -> ClusterHandle:
+def start_or_attach(external_kubeconfig: str | None, repo: Path, nodes: int = 1) -> ClusterHandle:
     """Use the cluster named by WARMPOOL_KUBECONFIG, or start (or reuse, by WARMPOOL_TEST_CLUSTER) a
-    real-node cluster for this run with the checkout's images built and loaded."""
+    cluster of ``nodes`` real nodes for this run with the checkout's images built and loaded into each."""
     if external_kubeconfig:
         path = Path(external_kubeconfig).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"WARMPOOL_KUBECONFIG={external_kubeconfig} is not a file")
         return ClusterHandle(kubeconfig=path, name=None)
     name = os.environ.get("WARMPOOL_TEST_CLUSTER", f"pytest-{os.getpid()}")
-    kubeconfig = cluster.up(name, node_runtime="containerd")
-    # One fake node (tainted) for the tests that need a second node: a machine runs one real node.
+    kubeconfig = cluster.up(name, node_runtime="containerd", nodes=nodes)
+    # One fake node (tainted) for the tests that need a node that is not real.
     cluster.add_fake_nodes(name, 1)
     report = cluster.status(name)
     node_state = node.node_dir(cluster.state_dir(name))
     loaded = images.load(repo, node_state)
+    for further in node.runtime_dirs(cluster.state_dir(name))[1:]:
+        images.load(repo, further)
     return ClusterHandle(kubeconfig=kubeconfig, name=name,
-                         node=RealNode(state=node_state, pod_cidr=str(report["node"]["podCIDR"])), images=loaded)
-
+                         node=RealNode(state=node_state, pod_cidr=str(report["node"]["podCIDR"])), images=loaded,
+                         pod_cidrs=tuple(str(n["podCIDR"]) for n in report["nodes"]))
