@@ -32,7 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "model": ("warmpool_dev.model_fetch", "fetch: the small real test model (SmolLM2-135M) as safetensors | "
               "push: a model directory to an S3 store, with its manifest"),
     "bench": ("warmpool_bench.cli", "benchmarks: coldstart | scale | predict | wake | podstart | cache | "
-              "tracing-imports | serve | zero; render: a results file again as Markdown"),
+              "tracing-imports | serve | zero | nodes; render: a results file again as Markdown"),
     "demo": ("warmpool_dev.demo", "the main job end to end on a local cluster"),
 }
 

@@ -53,6 +53,8 @@ def _add_nodes_parser(commands: Any) -> None:
     nodes.add_argument("--up-rounds", type=int, default=2, help="`cluster up --nodes 1` and `--nodes 2` each (0: skip)")
     nodes.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
                        help="the pool's model: SmolLM2-135M, or a tiny random Llama")
+    nodes.add_argument("--death-placement", choices=("spread", "packed"), default="spread",
+                       help="the pool when node 1 dies: a pod on each node, or both on node 1")
     nodes.add_argument("--cluster", default=None,
                        help="a running local two-node cluster to use, by name (left with a dead node 1)")
     nodes.add_argument("--work-dir", type=Path, default=None, help="bench artefacts (the operator's log)")
@@ -399,7 +401,8 @@ def _nodes(args: argparse.Namespace) -> int:
     from warmpool_bench.nodes import NodesSettings, run_nodes
     from warmpool_bench.nodes_report import render_nodes
 
-    settings = NodesSettings(up_rounds=max(0, args.up_rounds), model=args.model, cluster=args.cluster)
+    settings = NodesSettings(up_rounds=max(0, args.up_rounds), model=args.model, cluster=args.cluster,
+                             death_placement=args.death_placement)
     if args.work_dir is not None:
         settings.work_dir = args.work_dir
     result = run_nodes(settings)

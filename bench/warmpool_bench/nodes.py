@@ -7,18 +7,22 @@ ratio of the medians <= 1.5).
 Then the run's own two-node cluster (`cluster up --nodes 2`; ``--cluster`` names a running one),
 the checkout's images on both nodes, the operator of this checkout as a local process scraping both
 nodes' pod subnets, and one pool of the real small model (``--model tiny``: a tiny random Llama),
-``minWarm`` 2.  Before each of the two scenes, the pool's two pods are made warm on node 1 (node 0
-cordoned while they start, uncordoned once they are Ready):
+``minWarm`` 2, its pods placed for each scene by cordoning a node while they start:
 
-* **drain**: a client sends one completion at a time through the pool Service's ClusterIP (the
-  host's kube-proxy sends each to a pod on either node), while `kubectl drain warmpool-node-1`
-  runs.  Recorded: whether the drain completed and its seconds, the fewest Ready pods the Service
-  had (sampled every 0.2 s), requests sent and failed (target: never below minWarm, none failed).
-* **node death**: node 1's kubelet, containerd, kube-proxy, NetworkPolicy enforcer, container
-  shims and every pod process are SIGKILLed at once and its link taken down, the way a machine
-  that loses power vanishes.  Recorded: death -> minWarm pods Ready on node 0, and those pods' own
-  cold start (created -> Ready, from the pod watch), the floor (target: death -> warm <= cold
-  start + 5 s).  Node 1 stays dead; a ``--cluster`` one must be taken down after.
+* **drain**: the pool's two pods warm on node 1; a client sends one completion at a time through
+  the pool Service's ClusterIP (the host's kube-proxy sends each to a pod on either node), while
+  `kubectl drain warmpool-node-1` runs.  Recorded: whether the drain completed and its seconds,
+  the fewest Ready pods the Service had (sampled every 0.2 s), requests sent and failed (target:
+  never below minWarm, none failed).
+* **node death**: the pool's pods warm one on each node (``--death-placement spread``, where the
+  scheduler puts them by itself) or both on node 1 (``packed``); then node 1's kubelet, containerd,
+  kube-proxy, NetworkPolicy enforcer, container shims and every pod process are SIGKILLed at once
+  and its link taken down, the way a machine that loses power vanishes.  Recorded: death ->
+  minWarm pods Ready on node 0, and the replacements' own cold start (created -> Ready, from the
+  API's timestamps), the floor (target: death -> warm <= cold start + 5 s).  Spread, node 0's pod
+  answering is the witness that lets the operator judge node 1 by its pods' failed scrapes
+  (rules/node_answers.py); packed, only node 1's Lease tells.  Node 1 stays dead; a ``--cluster``
+  one must be taken down after.
 
 Only loopback, the nodes' pods and the pool's ClusterIP are ever dialled.
 """
@@ -57,6 +61,9 @@ MAX_REQUESTS, CLIENT_TIMEOUT_S = 2000, 600.0
 class NodesSettings:
     up_rounds: int = 2
     model: str = "smollm2"  # or "tiny"
+    #: the pool when node 1 dies: one pod on each node ("spread", as the scheduler places them), or
+    #: both on node 1 ("packed": no pod of ours answers elsewhere, so only node 1's Lease tells)
+    death_placement: str = "spread"
     cluster: str | None = None
     work_dir: Path = field(default_factory=lambda: Path("/tmp/warmpool-bench-nodes"))
     timeout_s: float = 600.0
@@ -152,6 +159,27 @@ class Scene:
         self.wait(lambda: len(self.pods()) == MIN_WARM and len(self.serving(NODE_1)) == MIN_WARM,
                   f"the pool at {MIN_WARM} pods, all on {NODE_1}")
 
+    def warm_spread(self) -> None:
+        """The pool's two pods Ready, one on each node (where the scheduler spreads them by itself)."""
+        self.kubectl("uncordon", NODE_0)
+        self.kubectl("uncordon", NODE_1)
+
+        def spread() -> bool:
+            nodes = [p["spec"].get("nodeName") for p in self.serving()]
+            return len(self.pods()) == MIN_WARM and sorted(nodes) == [NODE_0, NODE_1]
+
+        if not spread():
+            crowded = NODE_0 if [p["spec"].get("nodeName") for p in self.pods()].count(NODE_0) > 1 else NODE_1
+            other = NODE_1 if crowded == NODE_0 else NODE_0
+            self.kubectl("cordon", crowded)
+            try:
+                moved = next(p for p in self.pods() if p["spec"].get("nodeName") == crowded)
+                self.kubectl("-n", self.ns, "delete", "pod", moved["metadata"]["name"], "--wait=false")
+                self.wait(lambda: self.serving(other), f"a Ready pod on {other}")
+            finally:
+                self.kubectl("uncordon", crowded)
+        self.wait(spread, "the pool at one Ready pod on each node")
+
     def service_url(self) -> str:
         service = json.loads(self.kubectl("-n", self.ns, "get", "service", POOL, "-o", "json").stdout)
         ip = service["spec"]["clusterIP"]
@@ -242,8 +270,12 @@ def kill_node_1(cluster_name: str) -> list[str]:
 
 
 def node_death(scene: Scene, cluster_name: str) -> dict[str, Any]:
-    """Node 1 dies with the pool warm on it: seconds until MIN_WARM pods are Ready on node 0."""
-    scene.warm_on_node_1()
+    """Node 1 dies with the pool warm on it (both pods there with ``placement`` "packed", one on each
+    node with "spread"): seconds until MIN_WARM pods are Ready on node 0."""
+    if scene.settings.death_placement == "packed":
+        scene.warm_on_node_1()
+    else:
+        scene.warm_spread()
     before = {p["metadata"]["uid"] for p in scene.pods()}
     killed = kill_node_1(cluster_name)
     died = time.monotonic()
@@ -253,7 +285,8 @@ def node_death(scene: Scene, cluster_name: str) -> dict[str, Any]:
     cold = [_cold_start_s(p) for p in scene.serving(NODE_0) if p["metadata"]["uid"] not in before]
     first_created = min((_created(p) for p in scene.pods() if p["metadata"]["uid"] not in before), default=died_wall)
     cold_start = max(cold) if cold else None
-    return {"killed": killed, "death_to_warm_s": seconds, "replacement_cold_start_s": cold_start,
+    return {"placement": scene.settings.death_placement, "killed": killed, "death_to_warm_s": seconds,
+            "replacements": len(cold), "replacement_cold_start_s": cold_start,
             "first_replacement_created_after_s": max(0.0, first_created - died_wall),
             "over_cold_start_s": None if cold_start is None else seconds - cold_start}
 
@@ -272,25 +305,31 @@ def _cold_start_s(pod: dict[str, Any]) -> float:
     return datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00")).timestamp() - _created(pod)
 
 
+def run_scenes(bench: BenchCluster, settings: NodesSettings, model: Path) -> dict[str, Any]:
+    """The cluster, the operator and the pool (``bench`` started here), then the drain and the node's
+    death: each scene's figures.  The caller stops ``bench``."""
+    published = bench.start([model])
+    scene = Scene(bench, settings)
+    bench.create(_manifest(published[model], settings.model == "tiny") | {
+        "metadata": {"name": POOL, "namespace": bench.namespace}})
+    figures: dict[str, Any] = {"drain": drain(scene)}
+    _say(f"drain: {json.dumps({k: v for k, v in figures['drain'].items() if k != 'drain_output'})}")
+    figures["node_death"] = node_death(scene, bench.cluster.name)
+    _say(f"node death: {json.dumps(figures['node_death'])}")
+    return figures
+
+
 def run_nodes(settings: NodesSettings) -> dict[str, Any]:
-    result: dict[str, Any] = {"benchmark": "nodes", "settings": {"up_rounds": settings.up_rounds,
-                                                                 "model": settings.model, "min_warm": MIN_WARM}}
+    result: dict[str, Any] = {"benchmark": "nodes", "settings": {
+        "up_rounds": settings.up_rounds, "model": settings.model, "min_warm": MIN_WARM,
+        "death_placement": settings.death_placement}}
     if settings.up_rounds and settings.cluster:
         result["up"] = {"skipped": "--cluster given: `cluster up` is measured only with no other cluster up"}
     elif settings.up_rounds:
         result["up"] = measure_up(settings.up_rounds)
-    model = _model_dir(settings)
     bench = BenchCluster(settings.cluster, settings.work_dir, f"bench-nodes-{os.getpid()}", nodes=2)
     try:
-        published = bench.start([model])
-        scene = Scene(bench, settings)
-        bench.create(_manifest(published[model], settings.model == "tiny") | {
-            "metadata": {"name": POOL, "namespace": bench.namespace}})
-        result["drain"] = drain(scene)
-        _say(f"drain: {json.dumps({k: v for k, v in result['drain'].items() if k != 'drain_output'})}")
-        assert bench.cluster.name is not None
-        result["node_death"] = node_death(scene, bench.cluster.name)
-        _say(f"node death: {json.dumps(result['node_death'])}")
+        result |= run_scenes(bench, settings, _model_dir(settings))
     except (RuntimeError, subprocess.SubprocessError, OSError) as error:
         result["error"] = str(error)[-2000:]
     finally:

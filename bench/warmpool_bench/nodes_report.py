@@ -39,7 +39,9 @@ def _drain(drain: dict[str, Any]) -> list[str]:
 def _death(death: dict[str, Any]) -> list[str]:
     over = death["over_cold_start_s"]
     cold = death["replacement_cold_start_s"]
-    return ["## The node holding the warm pods dies (SIGKILL of " + ", ".join(death["killed"]) + ", link down)", "",
+    placed = {"spread": "one warm pod on each node", "packed": "both warm pods on it"}.get(
+        death.get("placement", "packed"), death.get("placement"))
+    return [f"## A node dies with {placed} (SIGKILL of " + ", ".join(death["killed"]) + ", link down)", "",
             "| death -> minWarm Ready on the other node (s) | first replacement created after (s) "
             "| replacements' cold start (s) | over the cold start (s) |", "|---|---|---|---|",
             f"| {death['death_to_warm_s']:.1f} | {death['first_replacement_created_after_s']:.1f} "

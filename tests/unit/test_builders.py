@@ -83,6 +83,17 @@ def test_probes_mean_warm() -> None:
     assert budget >= 600
 
 
+def test_a_deleted_pod_serves_on_until_every_kube_proxy_has_dropped_it() -> None:
+    """Each container sleeps (the kubelet's own preStop sleep) before its SIGTERM, the engine
+    behind a sidecar too: requests routed to the pod before its endpoint left still land."""
+    sidecar = target(engine={"kind": "sidecar", "image": "vllm/vllm-openai:v0.6.0", "args": []})
+    for t in (target(), sidecar):
+        pod = builders.build_deployment(t)["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": builders.PRE_STOP_SLEEP_SECONDS}}
+        assert pod["terminationGracePeriodSeconds"] > builders.PRE_STOP_SLEEP_SECONDS + 20  # time left to finish
+
+
 def test_rollout_keeps_warm_pods() -> None:
     strategy = builders.build_deployment(target())["spec"]["strategy"]
     assert strategy["type"] == "RollingUpdate"

@@ -105,6 +105,19 @@ def test_below_min_warm_the_ready_condition_names_the_failing_pods_and_their_las
     assert f"and {5 - st.FAILURES_SHOWN} more" in ready["message"] and "m-4" not in ready["message"]
 
 
+def test_a_pod_on_a_lost_node_is_named_with_its_nodes_failure_though_its_ready_was_never_updated() -> None:
+    """A dead node's kubelet never turns its pods' Ready False: the operator's own judgement of the
+    node (rules/node_health.py) is what the Ready condition shows, not "metrics unavailable"."""
+    lost = PodObservation("m-lost", "m-lost", ready=True, terminating=False, sample=Sample(error="timeout"),
+                          decision=None, failure="node b: no worker pod there answers its scrapes while pods on "
+                                                 "other nodes do: replaced on another node", node_lost=True)
+    out = st.compute_status(name="m", spec=_spec(min_warm=2), generation=1, pods=[_warm("m-a"), lost],
+                            deployment=None, cold_starts=ColdStarts(), previous=None, now=NOW)
+    ready = _conditions(out)["Ready"]
+    assert ready["reason"] == st.REASON_BELOW_MIN_WARM, ready
+    assert "m-lost: node b: no worker pod there answers its scrapes" in ready["message"]
+
+
 def test_each_pods_progress_stage_layers_prefills_and_time_left_from_the_pools_past_cold_starts() -> None:
     cold = ColdStarts()
     for i, seconds in enumerate((30.0, 40.0, 50.0)):

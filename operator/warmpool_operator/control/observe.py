@@ -22,6 +22,7 @@ from warmpool_operator.io.watch_cache import Cache
 from warmpool_operator.io.worker_client import worker_url
 from warmpool_operator.model import Obj, Sample, Target
 from warmpool_operator.rules import gating
+from warmpool_operator.rules.node_answers import NodeAnswers
 from warmpool_operator.rules.node_health import ALL_HEALTHY, NodeHealth
 from warmpool_operator.rules.observation import PodObservation, pod_failure, pod_ready, pod_state
 from warmpool_operator.rules.ownership import deployment_pods
@@ -49,6 +50,10 @@ class ScrapeMemory:
     readiness: dict[str, bool] = field(default_factory=dict)
     #: pods with our labels that are not our Deployment's (warned about once each)
     ignored: set[str] = field(default_factory=set)
+    #: uid -> the node of each pod in ``urls``
+    nodes: dict[str, str] = field(default_factory=dict)
+    #: every pool's scrape outcomes by node (the operator's one, control/shared.py), when kept
+    answers: NodeAnswers | None = None
 
     def feed(self, samples: Mapping[str, Sample]) -> None:
         """Samples from a scrape: kept with the readiness the pod had when it was scraped."""
@@ -57,6 +62,8 @@ class ScrapeMemory:
                 self.samples[uid] = Scraped(sample, self.readiness.get(uid, False))
                 self.fresh.add(uid)
                 _count_errors(sample)
+                if self.answers is not None:
+                    self.answers.record(uid, self.nodes.get(uid, ""), sample)
 
     def drop(self, uid: str) -> None:
         """Forget a pod's sample (its state just changed: the next pass scrapes it again)."""
@@ -129,6 +136,7 @@ async def observe(memory: ScrapeMemory, pods: list[Obj], target: Target, schedul
     lost = {ref.uid for ref in refs if nodes.pod_lost(ref.node)}
     port = target.spec.pod.port
     memory.urls = {ref.uid: worker_url(ref.ip, port, PATH_METRICS) for ref in refs}
+    memory.nodes = {ref.uid: ref.node for ref in refs}
     memory.readiness = {ref.uid: pod_ready(by_uid[ref.uid]) for ref in refs}
     for uid in set(memory.samples) - set(memory.urls):
         del memory.samples[uid]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from warmpool_operator.io.watch_cache import Cache
 from warmpool_operator.model import CacheRevision, Obj, Target
 from warmpool_operator.rules import builders, heat, host_paths
 from warmpool_operator.rules import status as st
+from warmpool_operator.rules.node_health import NodeHealth
 from warmpool_operator.rules.object_store_pods import reported_paths, resolved_revision
 from warmpool_operator.rules.observation import ColdStarts, PodObservation, pod_fingerprint
 from warmpool_operator.rules.zero import Endpoint, ZeroState
@@ -65,6 +67,8 @@ DEBOUNCE_SECONDS = 0.05
 #: only this often, for the rules that act on elapsed time alone (scale-down holds, idle sleep); at
 #: 1,000 such pools a pass every round was most of the operator's idle CPU.
 QUIET_ROUNDS_PER_PASS = 6
+#: Scrape rounds over which a node's pods are judged unanswering (rules/node_answers.py).
+ANSWER_WINDOW_ROUNDS = 2
 
 
 class Permanent(Exception):
@@ -372,7 +376,7 @@ class Reconciler:
         refs, by_uid = observe.scrapeable(target, pods, config)  # held requests wait on pods routed: before the rest
         await zero_step.route_ready_first(shared.kube, self.cache, target, self.body, memory.children.settled,
                                           memory.zero, refs, by_uid, shared.activators)
-        nodes = shared.nodes.health()  # pods on lost nodes are not warm, those on cordoned ones leaving
+        nodes = node_health(shared, memory.scrapes)  # pods on lost nodes are not warm, on cordoned ones leaving
         pool = await observe.observe(memory.scrapes, pods, target, shared.scheduler, config, shared.tracing, nodes)
         decisions = await tiers.decide_and_direct(memory.tiers, pool, target, self.body, memory.children.token,
                                                   shared.workers, config.ttl(), shared.tracing)
@@ -470,3 +474,22 @@ def _sleep_context(reconciler: Reconciler, target: Target) -> sleep_actions.Cont
     shared = reconciler.shared
     return sleep_actions.Context(shared.kube, shared.workers, reconciler.body, target, reconciler.memory.children.token,
                                  refresh, shared.config.scrape_interval, shared.monotonic)
+
+
+def node_health(shared: Shared, scrapes: observe.ScrapeMemory) -> NodeHealth:
+    """The nodes a pass treats as lost or leaving, those no pod of ours answers on included: by
+    every pool's latest scrapes (rules/node_answers.py, which ``scrapes`` feeds from now on), over
+    two scrape rounds and a scrape's timeout, the time a round needs to reach every pod."""
+    scrapes.answers = shared.answers
+    config = shared.config
+    window = ANSWER_WINDOW_ROUNDS * config.scrape_interval + config.scrape_timeout
+    now = time.monotonic()  # the clock each scrape's sent_at is stamped with
+    shared.answers.forget_older_than(now - 3 * window)
+    unanswering = set(shared.answers.unanswering(now, window))
+    for node in sorted(unanswering - shared.nodes.unanswering):
+        log.warning("node %s: no worker pod there answers its scrapes while pods on other nodes do: its pods "
+                    "count as not warm and are replaced", node)
+    for node in sorted(shared.nodes.unanswering - unanswering):
+        log.info("node %s: a worker pod there answers its scrapes again", node)
+    shared.nodes.unanswering = unanswering
+    return shared.nodes.health()

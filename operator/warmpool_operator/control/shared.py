@@ -23,6 +23,7 @@ from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing
 from warmpool_operator.io.worker_client import WorkerClient
 from warmpool_operator.rules.control_token import KEY_BYTES
+from warmpool_operator.rules.node_answers import NodeAnswers
 from warmpool_operator.rules.node_health import NodeBoard
 from warmpool_operator.settings import OperatorConfig
 
@@ -48,3 +49,5 @@ class Shared:
     activators: ActivatorBoard = field(default_factory=ActivatorBoard)
     #: which nodes are lost or cordoned, from the Node watch (control/nodes.py)
     nodes: NodeBoard = field(default_factory=NodeBoard)
+    #: every scraped pod's latest outcome by node: which nodes stopped answering (rules/node_answers.py)
+    answers: NodeAnswers = field(default_factory=NodeAnswers)

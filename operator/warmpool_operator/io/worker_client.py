@@ -15,6 +15,7 @@ one small fake of this class.
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from collections.abc import Iterable, Mapping
 
@@ -66,10 +67,16 @@ async def _scrape(session: aiohttp.ClientSession, url: str, limit: float) -> Sam
     except aiohttp.ClientPayloadError as error:
         # The connection ended before the body did (e.g. short of its Content-Length).
         return Sample(error=f"truncated: {str(error)[:120]}")
+    except aiohttp.ClientConnectorError as error:
+        # Refused: the pod's network answered (a worker still starting, or restarting), so its node
+        # is alive; anything else (no route, unreachable host) may be a node that is gone.
+        refused = error.os_error.errno == errno.ECONNREFUSED
+        return Sample(error=f"{'refused' if refused else 'unreachable'}: {type(error).__name__}")
     except aiohttp.ClientError as error:
         return Sample(error=f"unreachable: {type(error).__name__}")
     except OSError as error:
-        return Sample(error=f"unreachable: {error.strerror or error}")
+        return Sample(error=f"{'refused' if error.errno == errno.ECONNREFUSED else 'unreachable'}: "
+                            f"{error.strerror or error}")
     return parse_metrics(text)
 
 

@@ -549,8 +549,18 @@ def _engine_container(target: Target, model_mount: Obj) -> Obj:
     return engine
 
 
+#: Seconds each container of a worker pod waits, once the pod is deleted, before it is told to
+#: stop (SIGTERM): the pod leaves the Service's endpoints at once, and every node's kube-proxy
+#: stops sending it new connections within a sync or two; a worker that stopped at once would
+#: refuse the requests still routed to it meanwhile (a drain's evictions, a scale-down).  The
+#: kubelet sleeps itself (the preStop ``sleep`` action: no binary needed in the image).
+PRE_STOP_SLEEP_SECONDS = 5
+
+
 def _pod_spec(target: Target, containers: list[Obj], volumes: list[Obj]) -> Obj:
     pod = target.spec.pod
+    for container in containers:
+        container.setdefault("lifecycle", {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}})
     pod_spec: Obj = {
         "containers": containers,
         "volumes": volumes,

@@ -8,6 +8,8 @@ not wait: a pod on a **lost** node counts as not warm at once and is replaced (r
 
 A node whose kubelet stopped renewing its Lease is **silent** (rules/node_leases.py) and counts as
 lost too, well before the controller marks it: a SIGKILLed kubelet is noticed in 15-25 s, not 50 s.
+So does a node where no worker pod of ours answers its scrapes while pods on other nodes do
+(**unanswering**, rules/node_answers.py): a dead machine is noticed within a scrape interval or two.
 
 A **cordoned** node (``spec.unschedulable``: ``kubectl cordon``, the first step of ``kubectl
 drain``) still runs its pods, and they still serve; they are about to be evicted, so each one's
@@ -43,9 +45,13 @@ def node_cordoned(node: Mapping[str, Any]) -> bool:
     return (node.get("spec") or {}).get("unschedulable") is True
 
 
-def lost_node_failure(node: str, silent: bool = False) -> str:
+def lost_node_failure(node: str, silent: bool = False, unanswering: bool = False) -> str:
     """What a pod on a lost node shows as its failure (status.pods, the Progressing condition);
-    ``silent``: lost by its Lease alone (rules/node_leases.py), its Ready condition not changed yet."""
+    ``silent``: lost by its Lease alone (rules/node_leases.py), its Ready condition not changed yet;
+    ``unanswering``: by its pods' scrapes alone (rules/node_answers.py)."""
+    if unanswering:
+        return f"node {node}: no worker pod there answers its scrapes while pods on other nodes do: " \
+               "replaced on another node"
     if silent:
         return f"node {node} renews no Lease while other nodes do: replaced on another node"
     return f"node {node} is not Ready or unreachable: replaced on another node"
@@ -59,13 +65,15 @@ class NodeHealth:
     cordoned: frozenset[str] = frozenset()
     #: the lost nodes lost by their Lease alone (their Ready condition not changed yet)
     silent: frozenset[str] = frozenset()
+    #: the lost nodes lost by their pods' scrapes alone (neither Lease nor Ready says so yet)
+    unanswering: frozenset[str] = frozenset()
 
     def pod_lost(self, node: str) -> bool:
         return bool(node) and node in self.lost
 
     def failure(self, node: str) -> str:
         """Why a pod on lost node ``node`` counts as not warm."""
-        return lost_node_failure(node, node in self.silent)
+        return lost_node_failure(node, node in self.silent, node in self.unanswering)
 
     def pod_leaving(self, node: str) -> bool:
         return bool(node) and node in self.cordoned
@@ -86,6 +94,8 @@ class NodeBoard:
     cordoned: set[str] = field(default_factory=set)
     #: nodes whose Lease renewals stopped (control/nodes.py's Lease watch sets it): lost as well
     silent: set[str] = field(default_factory=set)
+    #: nodes where no pod of ours answers its scrapes while others do (each pass sets it): lost as well
+    unanswering: set[str] = field(default_factory=set)
     #: False when Nodes may not be read (forbidden): every node is then treated as healthy
     readable: bool = True
 
@@ -115,6 +125,7 @@ class NodeBoard:
     def health(self) -> NodeHealth:
         if not self.readable:
             return ALL_HEALTHY
-        lost = self.lost | self.silent
+        lost = self.lost | self.silent | self.unanswering
         return NodeHealth(lost=frozenset(lost), cordoned=frozenset(self.cordoned - lost),
-                          silent=frozenset(self.silent - self.lost))
+                          silent=frozenset(self.silent - self.lost),
+                          unanswering=frozenset(self.unanswering - self.lost - self.silent))

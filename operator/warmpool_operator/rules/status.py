@@ -132,17 +132,22 @@ def _ready_condition(cond: _Stamp, min_warm: int, pods: Sequence[PodObservation]
                     f"{warm} of {len(pods)} pods verified warm (minWarm {min_warm})")
     counts = f"{warm} of {len(pods)} pods verified warm, {ready} Ready; minWarm is {min_warm}"
     # Ready by the kubelet, yet unreadable: what keeps the pool from being verified warm.
-    unreadable = sorted(p.name for p in pods if p.ready and p.metrics_unavailable)
+    unreadable = sorted(p.name for p in pods if p.ready and p.metrics_unavailable and not p.node_lost)
     if unreadable:
         return cond(CONDITION_READY, "False", REASON_METRICS_UNAVAILABLE,
                     f"{counts}; metrics unavailable from: {', '.join(unreadable)}")
     return cond(CONDITION_READY, "False", REASON_BELOW_MIN_WARM, counts + _failing_pods(pods))
 
 
+def _failing(pod: PodObservation) -> bool:
+    """A pod with a failure to show: not Ready, or on a lost node (whose Ready nobody updates yet)."""
+    return pod.failure is not None and (not pod.ready or pod.node_lost)
+
+
 def _failing_pods(pods: Sequence[PodObservation]) -> str:
     """Why pods are not coming up, when some are failing (the first few, each with its container's
     last words): what keeps the pool below minWarm, at a glance in `kubectl describe wm`."""
-    failing = sorted((p for p in pods if p.failure and not p.ready), key=lambda p: p.name)
+    failing = sorted((p for p in pods if _failing(p)), key=lambda p: p.name)
     if not failing:
         return ""
     shown = "; ".join(f"{p.name}: {p.failure}" for p in failing[:FAILURES_SHOWN])
@@ -161,7 +166,7 @@ def _progressing_condition(cond: _Stamp, pods: Sequence[PodObservation],
     generation_seen = int(dep_status.get("observedGeneration") or 0) >= int(
         ((deployment or {}).get("metadata") or {}).get("generation") or 0
     )
-    failing = sorted(f"{p.name}: {p.failure}" for p in pods if p.failure and not p.ready)
+    failing = sorted(f"{p.name}: {p.failure}" for p in pods if _failing(p))
     rolling = deployment is not None and (not generation_seen or updated < want or total > want)
     if failing:
         # A pod that crash-loops will not come up by itself: say so instead of "rolling out".
