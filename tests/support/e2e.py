@@ -176,8 +176,10 @@ def warmmodel(name: str, model: Path, *, revision: str = "r1", replicas: int = 1
             "pool": {"replicas": replicas, "minWarm": min_warm, "maxReplicas": max_replicas},
             "warmup": {"buckets": [8, 16, 32], "prompts": ["hello there", "how are you today"],
                        "timeoutSeconds": 120},
+            # Stopped at once: these pools' pods are deleted by the tests far more often than a
+            # client meets one going (the default's drain: tests/node_lifecycle/test_two_nodes_pool.py).
             "pod": {"workerArgs": ["--device=cpu", "--prompts-per-bucket=1", "--decode-tokens=2",
-                                   *(worker_args or [])]},
+                                   *(worker_args or [])], "drainSeconds": 0},
         },
     }
 

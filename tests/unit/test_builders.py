@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from warmpool_operator.api.types import DEFAULT_NODE_CACHE_ROOT, parse_spec
+from warmpool_operator.api.types import DEFAULT_DRAIN_SECONDS, DEFAULT_NODE_CACHE_ROOT, InvalidWarmModel, parse_spec
 from warmpool_operator.model import Target
 from warmpool_operator.rules import builders, scaling
 from warmpool_operator.rules.builders import KV_PREFIX_MOUNT_PATH
@@ -84,14 +84,19 @@ def test_probes_mean_warm() -> None:
 
 
 def test_a_deleted_pod_serves_on_until_every_kube_proxy_has_dropped_it() -> None:
-    """Each container sleeps (the kubelet's own preStop sleep) before its SIGTERM, the engine
-    behind a sidecar too: requests routed to the pod before its endpoint left still land."""
+    """Each container sleeps spec.pod.drainSeconds (the kubelet's own preStop sleep) before its
+    SIGTERM, the engine behind a sidecar too: requests routed to the pod before its endpoint left
+    still land.  0 stops at once."""
     sidecar = target(engine={"kind": "sidecar", "image": "vllm/vllm-openai:v0.6.0", "args": []})
     for t in (target(), sidecar):
         pod = builders.build_deployment(t)["spec"]["template"]["spec"]
         for container in pod["containers"]:
-            assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": builders.PRE_STOP_SLEEP_SECONDS}}
-        assert pod["terminationGracePeriodSeconds"] > builders.PRE_STOP_SLEEP_SECONDS + 20  # time left to finish
+            assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": DEFAULT_DRAIN_SECONDS}}
+        assert pod["terminationGracePeriodSeconds"] == DEFAULT_DRAIN_SECONDS + builders.STOP_GRACE_SECONDS
+    pod = builders.build_deployment(target(pod={"drainSeconds": 0}))["spec"]["template"]["spec"]
+    assert all("lifecycle" not in c for c in pod["containers"]) and pod["terminationGracePeriodSeconds"] == 30
+    with pytest.raises(InvalidWarmModel, match="drainSeconds"):
+        parse_spec({"model": {"hostPath": {"path": "/m"}}, "pod": {"drainSeconds": 301}})
 
 
 def test_rollout_keeps_warm_pods() -> None:

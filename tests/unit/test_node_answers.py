@@ -94,6 +94,9 @@ def test_a_witness_from_long_before_the_failures_is_no_witness_and_gone_pods_are
     assert answers.unanswering(101, WINDOW) == frozenset()
     answers.forget_older_than(50)
     assert set(answers.pods) == {"b1"}
+    answers.record("b2", "node-b", answer(60))  # a pod since deleted: its answer no longer counts
+    answers.forget({"b2"})
+    assert set(answers.pods) == {"b1"}
     answers.record("b1", "node-b", failure(200))  # only pods scraped within the window are judged
     answers.record("a1", "node-a", answer(201))
     assert answers.pods["b1"].failing_since == 100  # the run of failures began at its first

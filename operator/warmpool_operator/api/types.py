@@ -987,6 +987,10 @@ class ExtraVolumeMount(ApiObject):
 ShmSize = Annotated[str, Field(min_length=1, max_length=16, pattern=r"^[1-9][0-9]*(Ki|Mi|Gi|Ti|k|M|G|T)?$")]
 
 
+#: spec.pod.drainSeconds' default: a few kube-proxy syncs on a busy node.
+DEFAULT_DRAIN_SECONDS = 5
+
+
 class PodSpec(ApiObject):
     """Pod-level settings of the worker pods."""
 
@@ -1039,6 +1043,11 @@ class PodSpec(ApiObject):
     annotations: Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=32)] | None = None
     """Extra annotations of the worker pods; never the operator's own (any key under warmpool.dev,
     controller.kubernetes.io/pod-deletion-cost)."""
+    drain_seconds: Annotated[int, Field(ge=0, le=300)] = DEFAULT_DRAIN_SECONDS
+    """Seconds a deleted worker pod (a drain's eviction, a scale-down, a rollout) keeps serving before
+    its containers are told to stop: it leaves the Service's endpoints at once, and every node's
+    kube-proxy stops sending it new connections within a sync or two, so requests routed to it
+    meanwhile still land. 0: stop at once (batch pools nobody reaches through a Service)."""
     shm_size: ShmSize | None = None
     """Size of a shared-memory tmpfs at /dev/shm (an emptyDir of medium Memory), e.g. 8Gi: NCCL and
     PyTorch's data loaders need more than the runtime's 64 MB. Counted against the pod's memory."""

@@ -135,6 +135,8 @@ async def observe(memory: ScrapeMemory, pods: list[Obj], target: Target, schedul
     refs, by_uid = scrapeable(target, pods, config)
     lost = {ref.uid for ref in refs if nodes.pod_lost(ref.node)}
     port = target.spec.pod.port
+    if memory.answers is not None:  # a pod gone or terminating is no evidence about its node any more
+        memory.answers.forget(set(memory.urls) - {ref.uid for ref in refs})
     memory.urls = {ref.uid: worker_url(ref.ip, port, PATH_METRICS) for ref in refs}
     memory.nodes = {ref.uid: ref.node for ref in refs}
     memory.readiness = {ref.uid: pod_ready(by_uid[ref.uid]) for ref in refs}

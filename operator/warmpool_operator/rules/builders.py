@@ -549,26 +549,25 @@ def _engine_container(target: Target, model_mount: Obj) -> Obj:
     return engine
 
 
-#: Seconds each container of a worker pod waits, once the pod is deleted, before it is told to
-#: stop (SIGTERM): the pod leaves the Service's endpoints at once, and every node's kube-proxy
-#: stops sending it new connections within a sync or two; a worker that stopped at once would
-#: refuse the requests still routed to it meanwhile (a drain's evictions, a scale-down).  The
-#: kubelet sleeps itself (the preStop ``sleep`` action: no binary needed in the image).
-PRE_STOP_SLEEP_SECONDS = 5
+#: Seconds a stopping worker has to finish the requests in flight (after spec.pod.drainSeconds).
+STOP_GRACE_SECONDS = 30
 
 
 def _pod_spec(target: Target, containers: list[Obj], volumes: list[Obj]) -> Obj:
     pod = target.spec.pod
-    for container in containers:
-        container.setdefault("lifecycle", {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}})
+    if pod.drain_seconds:
+        # Each container, the engine behind a sidecar too, waits before its SIGTERM while the pod
+        # leaves every kube-proxy; the kubelet sleeps itself (no binary needed in the image).
+        for container in containers:
+            container["lifecycle"] = {"preStop": {"sleep": {"seconds": pod.drain_seconds}}}
     pod_spec: Obj = {
         "containers": containers,
         "volumes": volumes,
         "securityContext": dict(RESTRICTED_POD_SECURITY),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        # Long enough for the worker to finish a request in flight, short enough for rollouts.
-        "terminationGracePeriodSeconds": 30,
+        # Long enough to drain and finish a request in flight, short enough for rollouts.
+        "terminationGracePeriodSeconds": pod.drain_seconds + STOP_GRACE_SECONDS,
     }
     if target.cache is not None:
         # The operator's own worker image, never the WarmModel's: the wait mounts the whole cache

@@ -67,6 +67,11 @@ class NodeAnswers:
         ever = ok or (previous is not None and previous.ever_reached)
         self.pods[uid] = PodAnswer(node=node, at=at, reached=ok, failing_since=since, ever_reached=ever)
 
+    def forget(self, uids: set[str]) -> None:
+        """Drop pods that are gone or terminating (their last answer says nothing of their node now)."""
+        for uid in uids:
+            self.pods.pop(uid, None)
+
     def forget_older_than(self, horizon: float) -> None:
         """Drop the pods not scraped since ``horizon`` (deleted, or no longer ours to scrape)."""
         self.pods = {uid: answer for uid, answer in self.pods.items() if answer.at >= horizon}
