@@ -114,7 +114,7 @@ def test_minimal_object_gets_the_documented_defaults(cluster: ClusterHandle, crd
         "hysteresisPercent": 5,
         "hotLayerPercent": 30,
     }
-    assert spec["pod"] == {"port": DEFAULT_WORKER_PORT}
+    assert spec["pod"] == {"port": DEFAULT_WORKER_PORT, "drainSeconds": api.DEFAULT_DRAIN_SECONDS}
 
 
 def test_catalogue_is_big_enough() -> None:
