@@ -34,11 +34,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_flat_latency_stops_early(tiny: Path) -> None:
     """Flat as far as a shared 2-core host can promise: prefills of one length there differ by up to
-    a few times under load, so "flat" is judged at a tolerance that load cannot break (10x); each
-    bucket then stops at the rule's minimum, well under the ceiling.  A tiny model's prefill takes
-    about a millisecond, so the collector is held off while it runs: in the full suite's long-lived
-    process one pause inside a first prefill (a collection, most likely) made it 10x the second,
-    and that bucket stopped at 3."""
+    a few times under load, so "flat" is judged at a tolerance that load hardly breaks (10x), and the
+    buckets stop well under the ceiling.  A tiny model's prefill takes about a millisecond, so the
+    collector is held off while it runs; even so, one descheduling inside a prefill can make it 10x
+    its neighbour on a loaded machine (seen twice in full suites: a bucket stopped at 3).  So each
+    bucket is checked against the rule on its own measured timings, and the flat case asks that the
+    buckets stop early, not that none ever met such a pause."""
     rule = SettleRule(tolerance=10.0)
     gc.collect()
     gc.disable()
@@ -46,16 +47,14 @@ def test_flat_latency_stops_early(tiny: Path) -> None:
         progress = _warm(tiny, rule)
     finally:
         gc.enable()
-    assert progress.prefills == progress.settled == {bucket: rule.min_prefills for bucket in BUCKETS}
+    _assert_stopped_where_settled(progress, rule)
     assert rule.min_prefills < CEILING
+    assert all(progress.prefills[bucket] < CEILING for bucket in BUCKETS), progress.seconds
 
 
-def test_default_rule_stops_where_the_latencies_settle_and_never_past_the_ceiling(tiny: Path) -> None:
-    """At the shipped tolerance the outcome depends on the host's noise, so the test checks the
-    engine's real timings against the rule: each bucket stopped at the first prefill after which
-    its last two agreed, or ran exactly to the ceiling when they never did."""
-    rule = SettleRule()
-    progress = _warm(tiny, rule)
+def _assert_stopped_where_settled(progress: WarmupProgress, rule: SettleRule) -> None:
+    """Each bucket stopped at the first prefill after which its last two agreed (by the engine's
+    real timings), or ran exactly to the ceiling when they never did."""
     for bucket in BUCKETS:
         seconds = progress.seconds[bucket]
         assert len(seconds) == progress.prefills[bucket] <= CEILING
@@ -64,3 +63,11 @@ def test_default_rule_stops_where_the_latencies_settle_and_never_past_the_ceilin
             assert progress.prefills[bucket] == CEILING and bucket not in progress.settled, seconds
         else:
             assert progress.prefills[bucket] == progress.settled[bucket] == first_settled, seconds
+
+
+def test_default_rule_stops_where_the_latencies_settle_and_never_past_the_ceiling(tiny: Path) -> None:
+    """At the shipped tolerance the outcome depends on the host's noise, so the test checks the
+    engine's real timings against the rule: each bucket stopped at the first prefill after which
+    its last two agreed, or ran exactly to the ceiling when they never did."""
+    rule = SettleRule()
+    _assert_stopped_where_settled(_warm(tiny, rule), rule)
