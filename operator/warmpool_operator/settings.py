@@ -79,6 +79,9 @@ class OperatorConfig:
     #: A node whose kubelet renewed no Lease for this long, while another node's did, is lost
     #: (rules/node_leases.py); 0 leaves node loss to the Ready condition alone.
     node_lease_grace_seconds: float = DEFAULT_NODE_LEASE_GRACE_S
+    #: Seconds between knocks on one worker pod per node (control/node_probe.py): a dead machine is
+    #: judged within a few of them rather than a scrape round; 0 leaves it to the scrapes.
+    node_probe_interval: float = 1.0
     #: Cluster-wide mode: the ingress rules of a NetworkPolicy the operator makes over each pool's
     #: worker pods, in the pool's namespace (the chart renders them as it does its own namespaced
     #: worker policies, and passes them as --worker-policy-ingress).  None: no such policy.

@@ -163,6 +163,13 @@ def _watch_flags(parser: argparse.ArgumentParser) -> None:
         help="seconds after which a node whose kubelet renewed no Lease, while another node's did, is "
         f"taken for lost and its pods replaced (0: wait for its Ready condition; else at least {MIN_GRACE_S:g})",
     )
+    parser.add_argument(
+        "--node-probe-interval",
+        type=float,
+        default=DEFAULTS.node_probe_interval,
+        help="seconds between TCP knocks on one worker pod per node, so a node whose pods stop answering "
+        "while another node's answer is judged within seconds, not a scrape round (0: the scrapes alone)",
+    )
 
 
 def _process_flags(parser: argparse.ArgumentParser) -> None:
@@ -225,6 +232,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         raise BadFlags("intervals, timeouts and concurrency must be positive")
     if min(args.watch_server_timeout, args.watch_inactivity_timeout, args.resync_interval) <= 0:
         raise BadFlags("--watch-server-timeout, --watch-inactivity-timeout and --resync-interval must be positive")
+    if args.node_probe_interval < 0:
+        raise BadFlags(f"--node-probe-interval must be 0 (off) or positive, got {args.node_probe_interval:g}")
     if args.node_lease_grace_seconds != 0 and not args.node_lease_grace_seconds >= MIN_GRACE_S:
         raise BadFlags(f"--node-lease-grace-seconds must be 0 (off) or at least {MIN_GRACE_S:g}: a kubelet renews "
                        f"its Lease every {KUBELET_RENEW_INTERVAL_S:g} s, got {args.node_lease_grace_seconds:g}")
@@ -264,6 +273,7 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         watch_inactivity_timeout=args.watch_inactivity_timeout,
         resync_interval=args.resync_interval,
         node_lease_grace_seconds=args.node_lease_grace_seconds,
+        node_probe_interval=args.node_probe_interval,
         block_cache_root=args.block_cache_root,
         worker_image=args.worker_image,
         control_key_namespace=_control_key_namespace(args),

@@ -63,7 +63,7 @@ class ScrapeMemory:
                 self.fresh.add(uid)
                 _count_errors(sample)
                 if self.answers is not None:
-                    self.answers.record(uid, self.nodes.get(uid, ""), sample)
+                    self.answers.record(uid, self.nodes.get(uid, ""), sample, self.urls[uid])
 
     def drop(self, uid: str) -> None:
         """Forget a pod's sample (its state just changed: the next pass scrapes it again)."""

@@ -53,6 +53,7 @@ from warmpool_operator.io.watch_cache import Cache
 from warmpool_operator.model import CacheRevision, Obj, Target
 from warmpool_operator.rules import builders, heat, host_paths
 from warmpool_operator.rules import status as st
+from warmpool_operator.rules.node_answers import answer_window
 from warmpool_operator.rules.node_health import NodeHealth
 from warmpool_operator.rules.object_store_pods import reported_paths, resolved_revision
 from warmpool_operator.rules.observation import ColdStarts, PodObservation, pod_fingerprint
@@ -67,8 +68,6 @@ DEBOUNCE_SECONDS = 0.05
 #: only this often, for the rules that act on elapsed time alone (scale-down holds, idle sleep); at
 #: 1,000 such pools a pass every round was most of the operator's idle CPU.
 QUIET_ROUNDS_PER_PASS = 6
-#: Scrape rounds over which a node's pods are judged unanswering (rules/node_answers.py).
-ANSWER_WINDOW_ROUNDS = 2
 
 
 class Permanent(Exception):
@@ -481,8 +480,7 @@ def node_health(shared: Shared, scrapes: observe.ScrapeMemory) -> NodeHealth:
     every pool's latest scrapes (rules/node_answers.py, which ``scrapes`` feeds from now on), over
     two scrape rounds and a scrape's timeout, the time a round needs to reach every pod."""
     scrapes.answers = shared.answers
-    config = shared.config
-    window = ANSWER_WINDOW_ROUNDS * config.scrape_interval + config.scrape_timeout
+    window = answer_window(shared.config.scrape_interval, shared.config.scrape_timeout)
     now = time.monotonic()  # the clock each scrape's sent_at is stamped with
     shared.answers.forget_older_than(now - 3 * window)
     unanswering = set(shared.answers.unanswering(now, window))

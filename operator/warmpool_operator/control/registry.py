@@ -16,7 +16,7 @@ import aiohttp
 
 from warmpool.contract.zero import LABEL_SERVICE_NAME
 from warmpool.kube import KubeError
-from warmpool_operator.control import nodes, resync
+from warmpool_operator.control import node_probe, nodes, resync
 from warmpool_operator.control.pass_queue import PassQueue
 from warmpool_operator.control.reconciler import Reconciler
 from warmpool_operator.control.shared import Shared
@@ -27,8 +27,9 @@ from warmpool_operator.io.list_watch import list_watch
 from warmpool_operator.io.scrape_scheduler import ScrapeScheduler
 from warmpool_operator.io.tracing import Tracing
 from warmpool_operator.io.watch_cache import Cache, model_key, slim, uid_of, warmmodel_owner
-from warmpool_operator.io.worker_client import WorkerClient
+from warmpool_operator.io.worker_client import WorkerClient, knock
 from warmpool_operator.rules.control_token import KEY_BYTES
+from warmpool_operator.rules.node_answers import answer_window
 from warmpool_operator.rules.node_health import NodeBoard
 from warmpool_operator.settings import OperatorConfig
 
@@ -70,6 +71,7 @@ class Registry:
     nodes: NodeBoard = field(default_factory=NodeBoard)
     node_watch: asyncio.Task[None] | None = None
     node_lease_watch: asyncio.Task[None] | None = None
+    node_knocks: asyncio.Task[None] | None = None
     #: what every reconciler gets (made from the fields above)
     shared: Shared = field(init=False)
 
@@ -112,6 +114,13 @@ class Registry:
         if self.node_lease_watch is None and grace > 0:
             self.node_lease_watch = asyncio.create_task(
                 nodes.follow_node_leases(self.kube, self.nodes, self.poke_pools_on, grace), name="node leases")
+        interval = self.config.node_probe_interval
+        if self.node_knocks is None and interval > 0:
+            limit = min(interval, self.config.scrape_timeout)
+            window = answer_window(self.config.scrape_interval, self.config.scrape_timeout)
+            self.node_knocks = asyncio.create_task(node_probe.knock_between_scrapes(
+                self.shared.answers, lambda url: knock(url, limit), self.poke_pools_on, interval, window),
+                name="node knocks")
 
     def poke_pools_on(self, names: set[str]) -> None:
         for key in nodes.pools_on(self.cache, names):
@@ -220,7 +229,7 @@ class Registry:
 
     async def close(self) -> None:
         for task in (self.scheduling, self.resyncing, self.activator_watch, self.node_watch,
-                     self.node_lease_watch):
+                     self.node_lease_watch, self.node_knocks):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

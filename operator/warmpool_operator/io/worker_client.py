@@ -15,8 +15,10 @@ one small fake of this class.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 
 import aiohttp
@@ -75,9 +77,34 @@ async def _scrape(session: aiohttp.ClientSession, url: str, limit: float) -> Sam
     except aiohttp.ClientError as error:
         return Sample(error=f"unreachable: {type(error).__name__}")
     except OSError as error:
-        return Sample(error=f"{'refused' if error.errno == errno.ECONNREFUSED else 'unreachable'}: "
-                            f"{error.strerror or error}")
+        return Sample(error=_connection_failure(error))
     return parse_metrics(text)
+
+
+def _connection_failure(error: OSError) -> str:
+    """A scrape's error for a connection that failed: refused (the pod's host answered), or not."""
+    return f"{'refused' if error.errno == errno.ECONNREFUSED else 'unreachable'}: {error.strerror or error}"
+
+
+async def knock(url: str, limit: float) -> Sample:
+    """Whether the host of a worker's ``url`` answers at all: a TCP connection to its port, opened
+    and closed at once (no request: the worker's own load cannot slow the answer, the kernel gives
+    it), ``sent_at`` stamped, errors as a scrape's ("timeout", "refused: ...", "unreachable: ...")."""
+    sent_at = time.monotonic()
+    parts = urllib.parse.urlsplit(url)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, parts.port), limit)
+    except TimeoutError:
+        sample = Sample(error="timeout")
+    except OSError as error:
+        sample = Sample(error=_connection_failure(error))
+    else:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        sample = Sample()
+    sample.sent_at = sent_at
+    return sample
 
 
 def tier_body(tier: Tier, ttl: float, traceparent: str | None = None) -> dict[str, object]:

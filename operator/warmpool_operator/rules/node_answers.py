@@ -29,6 +29,16 @@ from dataclasses import dataclass, field
 
 from warmpool_operator.model import Sample
 
+#: Scrape rounds over which a node's pods are judged (with a scrape's timeout: the time a round
+#: needs to reach every pod).
+ANSWER_WINDOW_ROUNDS = 2
+
+
+def answer_window(scrape_interval: float, scrape_timeout: float) -> float:
+    """Seconds of outcomes a node is judged on."""
+    return ANSWER_WINDOW_ROUNDS * scrape_interval + scrape_timeout
+
+
 #: A scrape that failed with one of these never reached the pod's host (io/worker_client.py's
 #: errors; "refused" is not one: the host answered).
 CONNECTION_ERRORS = ("timeout", "unreachable")
@@ -50,6 +60,8 @@ class PodAnswer:
     failing_since: float | None
     #: whether any scrape of it ever reached it (one that never did is no evidence about its node)
     ever_reached: bool
+    #: the pod's metrics url, where control/node_probe.py knocks between scrapes ("" if not known)
+    url: str = ""
 
 
 @dataclass
@@ -58,14 +70,33 @@ class NodeAnswers:
 
     pods: dict[str, PodAnswer] = field(default_factory=dict)
 
-    def record(self, uid: str, node: str, sample: Sample) -> None:
+    def record(self, uid: str, node: str, sample: Sample, url: str = "") -> None:
         if not node:
             return
         at, ok = sample.sent_at, reached(sample)
         previous = self.pods.get(uid)
+        if previous is not None and at < previous.at:
+            return  # a knock or scrape sent before the outcome already recorded
         since = None if ok else (previous.failing_since if previous and previous.failing_since is not None else at)
         ever = ok or (previous is not None and previous.ever_reached)
-        self.pods[uid] = PodAnswer(node=node, at=at, reached=ok, failing_since=since, ever_reached=ever)
+        url = url or (previous.url if previous is not None else "")
+        self.pods[uid] = PodAnswer(node=node, at=at, reached=ok, failing_since=since, ever_reached=ever, url=url)
+
+    def knock_targets(self) -> dict[str, tuple[str, str]]:
+        """Per node, the pod to knock on (uid, url): of those that ever answered, one that answered
+        last time if any, the least recently heard from first (so knocks rotate over a node's pods)."""
+        chosen: dict[str, tuple[str, PodAnswer]] = {}
+        for uid, answer in self.pods.items():
+            if not answer.ever_reached or not answer.url:
+                continue
+            best = chosen.get(answer.node)
+            if best is None or (answer.reached, -answer.at) > (best[1].reached, -best[1].at):
+                chosen[answer.node] = (uid, answer)
+        return {node: (uid, answer.url) for node, (uid, answer) in chosen.items()}
+
+    def on_node(self, node: str) -> list[tuple[str, str]]:
+        """(uid, url) of every pod on ``node`` that ever answered."""
+        return [(uid, a.url) for uid, a in self.pods.items() if a.node == node and a.ever_reached and a.url]
 
     def forget(self, uids: set[str]) -> None:
         """Drop pods that are gone or terminating (their last answer says nothing of their node now)."""
