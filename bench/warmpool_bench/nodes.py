@@ -4,10 +4,13 @@ First, with no other cluster up, **up**: `cluster up --nodes 1` and `--nodes 2` 
 clusters of their own each taken down after, ``--up-rounds`` of each, alternating (target: the
 ratio of the medians <= 1.5).
 
-Then the run's own two-node cluster (`cluster up --nodes 2`; ``--cluster`` names a running one),
-the checkout's images on both nodes, the operator of this checkout as a local process scraping both
-nodes' pod subnets, and one pool of the real small model (``--model tiny``: a tiny random Llama),
-``minWarm`` 2, its pods placed for each scene by cordoning a node while they start:
+Then the run's own two-node cluster (`cluster up --nodes 2`; ``--cluster`` names a running one), the
+checkout's images on both nodes, and three scenes.  First **cache** (nodes_cache.py, with a chart
+install and a pool of its own): the chart's node agents fill each node's own cache from SeaweedFS,
+new pods land where the revision is cached, and a cached start is set against an uncached one.
+Then the operator of this checkout as a local process scraping both nodes' pod subnets, and one
+pool of the real small model (``--model tiny``: a tiny random Llama), ``minWarm`` 2, its pods
+placed for each scene by cordoning a node while they start:
 
 * **drain**: the pool's two pods warm on node 1; a client sends one completion at a time through
   the pool Service's ClusterIP (the host's kube-proxy sends each to a pod on either node), while
@@ -39,6 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,7 @@ from typing import Any
 from warmpool.contract.api import API_GROUP_VERSION, KIND
 from warmpool.contract.pods import LABEL_MODEL
 from warmpool_bench.bench_cluster import BenchCluster
+from warmpool_bench.nodes_cache import cache_scene
 from warmpool_bench.stats import median, ratio
 
 POOL = "nodes"
@@ -305,14 +310,20 @@ def _cold_start_s(pod: dict[str, Any]) -> float:
     return datetime.fromisoformat(ready["lastTransitionTime"].replace("Z", "+00:00")).timestamp() - _created(pod)
 
 
-def run_scenes(bench: BenchCluster, settings: NodesSettings, model: Path) -> dict[str, Any]:
-    """The cluster, the operator and the pool (``bench`` started here), then the drain and the node's
-    death: each scene's figures.  The caller stops ``bench``."""
+def run_scenes(bench: BenchCluster, settings: NodesSettings, model: Path,
+               more: Callable[[BenchCluster, Path], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The cluster and the operator (``bench`` started here); the cache scene (nodes_cache.py, a chart
+    and pool of its own, removed after); ``more`` (given the model's path as the pods see it, its
+    figures under "more"); the pool, then the drain and the node's death: each scene's figures.  The
+    caller stops ``bench``."""
     published = bench.start([model])
+    figures: dict[str, Any] = {"cache": cache_scene(bench, settings, model)}
+    if more is not None:
+        figures["more"] = more(bench, published[model])
     scene = Scene(bench, settings)
     bench.create(_manifest(published[model], settings.model == "tiny") | {
         "metadata": {"name": POOL, "namespace": bench.namespace}})
-    figures: dict[str, Any] = {"drain": drain(scene)}
+    figures["drain"] = drain(scene)
     _say(f"drain: {json.dumps({k: v for k, v in figures['drain'].items() if k != 'drain_output'})}")
     figures["node_death"] = node_death(scene, bench.cluster.name)
     _say(f"node death: {json.dumps(figures['node_death'])}")

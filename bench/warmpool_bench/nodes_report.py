@@ -50,11 +50,33 @@ def _death(death: dict[str, Any]) -> list[str]:
             f"{_verdict(over is not None and over <= DEATH_OVER_COLD_START_TARGET_S)}.", ""]
 
 
+def _cache(cache: dict[str, Any]) -> list[str]:
+    first, other = cache["first_pod"], cache["other_node"]
+    every_time = all(cache["placed_on_cached_node"])
+    lines = ["## New pods and the node caches (the chart's node agents, SeaweedFS)", "",
+             "| pod | node | revision cached there before | scale request -> Ready (s) |", "|---|---|---|---|",
+             f"| first | {first['node']} | no (its agent fills it from S3) | {first['seconds']:.1f} |"]
+    lines += [f"| cached {i + 1} | {c['node']} | yes | {c['seconds']:.1f} |" for i, c in enumerate(cache["cached"])]
+    lines += [f"| other node (cached node tainted) | {other['node']} | no (its agent fills it from S3) "
+              f"| {other['seconds']:.1f} |", ""]
+    value = cache["cached_over_uncached"]
+    lines += [f"Cached start ÷ uncached start on the other node: {'-' if value is None else f'{value:.2f}'} "
+              "(target: report).",
+              f"Placement picked the cached node every time: {_verdict(every_time)} "
+              f"({sum(cache['placed_on_cached_node'])} of {len(cache['placed_on_cached_node'])}).", "",
+              "Each node's own copy of the revision (`status.cacheNodes`, and the directory this machine sees):", ""]
+    lines += [f"- {e['node']}: published {e['published']}, {e['bytesCached']} of {e['bytesTotal']} bytes; "
+              f"`{cache['own_copies'].get(e['node'], {}).get('path', '-')}`" for e in cache["cache_nodes"]]
+    return [*lines, ""]
+
+
 def render_nodes(result: dict[str, Any]) -> str:
     settings = result["settings"]
     lines = [f"# warmpool bench nodes ({settings['model']}, minWarm {settings['min_warm']})", ""]
     if "up" in result:
         lines += _up(result["up"])
+    if "cache" in result:
+        lines += _cache(result["cache"])
     if "drain" in result:
         lines += _drain(result["drain"])
     if "node_death" in result:
