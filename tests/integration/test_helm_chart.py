@@ -627,6 +627,8 @@ def test_node_agent_daemonset_and_its_rbac(schema_dir: Path, tmp_path: Path) -> 
     assert [(ns, r.get("resourceNames")) for ns, r in rules if "services" in r["resources"]] == [
         ("default", ["kubernetes"])]
     assert "--cluster-networks-refresh=60" in container["args"]
+    # Its Warning Events, on WarmModels in any namespace and on its Node (in "default").
+    assert [(ns, r["verbs"]) for ns, r in rules if "events" in r["resources"]] == [(None, ["create"])], rules
     for role in agent_roles:
         for rule in role["rules"]:
             assert not {"delete", "deletecollection", "escalate", "bind"} & set(rule["verbs"]), rule
