@@ -53,7 +53,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterHandle]:
-    handle = start_or_attach(os.environ.get("WARMPOOL_KUBECONFIG"), Path(__file__).resolve().parent.parent)
+    # Two real nodes; the second is tainted (SPARE_NODE_TAINT), for the tests that need another node.
+    handle = start_or_attach(os.environ.get("WARMPOOL_KUBECONFIG"), Path(__file__).resolve().parent.parent,
+                             nodes=2, taint_further=True)
     try:
         yield handle
     finally:

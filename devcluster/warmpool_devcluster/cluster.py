@@ -558,18 +558,6 @@ def _start_fake_nodes(state: ClusterState, kwok_binary: Path, count: int) -> Non
     _wait(f"{count} Ready fake nodes", lambda: _ready_nodes(state.name, kwok.NODE_NAME_PREFIX) >= count, state, "kwok")
 
 
-def add_fake_nodes(name: str, count: int) -> None:
-    """Make sure the running cluster has at least ``count`` fake nodes (starting kwok if it has none)."""
-    state = _load_state(name)
-    if state is None or not _healthy(state):
-        raise ClusterError(f"cluster {name!r} is not up")
-    if state.fake_nodes >= count and alive(state.pids.get("kwok")):
-        return
-    if alive(state.pids.get("kwok")):
-        stop_pid(state.pids["kwok"])
-    _start_fake_nodes(state, build.ensure_binaries(["kwok"])["kwok"], count)
-
-
 def _ready_nodes(name: str, prefix: str) -> int:
     proc = kubectl(name, "get", "nodes", "-o", "json", check=False)
     if proc.returncode != 0:

@@ -16,8 +16,14 @@ import yaml
 
 from warmpool_devcluster import certs
 
-#: The real node's name (kwok's fake nodes are named by kwok.NODE_NAME_PREFIX).
-NODE_NAME = "warmpool-node-0"
+
+def node_name(index: int) -> str:
+    """The Node name of the cluster's real node ``index`` (0: the host's own, node_namespaced.py the others)."""
+    return f"warmpool-node-{index}"
+
+
+#: Node 0's name, the host's own real node (kwok's fake nodes are named by kwok.NODE_NAME_PREFIX).
+NODE_NAME = node_name(0)
 KUBELET_PORT = 10250
 
 

@@ -68,7 +68,7 @@ class NamespacedNode:
 
     @property
     def name(self) -> str:
-        return f"warmpool-node-{self.index}"
+        return node_kubelet.node_name(self.index)
 
     @property
     def network(self) -> NodeNetwork:

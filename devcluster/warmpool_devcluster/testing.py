@@ -96,9 +96,17 @@ def start_api_server() -> ClusterHandle:
     return ClusterHandle(kubeconfig=cluster.up(name, node_runtime="none"), name=name)
 
 
-def start_or_attach(external_kubeconfig: str | None, repo: Path, nodes: int = 1) -> ClusterHandle:
+#: The taint of the test session's second real node: nothing is scheduled there unless it tolerates
+#: this, so the suite's pods stay on node 0, where its helpers look (pod logs, /var/lib/warmpool),
+#: and the tests that need another node name it.
+SPARE_NODE_TAINT = {"key": "warmpool.dev/spare-node", "value": "true", "effect": "NoSchedule"}
+
+
+def start_or_attach(external_kubeconfig: str | None, repo: Path, nodes: int = 1,
+                    taint_further: bool = False) -> ClusterHandle:
     """Use the cluster named by WARMPOOL_KUBECONFIG, or start (or reuse, by WARMPOOL_TEST_CLUSTER) a
-    cluster of ``nodes`` real nodes for this run with the checkout's images built and loaded into each."""
+    cluster of ``nodes`` real nodes for this run with the checkout's images built and loaded into each;
+    with ``taint_further`` every node but node 0 carries SPARE_NODE_TAINT."""
     if external_kubeconfig:
         path = Path(external_kubeconfig).expanduser()
         if not path.is_file():
@@ -106,9 +114,11 @@ def start_or_attach(external_kubeconfig: str | None, repo: Path, nodes: int = 1)
         return ClusterHandle(kubeconfig=path, name=None)
     name = os.environ.get("WARMPOOL_TEST_CLUSTER", f"pytest-{os.getpid()}")
     kubeconfig = cluster.up(name, node_runtime="containerd", nodes=nodes)
-    # One fake node (tainted) for the tests that need a node that is not real.
-    cluster.add_fake_nodes(name, 1)
     report = cluster.status(name)
+    if taint_further:
+        taint = f"{SPARE_NODE_TAINT['key']}={SPARE_NODE_TAINT['value']}:{SPARE_NODE_TAINT['effect']}"
+        for further in report["nodes"][1:]:
+            cluster.kubectl(name, "taint", "node", str(further["name"]), taint, "--overwrite")
     node_state = node.node_dir(cluster.state_dir(name))
     loaded = images.load(repo, node_state)
     for further in node.runtime_dirs(cluster.state_dir(name))[1:]:

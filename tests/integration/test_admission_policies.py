@@ -12,8 +12,8 @@ makes an object owned other than as the operator's children are; the activator's
 the contract's format, count bound and a time no later than the API server's clock plus the skew.
 
 The service accounts act with tokens the API server issues: the agent's bound to a pod on the
-session's kwok node (the token then carries that node's name, as a DaemonSet pod's does), the
-operator's a plain one.  Nothing runs: kwok plays the pods' kubelet."""
+session's second real node (the token then carries that node's name, as a DaemonSet pod's does), the
+operator's a plain one.  Nothing of theirs runs: the pods name an image no registry serves."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ import kopf
 import pytest
 import yaml
 from kubernetes_asyncio import config
-from warmpool_devcluster import build, kwok
+from warmpool_devcluster import build, node_kubelet
 from warmpool_devcluster.chart_values import render_only_values
-from warmpool_devcluster.testing import ClusterHandle
+from warmpool_devcluster.testing import SPARE_NODE_TAINT, ClusterHandle
 from warmpool_operator.api.types import parse_spec
 from warmpool_operator.control import children
 from warmpool_operator.control import zero as zero_control
@@ -84,7 +84,7 @@ pytestmark = pytest.mark.integration
 KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-OWN_NODE = kwok.node_name(0)
+OWN_NODE = node_kubelet.node_name(1)
 #: A label the agent would publish (a revision digest's label key).
 CACHE_LABEL = f"{CACHE_NODE_LABEL_PREFIX}/{'ab' * (CACHE_NODE_LABEL_HEX // 2)}"
 
@@ -177,12 +177,12 @@ def token(cluster: ClusterHandle, namespace: str, sa: str, pod: dict[str, Any] |
     return cluster.kubectl(*args).stdout.strip()
 
 
-def pod_on_the_kwok_node(cluster: ClusterHandle, namespace: str, name: str, sa: str = "default",
+def pod_on_the_second_node(cluster: ClusterHandle, namespace: str, name: str, sa: str = "default",
                          labels: dict[str, str] | None = None) -> dict[str, Any]:
     manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
                                                                 "labels": labels or {}},
                 "spec": {"nodeName": OWN_NODE, "serviceAccountName": sa, "automountServiceAccountToken": False,
-                         "tolerations": [{"key": kwok.FAKE_NODE_TAINT["key"], "operator": "Exists"}],
+                         "tolerations": [{"key": SPARE_NODE_TAINT["key"], "operator": "Exists"}],
                          "containers": [{"name": "c", "image": "warmpool.invalid/none:0"}]}}
     created: dict[str, Any] = json.loads(cluster.kubectl("create", "-f", "-", "-o", "json",
                                                         input=json.dumps(manifest)).stdout)
@@ -267,7 +267,7 @@ def test_the_policies_type_check_clean(api_server: ClusterHandle, api_release: R
 def test_the_node_agent_patches_only_its_own_nodes_cache_labels(cluster: ClusterHandle, namespace: str,
                                                                  release: Release) -> None:
     sa = release.sa("-node-agent")
-    pod = pod_on_the_kwok_node(cluster, namespace, "agent", sa)
+    pod = pod_on_the_second_node(cluster, namespace, "agent", sa)
     agent = As(cluster, token(cluster, namespace, sa, pod))
 
     def foreign_label_on_own_node() -> tuple[bool, str]:
@@ -291,7 +291,7 @@ def test_the_node_agent_patches_only_its_own_nodes_cache_labels(cluster: Cluster
         allowed, out = agent.patch("node", OWN_NODE, {"metadata": {"labels": {CACHE_LABEL: None}}})
         assert allowed, out
 
-    # Another node (the real one, in the session's cluster), even with the very label it may set at
+    # Another node (node 0, in the session's cluster), even with the very label it may set at
     # home: refused, untouched.
     nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     (other, *_) = [n["metadata"]["name"] for n in nodes if n["metadata"]["name"] != OWN_NODE]
@@ -313,8 +313,8 @@ def test_the_operator_patches_only_its_own_pods_tier_cost_and_awake(cluster: Clu
                                                                     release: Release) -> None:
     worker_labels = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_AWAKE: AWAKE_TRUE,
                      "team": "a"}
-    pod_on_the_kwok_node(cluster, namespace, "worker", labels=worker_labels)
-    pod_on_the_kwok_node(cluster, namespace, "stranger", labels={"team": "a"})
+    pod_on_the_second_node(cluster, namespace, "worker", labels=worker_labels)
+    pod_on_the_second_node(cluster, namespace, "stranger", labels={"team": "a"})
     operator = As(cluster, token(cluster, release.namespace, release.sa("")))
 
     def someone_elses_pod() -> tuple[bool, str]:

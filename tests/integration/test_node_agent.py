@@ -320,7 +320,8 @@ def test_eviction_spares_a_revision_a_pod_on_the_node_names_and_no_process_maps(
     rs_uid = world.get("replicaset", "gone-old-1")["metadata"]["uid"]
     world.apply(pod_body("old-revision-pod", "gone", OTHER_NODE, named.digest,
                          [owner("apps/v1", "ReplicaSet", "gone-old-1", rs_uid)]))
-    # The kwok node: no container runs, so no process maps anything and only the annotation counts.
+    # The second node: its pod's image is served by no registry, so no process maps anything and only
+    # the annotation counts.
     agents.append(Agent(world.cluster, world.ns, OTHER_NODE, cache.root, tmp_path / "agent-0.log",
                         budget_bytes=0, interval_s=1))
     world.wait(lambda: not cache.revision(unnamed.digest_hex).exists(), 60, "the unnamed revision evicted")

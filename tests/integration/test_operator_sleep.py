@@ -214,7 +214,7 @@ def test_operator_killed_while_pods_sleep_they_serve_and_wake_on_requests(
 
 def _first_node(world: World) -> str:
     nodes = json.loads(world.cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    # Untainted only: the test session's kwok node is tainted (nothing runs there).
+    # Untainted only: the test session's second node is tainted (the suite's pods stay on node 0).
     ready = [n for n in nodes if (n["metadata"].get("labels") or {}).get("kubernetes.io/hostname")
              and not (n.get("spec") or {}).get("taints")]
     assert ready, "no untainted node carries kubernetes.io/hostname"

@@ -4,8 +4,9 @@ an operator that mounts the test's cache root, and the checks on the cache and t
 The agents run as processes of this machine, beside the local cluster's real node: a pod's
 hostPath is a directory of this machine, so the operator is told the test's cache root
 (--block-cache-root) and each pod is pinned to the node (nodeSelector) whose agent the test
-runs.  The second node is a kwok node (a machine runs one real node): an agent may claim it,
-but no container runs there.
+runs.  The second node is the session's second real node, tainted so nothing is scheduled there:
+an agent may claim it, and the pods these tests bind there by name use an image no registry
+serves, so no container of theirs runs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from warmpool_devcluster import kwok, node_kubelet
+from warmpool_devcluster import node_kubelet
 
 from tests.support.e2e import ClusterLike, Operator, World
 from warmpool.contract.api import PLURAL
@@ -28,8 +29,8 @@ from warmpool.contract.nodecache import CACHE_NODE_LABEL_PREFIX, FILL_PROGRESS_N
 
 #: The local cluster's real node, where the agent tests' pods run.
 NODE = node_kubelet.NODE_NAME
-#: The test session's kwok node (tainted: nothing is scheduled there unless it tolerates that).
-OTHER_NODE = kwok.node_name(0)
+#: The test session's second real node (tainted: nothing is scheduled there unless it tolerates that).
+OTHER_NODE = node_kubelet.node_name(1)
 
 
 #: The tests' sources (Range servers, SeaweedFS) listen on 127.0.0.1, which an agent refuses by
