@@ -17,6 +17,10 @@ placed for each scene by cordoning a node while they start:
   `kubectl drain warmpool-node-1` runs.  Recorded: whether the drain completed and its seconds,
   the fewest Ready pods the Service had (sampled every 0.2 s), requests sent and failed (target:
   never below minWarm, none failed).
+* **partition**: one warm pod on each node, then node 1's link down (every process alive, as a
+  switch port or a cable fails) until minWarm pods are Ready on node 0, then up again.  Recorded:
+  cut -> warm on node 0, and healed -> the pool back at minWarm pods, all Ready (the surplus
+  scaled down, coldest first), with the pods before and after.
 * **node death**: the pool's pods warm one on each node (``--death-placement spread``, where the
   scheduler puts them by itself) or both on node 1 (``packed``); then node 1's kubelet, containerd,
   kube-proxy, NetworkPolicy enforcer, container shims and every pod process are SIGKILLed at once
@@ -254,13 +258,45 @@ def _kubectl_argv(scene: Scene, *args: str) -> list[str]:
     return [str(binary), "--kubeconfig", str(scene.bench.cluster.kubeconfig), *args]
 
 
-def kill_node_1(cluster_name: str) -> list[str]:
-    """SIGKILL every process of node 1 but its namespace holder, and take its link down."""
-    from warmpool_devcluster import cluster, node, node_cleanup, node_containerd, node_namespaced
+def _node_1(cluster_name: str) -> Any:
+    """Node 1's state (node_namespaced.NamespacedNode) and the cluster's state directory."""
+    from warmpool_devcluster import cluster, node
 
     root = cluster.state_dir(cluster_name)
-    state = node.NodeState.from_json(json.loads((root / "cluster.json").read_text())["node"])
-    further = state.extra[0]
+    return node.NodeState.from_json(json.loads((root / "cluster.json").read_text())["node"]).extra[0], root
+
+
+def _node_1_link(cluster_name: str, state: str) -> None:
+    further, _ = _node_1(cluster_name)
+    subprocess.run(["ip", "link", "set", further.host_link, state], check=True, timeout=30)
+
+
+def partition(scene: Scene, cluster_name: str) -> dict[str, Any]:
+    """Node 1 cut off (its link down, every process alive) with one warm pod on each node, then
+    back: seconds until MIN_WARM pods are Ready on node 0, then, once the link is up, until the
+    pool is back at MIN_WARM pods, all Ready (the surplus scaled down, coldest first)."""
+    scene.warm_spread()
+    before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in scene.pods()}
+    _node_1_link(cluster_name, "down")
+    cut = time.monotonic()
+    try:
+        scene.wait(lambda: len(scene.serving(NODE_0)) >= MIN_WARM, f"{MIN_WARM} Ready pods on {NODE_0}")
+        warm_s = time.monotonic() - cut
+    finally:
+        _node_1_link(cluster_name, "up")
+    healed = time.monotonic()
+    scene.wait(lambda: len(scene.pods()) == MIN_WARM and len(scene.serving()) == MIN_WARM,
+               f"the pool back at {MIN_WARM} Ready pods once {NODE_1} answers again")
+    after = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in scene.pods()}
+    return {"cut_to_warm_s": warm_s, "healed_to_min_warm_s": time.monotonic() - healed,
+            "pods_before": before, "pods_after": after}
+
+
+def kill_node_1(cluster_name: str) -> list[str]:
+    """SIGKILL every process of node 1 but its namespace holder, and take its link down."""
+    from warmpool_devcluster import node_cleanup, node_containerd, node_namespaced
+
+    further, root = _node_1(cluster_name)
     killed = []
     for name in node_namespaced.PROCESSES:
         pid = further.pids.get(name)
@@ -270,7 +306,7 @@ def kill_node_1(cluster_name: str) -> list[str]:
                 killed.append(name)
     node_cleanup.kill_shims(node_containerd.socket_path(further.base(root)))
     node_cleanup.kill_pod_processes(parent=further.cgroup_parent)
-    subprocess.run(["ip", "link", "set", further.host_link, "down"], check=True, timeout=30)
+    _node_1_link(cluster_name, "down")
     return killed
 
 
@@ -325,6 +361,8 @@ def run_scenes(bench: BenchCluster, settings: NodesSettings, model: Path,
         "metadata": {"name": POOL, "namespace": bench.namespace}})
     figures["drain"] = drain(scene)
     _say(f"drain: {json.dumps({k: v for k, v in figures['drain'].items() if k != 'drain_output'})}")
+    figures["partition"] = partition(scene, bench.cluster.name)
+    _say(f"partition: {json.dumps(figures['partition'])}")
     figures["node_death"] = node_death(scene, bench.cluster.name)
     _say(f"node death: {json.dumps(figures['node_death'])}")
     return figures

@@ -70,6 +70,15 @@ def _cache(cache: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _partition(cut: dict[str, Any]) -> list[str]:
+    kept = sorted(cut["pods_after"].items())
+    return ["## Node 1 cut off (its link down, processes alive), then back", "",
+            "| cut -> minWarm Ready on node 0 (s) | link back -> the pool at minWarm, all Ready (s) | pods kept |",
+            "|---|---|---|",
+            f"| {cut['cut_to_warm_s']:.1f} | {cut['healed_to_min_warm_s']:.1f} "
+            f"| {', '.join(f'{name} ({node})' for name, node in kept)} |", ""]
+
+
 def render_nodes(result: dict[str, Any]) -> str:
     settings = result["settings"]
     lines = [f"# warmpool bench nodes ({settings['model']}, minWarm {settings['min_warm']})", ""]
@@ -79,6 +88,8 @@ def render_nodes(result: dict[str, Any]) -> str:
         lines += _cache(result["cache"])
     if "drain" in result:
         lines += _drain(result["drain"])
+    if "partition" in result:
+        lines += _partition(result["partition"])
     if "node_death" in result:
         lines += _death(result["node_death"])
     if "error" in result:

@@ -13,6 +13,8 @@ node that holds its warm pods and then that node's death: the scenes `bench node
 - The drain: `kubectl drain` completes, the Service never has fewer than minWarm Ready pods behind
   it, and no request sent through its ClusterIP meanwhile fails (each worker container sleeps
   before its SIGTERM while every kube-proxy drops it).
+- A partition: node 1's link down with every process alive, until minWarm pods are Ready on node
+  0, then up again: the pool is back at minWarm pods, all Ready, once node 1 answers again.
 - The death: node 1's kubelet, containerd, kube-proxy, enforcer, shims and pod processes SIGKILLed,
   its link down.  The operator notices from its scrapes that no pod there answers while node 0's
   do, and minWarm pods are Ready on node 0 well before Kubernetes would even mark the node.
@@ -96,6 +98,10 @@ def test_a_drain_and_a_node_death_keep_the_pool_warm_on_the_other_node(monkeypat
     assert drain["completed"], drain["drain_output"]
     assert drain["fewest_serving"] >= MIN_WARM, drain
     assert drain["requests"] > 0 and drain["failed"] == 0, drain
+    # Cut off and back: warm on node 0 meanwhile, then the surplus gone and the pool whole again.
+    cut = figures["partition"]
+    assert cut["cut_to_warm_s"] < CONTROLLER_GRACE_S and len(cut["pods_after"]) == MIN_WARM, cut
+    assert "node warmpool-node-1: a worker pod there answers its scrapes again" in operator_log
     assert "node warmpool-node-1: no worker pod there answers its scrapes" in operator_log
     assert death["death_to_warm_s"] < CONTROLLER_GRACE_S, death
     assert not cluster.state_dir(name).exists()

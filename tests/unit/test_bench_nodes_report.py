@@ -46,3 +46,10 @@ def test_drain_and_death_verdicts_follow_the_figures() -> None:
     assert "over the cold start <= 5 s: **missed**" in text
     failed = render_nodes(_result(drain=drain | {"failed": 1, "failed_statuses": [0]}))
     assert "no request failed: **missed**" in failed
+
+
+def test_the_partition_reports_both_waits_and_the_pods_kept() -> None:
+    cut = {"cut_to_warm_s": 5.5, "healed_to_min_warm_s": 12.25, "pods_before": {"a": "n0", "b": "n1"},
+           "pods_after": {"a": "n0", "c": "n0"}}
+    text = render_nodes(_result(partition=cut))
+    assert "| 5.5 | 12.2 | a (n0), c (n0) |" in text
