@@ -307,7 +307,7 @@ def up(name: str = "default", *, node_runtime: str = "kwok", fake_nodes: int | N
         if running.runtime != node_runtime:
             raise ClusterError(f"cluster {name!r} is up with node runtime {running.runtime}, "
                                f"not {node_runtime}: `warmpool cluster down --name {name}` first")
-        running_nodes = 1 + len(running.node.extra) if running.node is not None else 1
+        running_nodes = _real_nodes(running)
         if running_nodes != nodes:
             raise ClusterError(f"cluster {name!r} is up with {running_nodes} real node(s), not {nodes}: "
                                f"`warmpool cluster down --name {name}` first")
@@ -556,6 +556,18 @@ def _start_fake_nodes(state: ClusterState, kwok_binary: Path, count: int) -> Non
                  "items": kwok.node_manifests(count, tainted=state.node is not None)}
     kubectl(state.name, "apply", "-f", "-", input_text=json.dumps(manifests))
     _wait(f"{count} Ready fake nodes", lambda: _ready_nodes(state.name, kwok.NODE_NAME_PREFIX) >= count, state, "kwok")
+
+
+def _real_nodes(state: ClusterState) -> int:
+    return 1 + len(state.node.extra) if state.node is not None else 1
+
+
+def running_real_nodes(name: str) -> int | None:
+    """How many real nodes the cluster ``name`` runs, or None when it is not up with real nodes."""
+    state = _load_state(name)
+    if state is None or state.node is None or not _healthy(state):
+        return None
+    return _real_nodes(state)
 
 
 def _ready_nodes(name: str, prefix: str) -> int:
