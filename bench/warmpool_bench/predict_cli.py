@@ -68,9 +68,12 @@ def add_predict_parser(commands: Any, results: Path) -> None:
     p.add_argument("--requests-per-pod", type=_positive_int, default=None,
                    help="serve at most this many requests at once per pod (default: the serve run's max batch; "
                         "1 replays pods that serve one request at a time)")
-    p.add_argument("--min-warm", type=_non_negative_int, default=1,
-                   help="pods the @minwarm policies keep warm (the other scaled policies start from zero); "
-                        "with --live, pods kept warm by every policy")
+    p.add_argument("--min-warm", type=_non_negative_int, default=None,
+                   help="pods the @minwarm policies keep warm (default 1; the other scaled policies start from "
+                        "zero); with --live, pods reactive and predictive keep warm (default 0: both run from zero)")
+    p.add_argument("--zero-after-idle", type=_positive_int, default=None,
+                   help="with --live and --min-warm 0: the pools' scaleToZero.afterIdleSeconds (default: one "
+                        "trace minute, compressed)")
     p.add_argument("--step-seconds", type=_positive_int, default=None, choices=(5, 10, 15, 20, 30, 60),
                    help="the forecast's step (default: chosen from the trace's bursts)")
     p.add_argument("--max-replicas", type=_positive_int, default=None,
@@ -161,7 +164,8 @@ def run_predict_command(args: argparse.Namespace) -> int:
                                                             args.requests_per_pod))
         settings = settings_from_measured(
             measured, args.extra_cold_starts,
-            min_warm=args.min_warm, max_replicas=args.max_replicas or 64, max_extra_replicas=args.max_extra_replicas,
+            min_warm=1 if args.min_warm is None else args.min_warm, max_replicas=args.max_replicas or 64,
+            max_extra_replicas=args.max_extra_replicas,
             fixed_replicas=args.fixed_replicas, forecasters=forecasters, max_context=args.max_context,
             repeat=args.repeat, step_s=args.step_seconds)
         result, chart = run_predict(trace, settings)
@@ -215,7 +219,9 @@ def run_live_command(args: argparse.Namespace) -> int:
         if args.work_dir is not None:
             extra["work_dir"] = args.work_dir
         settings = LiveSettings(trace=args.trace, segment=segment, step_s=value("predict_step_seconds"),
-                                policies=policies, size=value("size"), min_warm=max(1, args.min_warm),
+                                policies=policies, size=value("size"),
+                                min_warm=0 if args.min_warm is None else args.min_warm,
+                                zero_after_idle_s=args.zero_after_idle,
                                 max_replicas=value("max_replicas"), fixed_replicas=value("fixed_replicas"),
                                 prime_s=value("prime_seconds"), max_wall_s=value("max_wall"),
                                 cluster=args.cluster, **extra)

@@ -15,7 +15,8 @@ they served, and neither the HPA nor the forecaster ever saw the demand.)
   even if another pod frees up or becomes warm first (offline, the pool's single queue would move it).
   "Warm" is the pod's worker answering ``/readyz`` 200 as last polled by
   :class:`~.predict_live_pool.PoolWatch` (every 0.5 s), not terminating.  With no warm pod at all,
-  arrivals wait in the generator (FCFS) for the first one.
+  arrivals wait in the generator (FCFS) for the first one, and ``held`` is told how many (for a pool
+  from zero, :mod:`.predict_live_held` reports them as the activator would).
 * **TTFT** = the first streamed chunk's arrival less the request's scheduled arrival (queue wait included,
   as offline: wait + prefill).
 * **Bounded**: at most ``max_in_flight`` requests sent and unanswered (more wait in the generator), at most
@@ -126,6 +127,8 @@ class LoadGenerator:
     prompt_ids: Sequence[int]  # the longest prompt; each request sends its first ``prompt`` ids
     warm_pods: Callable[[], Mapping[str, str]]
     limits: LoadLimits = field(default_factory=LoadLimits)
+    #: told, every dispatch round, how many requests wait with no warm pod at all (what an activator holds)
+    held: Callable[[int], None] | None = None
     outcomes: list[Outcome] = field(default_factory=list)
     dropped: int = 0
     late_s: float = 0.0  # how far behind its arrival time the generator admitted a request, at most
@@ -164,6 +167,8 @@ class LoadGenerator:
                         self._in_flight += 1
                         outcome.pod, outcome.sent_at = pod, time.monotonic() - t0
                         pool.submit(self._send, outcome, warm[pod], t0)
+                    if self.held is not None:
+                        self.held(0 if warm else len(pending))
                     if nxt >= len(self.requests) and not pending and self._in_flight == 0:
                         break
                     wait = TICK_S if nxt >= len(self.requests) else min(TICK_S, max(0.0, self.requests[nxt].t - now))

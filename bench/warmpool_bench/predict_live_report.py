@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from warmpool_bench.predict_report import never_empty_line, target_table
 from warmpool_bench.report import fmt, fmt_pct
 
 ROWS = (
@@ -31,7 +32,12 @@ def _cell(value: Any, kind: str) -> str:
 
 
 def _target_lines(targets: Mapping[str, Any]) -> list[str]:
-    """One line per target: its figure and met or missed."""
+    """The offline bench's targets table on the live figures; a result of an older run (before the pools ran
+    from zero) has one line per target of its own."""
+    if not targets:
+        return ["- not computable: the fixed, reactive and predictive pools must all run"]
+    if "figures" in targets:
+        return [*target_table(targets), "", never_empty_line(targets)]
     lines = []
     for name, target in targets.items():
         if target["value"] is None:
@@ -41,6 +47,16 @@ def _target_lines(targets: Mapping[str, Any]) -> list[str]:
         value = (fmt_pct(target["value"]) if "points" not in name else f"{target['value']:+.1f} points")
         lines.append(f"- {target['target']}: {value}: {verdict}")
     return lines
+
+
+def _pools_from(s: Mapping[str, Any]) -> str:
+    idle = s.get("zero_after_idle_s")
+    if idle is None:
+        return f"from minWarm {s['min_warm']}"
+    return (f"**from zero** (`scaleToZero.afterIdleSeconds: {idle}`, the HPA's minimum 1: the operator takes the "
+            "pool to no pod after that long without a request; a request that then finds no warm pod is held by "
+            "the generator and reported on the WarmModel as an activator reports it, and the operator brings the "
+            "pool back)")
 
 
 def render_live(result: Mapping[str, Any]) -> str:
@@ -62,7 +78,7 @@ def render_live(result: Mapping[str, Any]) -> str:
         f"minute: {seg['requests_per_trace_minute']}.  The predictive pool's history was seeded with the "
         f"{seg['seeded_requests_before']} (thinned) requests before the segment.",
         "",
-        f"Pools: fixed = {s['fixed_replicas']} pods; reactive and predictive from minWarm {s['min_warm']} up to "
+        f"Pools: fixed = {s['fixed_replicas']} pods; reactive and predictive {_pools_from(s)} up to "
         f"{s['max_replicas']}, under the HPA's algorithm run by the bench (sync {s['hpa']['sync_s']:g} s, window "
         f"{s['hpa']['window_s']:g} s of the workers' request rate, tolerance {s['hpa']['tolerance']:g}, scale-down "
         f"stabilisation {s['hpa']['scale_down_stabilisation_s']:g} s, target = the workers' measured capacity).  "
@@ -80,6 +96,10 @@ def render_live(result: Mapping[str, Any]) -> str:
     ]
     for key, label, kind in ROWS:
         out.append(f"| {label} | " + " | ".join(_cell(f.get(key), kind) for f in live.values()) + " |")
+    if any("first_request_p95_s" in f for f in live.values()):
+        out.append(f"| first request after a lull ({fmt(s.get('lull_s'), ' s', 0)} without an arrival), TTFT p95 s "
+                   "(n) | " + " | ".join(f"{_cell(f.get('first_request_p95_s'), 's')} ({f.get('first_request_count')})"
+                                         for f in live.values()) + " |")
     out.append("| errors / dropped | " + " | ".join(f"{f['errors']} / {f['dropped']}" for f in live.values()) + " |")
     out.append("| cold start median / p95 s | " + " | ".join(
         f"{_cell(f['cold_start_median_s'], 's')} / {_cell(f['cold_start_p95_s'], 's')} ({len(f['cold_starts_s'])})"
@@ -88,7 +108,7 @@ def render_live(result: Mapping[str, Any]) -> str:
         f"{_cell(f['replay_wall_s'], 's')} ({_cell(f['generator_late_s'], 's')})" for f in live.values()) + " |")
     for policy, why in (result.get("skipped") or {}).items():
         out.append(f"\n**{policy} skipped**: {why}")
-    out += ["", "## Targets (predictive against reactive and the fixed pool, live figures)", ""]
+    out += ["", "## Targets (predictive against reactive from zero and the fixed pool, live figures)", ""]
     out += _target_lines(result.get("targets") or {})
     pred = live.get("predictive")
     if pred is not None:

@@ -84,9 +84,12 @@ def test_live_replay_quick(cluster: ClusterHandle, tmp_path: Path) -> None:
     fixed, predictive = result["policies"]["fixed"], result["policies"]["predictive"]
     assert fixed["pods_started"] == 0 and fixed["max_pods"] == 1  # a fixed pool starts none
     assert predictive["hpa_decisions"], "the emulated HPA never synced"
-    # The target computable from these two, from the live figures.
-    warm_hit_points = result["targets"]["warm_hit_points_vs_fixed"]["value"]
-    assert warm_hit_points == pytest.approx(100 * (predictive["warm_hit_rate"] - fixed["warm_hit_rate"]))
+    # The predictive pool ran from zero (scaleToZero after a compressed trace minute without a request), with
+    # the generator standing in for the activator; the targets need reactive too, so none is judged here.
+    assert result["settings"]["min_warm"] == 0 and result["settings"]["zero_after_idle_s"] == 10
+    assert predictive["held_errors"] == [] and "held_writes" in predictive and "held_writes" not in fixed
+    assert predictive["first_request_count"] >= 1 and predictive["first_request_p95_s"] > 0
+    assert result["targets"] == {}
     assert predictive["seeded_steps"] == 8  # trace minutes 0-3, two 5 s steps each
     # The seed was loaded: the operator held its 8 steps when the replay began (priming lasted 8 s, too
     # short to record that many steps itself), then added the replay's.
