@@ -108,7 +108,8 @@ def render_live(result: Mapping[str, Any]) -> str:
         f"{_cell(f['replay_wall_s'], 's')} ({_cell(f['generator_late_s'], 's')})" for f in live.values()) + " |")
     for policy, why in (result.get("skipped") or {}).items():
         out.append(f"\n**{policy} skipped**: {why}")
-    out += ["", "## Targets (predictive against reactive from zero and the fixed pool, live figures)", ""]
+    reactive = "reactive from zero" if s.get("zero_after_idle_s") is not None else "reactive"
+    out += ["", f"## Targets (predictive against {reactive} and the fixed pool, live figures)", ""]
     out += _target_lines(result.get("targets") or {})
     pred = live.get("predictive")
     if pred is not None:
