@@ -2,10 +2,11 @@
 session's local cluster, real worker pods of a tiny random model and the operator of this checkout: the
 files exist and the figures hang together; a segment with no request is refused before any pod starts.
 
-Two of the three policies, each as small as it still means something: the fixed pool (one pod) and the
-predictive one, which runs the bench's emulated HPA too (reactive is that HPA without the operator's
-forecast: the same code paths, a third of the wall time).  All three, at full size, are the benchmark's
-own run (bench/results/predict-live.json, rendered by tests/unit/test_newcomer_cli.py).
+One of the three policies, as small as it still means something: the predictive one, from zero, which runs
+the bench's emulated HPA and the generator's stand-in for the activator too (reactive is that HPA and that
+stand-in without the operator's forecast; the fixed pool is neither: the same code paths, each another
+third of the wall time).  All three, at full size, are the benchmark's own run
+(bench/results/predict-live.json, rendered by tests/unit/test_newcomer_cli.py).
 
 No timed assertions: the figures only have to exist and agree with each other.
 """
@@ -26,7 +27,7 @@ from warmpool_devcluster.testing import ClusterHandle
 pytestmark = pytest.mark.integration
 
 START = calendar.timegm((2023, 11, 16, 18, 0, 0, 0, 0, 0))  # a UTC minute boundary
-POLICIES = ("fixed", "predictive")
+POLICIES = ("predictive",)
 
 
 def _trace(path: Path) -> None:
@@ -58,8 +59,8 @@ def test_live_replay_quick(cluster: ClusterHandle, tmp_path: Path) -> None:
     # seed the predictive pool's history, 8 steps of 5 s (a trace minute lasts 10 s); the replay starts on a
     # step boundary, 2.5 s away on average.
     proc = _run(cluster, tmp_path, "--trace", str(tmp_path / "trace.csv"), "--segment-start", "4",
-                "--segment-minutes", "2", "--max-requests", "48", "--prime-seconds", "8",
-                "--policies", ",".join(POLICIES), "--fixed-replicas", "1", "--predict-step-seconds", "5")
+                "--segment-minutes", "2", "--max-requests", "24", "--prime-seconds", "8",
+                "--policies", ",".join(POLICIES), "--predict-step-seconds", "5")
     print(proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "results"
@@ -81,13 +82,12 @@ def test_live_replay_quick(cluster: ClusterHandle, tmp_path: Path) -> None:
         assert 0 < figures["ttft_p50_s"] <= figures["ttft_p95_s"], name
         assert figures["pod_seconds"] > 0 and figures["max_pods"] >= 1, name
         assert figures["cold_starts_s"] and all(c > 0 for c in figures["cold_starts_s"]), name
-    fixed, predictive = result["policies"]["fixed"], result["policies"]["predictive"]
-    assert fixed["pods_started"] == 0 and fixed["max_pods"] == 1  # a fixed pool starts none
+    predictive = result["policies"]["predictive"]
     assert predictive["hpa_decisions"], "the emulated HPA never synced"
     # The predictive pool ran from zero (scaleToZero after a compressed trace minute without a request), with
     # the generator standing in for the activator; the targets need reactive too, so none is judged here.
     assert result["settings"]["min_warm"] == 0 and result["settings"]["zero_after_idle_s"] == 10
-    assert predictive["held_errors"] == [] and "held_writes" in predictive and "held_writes" not in fixed
+    assert predictive["held_errors"] == [] and "held_writes" in predictive
     assert predictive["first_request_count"] >= 1 and predictive["first_request_p95_s"] > 0
     assert result["targets"] == {}
     assert predictive["seeded_steps"] == 8  # trace minutes 0-3, two 5 s steps each
