@@ -160,6 +160,20 @@ def _greedy_equal_alone(serving: Serving, concurrent: int) -> None:
     assert serving.engine.kv_blocks().reserved == serving.engine.kv_blocks().used == 0
 
 
+def test_a_prompt_the_step_budget_holds_is_prefilled_in_one_step(serving: Serving) -> None:
+    """The budget a step has left goes to more chunks of the prefill under way: a 120-token
+    prompt (8 chunks of 16, within the 256-token budget) is in after one step, not eight."""
+    steps = _greedy_alone_in_steps(serving, _prompt(120), 4)
+    assert steps == 4  # one step took the whole prompt and sampled; three decodes followed
+
+
+def _greedy_alone_in_steps(serving: Serving, prompt: list[int], max_tokens: int) -> int:
+    before = len(serving.recorder.steps)
+    tokens = serving.alone(prompt, max_tokens)
+    assert len(tokens) == max_tokens
+    return len(serving.recorder.steps) - before
+
+
 def test_requests_join_a_running_batch_at_token_boundaries(serving: Serving) -> None:
     long_prompt, late_prompt = _prompt(40), _prompt(70, offset=3)
     expected_long, expected_late = serving.alone(long_prompt, 60), serving.alone(late_prompt, 5)

@@ -186,3 +186,26 @@ def test_packed_weights_make_each_row_independent_of_its_batch(tmp_path: Path) -
     together = logits(prompts)
     alone = torch.cat([logits([p]) for p in prompts])
     assert torch.equal(together, alone)
+
+
+def test_a_prompt_given_k_times_advances_k_chunks_in_one_step_and_answers_as_alone(model_dir: Path) -> None:
+    """Several chunks of one prompt in one forward pass, cut where single steps cut it: the same
+    tokens as the prompt served alone, and nothing more fed than the prompt has."""
+    engine = _engine(model_dir)
+    prompt = _prompt(3 * CHUNK + 5, offset=3)  # chunks of 16, 16, 16 and 5
+    expected = _alone(engine, prompt, 6)
+    sequence = engine.open_sequence(prompt, 6)
+    assert [engine.next_tokens(sequence, k) for k in range(5)] == [CHUNK, CHUNK, CHUNK, 5, 0]
+    outcomes = engine.step([sequence] * 3)
+    assert len(outcomes) == 3 and all(o.step is None and o.error is None for o in outcomes)
+    assert sequence.filled == 3 * CHUNK
+    outcomes = engine.step([sequence] * 4)  # one chunk left: given more often, it is fed once
+    assert len(outcomes) == 1 and outcomes[0].step is not None
+    tokens = [outcomes[0].step.token_id]
+    assert (engine.next_tokens(sequence), engine.next_tokens(sequence, 1)) == (1, 0)  # a decode: one a step
+    while not sequence.finished:
+        step = engine.step([sequence, sequence])
+        assert len(step) == 1 and step[0].step is not None
+        tokens.append(step[0].step.token_id)
+    assert tokens == expected
+    engine.close_sequence(sequence)

@@ -152,8 +152,9 @@ class BatchingEngine(Protocol):
         ``prefilling``, ``finished`` and ``lease`` (``bounded``, ``try_reserve(blocks) -> bool``)."""
         ...
 
-    def next_tokens(self, sequence: Any) -> int:
-        """Tokens the sequence's next step feeds (1 for a decode, a chunk for a prefill)."""
+    def next_tokens(self, sequence: Any, after: int = 0) -> int:
+        """Tokens the sequence's next step feeds (1 for a decode, a chunk for a prefill); with
+        ``after`` of its chunks already planned for that step, the next one's (0: none left)."""
         ...
 
     def blocks_wanted(self, sequence: Any) -> int:
@@ -166,7 +167,8 @@ class BatchingEngine(Protocol):
 
     def step(self, sequences: Sequence[Any]) -> Sequence[Any]:
         """Advance these sequences by one step together: an outcome per sequence that took
-        part (``sequence``, ``step``: a GenerationStep or None mid-prefill, ``error``)."""
+        part (``sequence``, ``step``: a GenerationStep or None mid-prefill, ``error``).  A
+        prefilling sequence given k times advances by k chunks (an outcome for each)."""
         ...
 
     def close_sequence(self, sequence: Any) -> None:

@@ -13,7 +13,10 @@ stall-free batching), in this order:
    new short ones after a bounded wait and none starves), and a per-client share (a client
    past ``max_batch_size / clients with work`` running requests goes after the others'
    requests: one client cannot hold every slot while another waits).  The first chunk of a
-   step always goes, so a prefill advances every step.
+   step always goes, so a prefill advances every step;
+4. what is left of the budget: more chunks of the prefills in the step, the earliest admitted
+   first, so the first prompt in finishes first instead of every prompt advancing one chunk a
+   step together (chunks are cut where single steps would cut them: `engine.batch`).
 
 KV blocks (``--kv-cache-bytes``) are taken as tokens come, never reserved for max_tokens up
 front: before each step the scheduler reserves the blocks that step needs (a new request's
@@ -288,7 +291,7 @@ class BatchScheduler:
                 started = time.perf_counter()
                 outcomes = list(engine.step([job.sequence for job in running]))
                 steps = [outcome.step for outcome in outcomes if outcome.step is not None]
-                self.observer.engine_step(time.perf_counter() - started, len(steps), len(running),
+                self.observer.engine_step(time.perf_counter() - started, len(steps), len({id(j) for j in running}),
                                           sum(1 for step in steps if step.finished))
         except Exception as error:  # a failed step ends every request in it
             log.error("a batch step failed, ending its %d request(s): %s", len(self._running), error)
@@ -319,7 +322,7 @@ class BatchScheduler:
                 prefilled = True
         chosen = self._reserve_or_preempt(engine, chosen)
         admitted = self._admit(engine, budget - used, prefilled)
-        return chosen + admitted
+        return chosen + admitted + more_chunks(engine, chosen, admitted, budget - used)
 
     def _reserve_or_preempt(self, engine: BatchingEngine, chosen: list[BatchJob]) -> list[BatchJob]:
         """Reserve the chosen jobs' blocks, preempting while the pool lacks them (one job alone fits)."""
@@ -446,6 +449,27 @@ class BatchScheduler:
     def _report(self) -> None:
         running, waiting = self.counts()
         self.observer.set_batch(running, waiting)
+
+
+def more_chunks(engine: BatchingEngine, chosen: list[BatchJob], admitted: list[BatchJob],
+                budget_left: int) -> list[BatchJob]:
+    """Each prefilling job once more per further chunk the budget holds once the ``admitted`` jobs'
+    first chunks are in, the first jobs first (module docstring, 4): the engine advances a job
+    given k times by k chunks."""
+    budget_left -= sum(engine.next_tokens(job.sequence) for job in admitted)
+    extra: list[BatchJob] = []
+    for job in chosen + admitted:
+        if not job.sequence.prefilling:
+            continue
+        after = 1
+        while budget_left > 0:
+            tokens = engine.next_tokens(job.sequence, after)
+            if tokens == 0 or tokens > budget_left:
+                break
+            extra.append(job)
+            budget_left -= tokens
+            after += 1
+    return extra
 
 
 def client_counts(running: list[BatchJob], waiting: list[BatchJob]) -> dict[str, int]:

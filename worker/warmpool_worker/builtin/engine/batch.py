@@ -9,7 +9,10 @@ the engine's shared pool, `kv_cache`), how far its prefill got and what it gener
   multiples of ``chunk_tokens`` counted from the prompt's start, whatever else is in the
   batch, so a request is cut the same way served alone or among others.  Which sequences go
   in a step, and so how many prompt tokens the step holds, is the scheduler's choice (its
-  per-step token budget, `batch_scheduler`): every sequence given advances by one chunk;
+  per-step token budget, `batch_scheduler`): every sequence given advances by one chunk, and a
+  prefilling sequence given *k* times by *k* chunks, each its own segment of the one forward
+  pass, cut where *k* steps would cut it (per layer a segment's keys are written before the
+  next segment's attention reads them, so the chunks see each other as over *k* steps);
 * a decoding sequence feeds its last token and gets the next one;
 * a sequence that was preempted (`preempt`: its KV dropped to make room) is recomputed: its
   prompt and the tokens it generated so far are prefilled again, in the same chunks, and
@@ -162,9 +165,16 @@ class BatchRunner:
         sequence.lease.release()
 
     # ---- what a step needs (the scheduler plans with these) -------------------------------
-    def next_tokens(self, sequence: SequenceState) -> int:
-        """Tokens its next step feeds: one for a decode, its next chunk for a prefill."""
-        return self._chunk_end(sequence) - sequence.filled
+    def next_tokens(self, sequence: SequenceState, after: int = 0) -> int:
+        """Tokens its next step feeds: one for a decode, its next chunk for a prefill; with
+        ``after`` chunks of it already planned for that step, the chunk after them (0: none left,
+        or a decode, which feeds one token a step)."""
+        if not sequence.prefilling:
+            return 0 if after else 1
+        cursor = sequence.filled
+        for _ in range(after):
+            cursor = self._chunk_end(sequence, cursor)
+        return self._chunk_end(sequence, cursor) - cursor
 
     def blocks_wanted(self, sequence: SequenceState) -> int:
         """Blocks to reserve, beyond what its lease holds, before its next step can run: the
@@ -173,30 +183,36 @@ class BatchRunner:
         return max(0, blocks_for(positions) - sequence.lease.reserved)
 
     # ---- one step ------------------------------------------------------------------------
-    def _chunk_end(self, sequence: SequenceState) -> int:
+    def _chunk_end(self, sequence: SequenceState, start: int | None = None) -> int:
+        """Where the chunk that starts at ``start`` (default: where its cache is filled to) ends."""
         step = self.chunk_tokens
-        return min(sequence.known, (sequence.filled // step + 1) * step)
+        cursor = sequence.filled if start is None else start
+        return min(sequence.known, (cursor // step + 1) * step)
 
     def _plan(self, sequences: Sequence[SequenceState]) -> tuple[list[_Planned], list[StepOutcome]]:
-        """The segments of this step (one chunk or token per sequence), and the sequences that
-        could not take part (each alone: its cache could not be allocated or grown)."""
+        """The segments of this step (one chunk or token per time a sequence is given), and the
+        sequences that could not take part (each alone: its cache could not be allocated or grown)."""
         planned: list[_Planned] = []
         failed: list[StepOutcome] = []
+        cursors: dict[int, int] = {}  # where each sequence's next segment of this step starts
         for sequence in sequences:
-            if sequence.finished:
-                continue
+            key = id(sequence)
+            if sequence.finished or (key in cursors and (cursors[key] < 0 or cursors[key] >= sequence.known)):
+                continue  # done, failed earlier in this step, or nothing left to feed
             try:
                 if sequence.cache is None:
                     self._start(sequence)
                 assert sequence.cache is not None
-                end = self._chunk_end(sequence)
-                tokens = sequence.tokens(sequence.filled, end)
+                start = cursors.get(key, sequence.filled)
+                end = self._chunk_end(sequence, start)
+                tokens = sequence.tokens(start, end)
                 sequence.lease.grow(sequence.cache, end, sequence.limit)
             except Exception as error:  # e.g. its cache could not be allocated: it alone fails
+                cursors[key] = -1
                 failed.append(StepOutcome(sequence, error=error))
                 continue
-            planned.append(_Planned(sequence, Segment(tokens, sequence.filled, sequence.cache,
-                                                      end == sequence.known)))
+            cursors[key] = end
+            planned.append(_Planned(sequence, Segment(tokens, start, sequence.cache, end == sequence.known)))
         return planned, failed
 
     def _start(self, sequence: SequenceState) -> None:

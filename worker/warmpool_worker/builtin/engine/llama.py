@@ -227,8 +227,8 @@ class LlamaEngine:
     def close_sequence(self, sequence: SequenceState) -> None:
         self.batch.close(sequence)
 
-    def next_tokens(self, sequence: SequenceState) -> int:
-        return self.batch.next_tokens(sequence)
+    def next_tokens(self, sequence: SequenceState, after: int = 0) -> int:
+        return self.batch.next_tokens(sequence, after)
 
     def blocks_wanted(self, sequence: SequenceState) -> int:
         return self.batch.blocks_wanted(sequence)
