@@ -209,3 +209,17 @@ def test_a_prompt_given_k_times_advances_k_chunks_in_one_step_and_answers_as_alo
         tokens.append(step[0].step.token_id)
     assert tokens == expected
     engine.close_sequence(sequence)
+
+
+def test_a_generation_alone_takes_the_steps_the_scheduler_would_give_it(model_dir: Path) -> None:
+    """Alone, a step feeds as many chunks as the step's budget holds (so warm-up times the steps a
+    request alone is served in), never less than one, and a decode one token."""
+    engine = _engine(model_dir)
+    short, long = engine.open_sequence(_prompt(120), 4), engine.open_sequence(_prompt(300, offset=2), 4)
+    assert engine.batch.chunks_within(short, 256) == 8  # 7 chunks of 16 and one of 8: the whole prompt
+    assert engine.batch.chunks_within(long, 256) == 16  # 256 of its 300 tokens
+    assert engine.batch.chunks_within(long, 10) == 1  # a chunk beyond the budget still goes alone
+    engine.step([short] * 8)
+    assert short.filled == 120 and engine.batch.chunks_within(short, 256) == 1  # decoding: one token a step
+    engine.close_sequence(short)
+    engine.close_sequence(long)

@@ -31,6 +31,10 @@ DEFAULT_CHARS_PER_TOKEN = 4.0
 DEFAULT_GUARD_INTERVAL_S = 0.5
 #: Where the worker binds when neither --host nor the pod IP says otherwise.
 DEFAULT_HOST = "127.0.0.1"
+#: Tokens one step of the built-in engine may feed (decodes, then prefill chunks): a few chunks
+#: beside a full batch's decodes, so new prompts start while the batch decodes, and a step stays
+#: short.  The batch scheduler plans with it, and a generation alone takes the same steps.
+DEFAULT_STEP_TOKENS = 256
 #: Requests that may wait for the engine before the next one gets 429 + Retry-After.
 DEFAULT_MAX_QUEUED_REQUESTS = 64
 #: Default ceiling on max_tokens: bounds one request's compute (its KV grows with what it

@@ -57,15 +57,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from warmpool_worker.builtin.engine_gate import EngineGate
+from warmpool_worker.defaults import DEFAULT_STEP_TOKENS
 from warmpool_worker.engine_api import BatchingEngine, GenerationStep, RequestError, Sleepable
 
 log = logging.getLogger(__name__)
 
 #: Seconds `stop` waits for the step under way to finish.
 STOP_JOIN_S = 30.0
-#: Tokens one step may feed (decodes, then prefill chunks): a few chunks beside a full batch's
-#: decodes, so new prompts start while the batch decodes, and a step stays short.
-DEFAULT_STEP_TOKENS = 256
 #: Aging: a waiting request's prompt counts this many tokens shorter per second it has waited.
 #: A prompt of L tokens overtakes any newly arrived one after at most L / rate seconds.
 DEFAULT_AGING_TOKENS_PER_S = 256.0

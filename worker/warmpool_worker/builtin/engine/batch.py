@@ -54,8 +54,7 @@ from warmpool_worker.builtin.engine.maths import LayerWeights, Model, Segment, W
 from warmpool_worker.builtin.engine.prefix_kv import PrefixKVStore
 from warmpool_worker.engine_api import GenerationStep, NonFiniteLogitsError, RequestError
 
-#: Prompt tokens one step may prefill (and where a prompt's chunks end): a decode beside a
-#: long prompt waits at most this many tokens' compute per step.
+#: Where a prompt's chunks end, and what a prefill advances by at least in a step.
 DEFAULT_CHUNK_TOKENS = 64
 
 
@@ -175,6 +174,14 @@ class BatchRunner:
         for _ in range(after):
             cursor = self._chunk_end(sequence, cursor)
         return self._chunk_end(sequence, cursor) - cursor
+
+    def chunks_within(self, sequence: SequenceState, budget: int) -> int:
+        """How many of its chunks one step of ``budget`` tokens feeds when it is alone (at least
+        one: a chunk, or a decode's token)."""
+        chunks, used = 1, self.next_tokens(sequence)
+        while (tokens := self.next_tokens(sequence, chunks)) and used + tokens <= budget:
+            chunks, used = chunks + 1, used + tokens
+        return chunks
 
     def blocks_wanted(self, sequence: SequenceState) -> int:
         """Blocks to reserve, beyond what its lease holds, before its next step can run: the

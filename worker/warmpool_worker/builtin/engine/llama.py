@@ -19,7 +19,7 @@ from warmpool_worker.builtin.engine.layer_store import LayerStore, Weights
 from warmpool_worker.builtin.engine.maths import Model, decode_step, forward
 from warmpool_worker.builtin.engine.prefix_kv import PrefixKVStore
 from warmpool_worker.checkpoint import Checkpoint, read_generation_eos
-from warmpool_worker.defaults import DEFAULT_KV_CACHE_BYTES
+from warmpool_worker.defaults import DEFAULT_KV_CACHE_BYTES, DEFAULT_STEP_TOKENS
 from warmpool_worker.engine_api import (
     GenerationStep,
     KVBlockStats,
@@ -248,8 +248,9 @@ class LlamaEngine:
 
     def _generate_alone(self, sequence: SequenceState) -> Iterator[GenerationStep]:
         try:
-            while not sequence.finished:
-                for outcome in self.batch.step([sequence]):
+            while not sequence.finished:  # the steps the scheduler would take for it alone
+                chunks = self.batch.chunks_within(sequence, DEFAULT_STEP_TOKENS)
+                for outcome in self.batch.step([sequence] * chunks):
                     if outcome.error is not None:
                         raise outcome.error
                     if outcome.step is not None:
